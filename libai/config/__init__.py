@@ -1,0 +1,5 @@
+"""Configuration helpers."""
+
+from libai.config.configurable import configurable
+
+__all__ = ["configurable"]

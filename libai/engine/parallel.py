@@ -1,0 +1,257 @@
+"""Run a libai model on the current mesh: pipeline stages, gradient sync, one training step.
+
+The model file is layout-agnostic. Under tensor parallelism its layers already hold only
+their shards; this module adds what crosses layers:
+
+- **pipeline parallel**: this rank's stages are cut out of the model (modules of other
+  stages are dropped), wrapped in ``torch.distributed.pipelining`` stages, and driven by a
+  schedule (GPipe, 1F1B, interleaved 1F1B, ...);
+- **data parallel**: gradients are averaged over the dp group after backward;
+- **tied weights across stages**: gradients of parameters marked ``libai_tied_group`` (the
+  word embedding on the first stage and its copy on the last) are summed between the two.
+
+Usage::
+
+    runner = ModelRunner(model, num_microbatches=4)       # prunes ``model`` to this rank
+    optimizer = torch.optim.AdamW(runner.model.parameters())
+    loss = runner.train_step(batch, optimizer)           # same float on every rank
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+
+import torch
+import torch.distributed as torch_dist
+from torch import nn
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+from torch.distributed import pipelining
+from torch.distributed.tensor import DTensor
+
+from libai.utils import distributed as dist
+
+#: schedule name -> (class, holds several stages per rank)
+PIPELINE_SCHEDULES = {
+    "GPipe": (pipelining.ScheduleGPipe, False),
+    "1F1B": (pipelining.Schedule1F1B, False),
+    "Interleaved1F1B": (pipelining.ScheduleInterleaved1F1B, True),
+    "LoopedBFS": (pipelining.ScheduleLoopedBFS, True),
+    "InterleavedZeroBubble": (pipelining.ScheduleInterleavedZeroBubble, True),
+}
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def prune_to_stages(model: nn.Module, stages: set[int]) -> nn.Module:
+    """Drop (in place) every submodule whose ``layer_idx`` belongs to a stage not in ``stages``.
+
+    Modules in an ``nn.ModuleDict`` are deleted (the other keys, hence parameter names, stay);
+    other submodules are replaced by ``None``. Returns ``model``.
+    """
+    util = dist.get_dist_util()
+    for name, child in list(model.named_children()):
+        if child is None:
+            continue
+        layer_idx = getattr(child, "layer_idx", None)
+        if layer_idx is not None and util.get_layer_stage(layer_idx) not in stages:
+            if isinstance(model, nn.ModuleDict):
+                del model[name]
+            else:
+                setattr(model, name, None)
+        else:
+            prune_to_stages(child, stages)
+    return model
+
+
+def _copy_sharing_parameters(model: nn.Module) -> nn.Module:
+    """A structural copy of ``model`` whose parameters and buffers are the same objects."""
+    memo = {id(t): t for t in list(model.parameters()) + list(model.buffers())}
+    return copy.deepcopy(model, memo)
+
+
+class _StageModule(nn.Module):
+    """Adapts a model's pipeline contract to the ``forward(x)`` a PipelineStage calls."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x):
+        return self.model.pipeline_forward(x)
+
+
+class ModelRunner:
+    """Forward, backward and gradient synchronization of ``model`` on the current mesh.
+
+    Args:
+        model: a libai model built after :func:`libai.utils.distributed.setup_dist_util`.
+            With pipeline parallelism it is pruned in place to this rank's stages and must
+            provide ``pipeline_forward(x)``, ``pipeline_loss(output, target)`` and the class
+            attributes ``pipeline_input_key`` / ``pipeline_target_key``.
+        num_microbatches: micro-batches per step (gradient accumulation; the pipeline's
+            micro-batches under pp). The local batch size must be divisible by it.
+        schedule: pipeline schedule name (:data:`PIPELINE_SCHEDULES`); defaults to the
+            dist config's ``pipeline_schedule``.
+    """
+
+    def __init__(self, model: nn.Module, *, num_microbatches: int = 1, schedule: str | None = None):
+        util = dist.get_dist_util()
+        layout = util.layout
+        if not isinstance(num_microbatches, int) or num_microbatches < 1:
+            raise ValueError(
+                f"num_microbatches must be a positive integer, got {num_microbatches!r}"
+            )
+        self.util, self.model, self.num_microbatches = util, model, num_microbatches
+        self.schedule_name = schedule or layout.pipeline_schedule
+        self.pipeline = layout.pipeline_parallel_size > 1
+        self.schedule = self._build_pipeline() if self.pipeline else None
+        leftover = [n for n, p in model.named_parameters() if p.is_meta]
+        if leftover:
+            raise RuntimeError(
+                f"parameters of other pipeline stages were not pruned: {leftover[:5]}"
+            )
+        self.tied_parameters = [
+            p for p in model.parameters() if getattr(p, "libai_tied_group", None) is not None
+        ]
+
+    # ---- pipeline ---------------------------------------------------------------------------
+    def _build_pipeline(self):
+        util, layout = self.util, self.util.layout
+        if self.schedule_name not in PIPELINE_SCHEDULES:
+            raise ValueError(
+                f"Unknown pipeline schedule {self.schedule_name!r} (train.dist.pipeline_schedule); "
+                f"choose one of {sorted(PIPELINE_SCHEDULES)}."
+            )
+        schedule_cls, multi_stage = PIPELINE_SCHEDULES[self.schedule_name]
+        if multi_stage != (layout.virtual_pipeline_size > 1):
+            need = "> 1" if multi_stage else "= 1"
+            raise ValueError(
+                f"pipeline schedule {self.schedule_name} needs train.dist.virtual_pipeline_size "
+                f"{need} (got {layout.virtual_pipeline_size})."
+            )
+        for attr in (
+            "pipeline_forward",
+            "pipeline_loss",
+            "pipeline_input_key",
+            "pipeline_target_key",
+        ):
+            if not hasattr(self.model, attr):
+                raise TypeError(
+                    f"{type(self.model).__name__} lacks '{attr}' and cannot run with "
+                    "pipeline_parallel_size > 1."
+                )
+        stages = util.local_stages()
+        prune_to_stages(self.model, set(stages))
+        if len(stages) == 1:
+            stage_models = [self.model]
+        else:
+            stage_models = [
+                prune_to_stages(_copy_sharing_parameters(self.model), {s}) for s in stages
+            ]
+        self.stages = [
+            pipelining.PipelineStage(
+                _StageModule(m), s, layout.num_stages, util.device, group=util.pp_group
+            )
+            for m, s in zip(stage_models, stages)
+        ]
+        self.is_first = 0 in stages
+        self.is_last = layout.num_stages - 1 in stages
+        loss_fn = self.model.pipeline_loss
+        if multi_stage:
+            return schedule_cls(self.stages, self.num_microbatches, loss_fn=loss_fn)
+        return schedule_cls(self.stages[0], self.num_microbatches, loss_fn=loss_fn)
+
+    # ---- steps ------------------------------------------------------------------------------
+    def forward_backward(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """Run forward and backward on this rank's share of the batch and sync gradients.
+
+        Returns the mean loss over micro-batches and data-parallel ranks, detached, equal on
+        every rank.
+        """
+        loss = self._pipeline_step(batch) if self.pipeline else self._local_step(batch)
+        self.sync_gradients()
+        return self._reduce_loss(loss)
+
+    def _local_step(self, batch) -> torch.Tensor:
+        n = self.num_microbatches
+        chunks = [
+            dict(zip(batch, values)) for values in zip(*(_split(v, n) for v in batch.values()))
+        ]
+        total = torch.zeros((), device=self.util.device)
+        for chunk in chunks:
+            outputs = self.model(**chunk)
+            loss = sum(v for k, v in outputs.items() if "loss" in k)
+            (loss / n).backward()
+            total += loss.detach() / n
+        return total
+
+    def _pipeline_step(self, batch) -> torch.Tensor:
+        args, kwargs = (), {}
+        if self.is_first:
+            args = (batch[self.model.pipeline_input_key],)
+        losses: list[torch.Tensor] = []
+        if self.is_last:
+            kwargs = {"target": batch[self.model.pipeline_target_key], "losses": losses}
+        self.schedule.step(*args, **kwargs)
+        if self.is_last:
+            return torch.stack([loss.detach() for loss in losses]).mean()
+        return torch.zeros((), device=self.util.device)
+
+    def sync_gradients(self) -> None:
+        """Sum tied-weight grads between first and last stage; average grads over dp."""
+        if self.util.embedding_group is not None:
+            for p in self.tied_parameters:
+                if p.grad is not None:
+                    torch_dist.all_reduce(_local(p.grad), group=self.util.embedding_group)
+        if self.util.dp_group is not None:
+            grads = [_local(p.grad) for p in self.model.parameters() if p.grad is not None]
+            for bucket in _buckets(grads):
+                flat = _flatten_dense_tensors(bucket)
+                torch_dist.all_reduce(flat, group=self.util.dp_group)
+                flat /= self.util.layout.data_parallel_size
+                for g, synced in zip(bucket, _unflatten_dense_tensors(flat, bucket)):
+                    g.copy_(synced)
+
+    def _reduce_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        if self.util.pp_group is not None:  # only the last stage has it; others hold 0
+            torch_dist.all_reduce(loss, group=self.util.pp_group)
+        if self.util.dp_group is not None:
+            torch_dist.all_reduce(loss, group=self.util.dp_group)
+            loss /= self.util.layout.data_parallel_size
+        return loss
+
+    def train_step(self, batch: Mapping[str, torch.Tensor], optimizer) -> float:
+        """Forward, backward, gradient sync, ``optimizer.step()``, zero grads; returns the loss."""
+        loss = self.forward_backward(batch)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return float(loss)
+
+
+def _split(t: torch.Tensor, n: int) -> list[torch.Tensor]:
+    if t.shape[0] % n:
+        raise ValueError(f"local batch size {t.shape[0]} is not divisible by num_microbatches={n}")
+    return list(t.chunk(n, dim=0))
+
+
+def _buckets(tensors: list[torch.Tensor], bucket_bytes: int = 25 * 2**20):
+    """Group same-dtype tensors into buckets of about ``bucket_bytes`` for fewer collectives."""
+    bucket, size = [], 0
+    for t in tensors:
+        if bucket and (
+            size + t.numel() * t.element_size() > bucket_bytes or t.dtype != bucket[0].dtype
+        ):
+            yield bucket
+            bucket, size = [], 0
+        bucket.append(t)
+        size += t.numel() * t.element_size()
+    if bucket:
+        yield bucket
+
+
+def train_step(runner: ModelRunner, batch: Mapping[str, torch.Tensor], optimizer) -> float:
+    """One training step of ``runner``'s model on the current mesh; returns the mean loss."""
+    return runner.train_step(batch, optimizer)

@@ -1,0 +1,42 @@
+"""Parallel layers: each holds DTensor parameters laid out on its pipeline stage's mesh."""
+
+from libai.layers.attention import MultiheadAttention
+from libai.layers.collectives import copy_to_tp, gather_from_tp, reduce_from_tp, scatter_to_tp
+from libai.layers.cross_entropy import ParallelCrossEntropyLoss
+from libai.layers.embedding import Embedding, VocabEmbedding
+from libai.layers.layer_norm import LayerNorm, RMSLayerNorm
+from libai.layers.linear import Linear
+from libai.layers.lm_logits import LMLogits
+from libai.layers.mlp import MLP
+from libai.layers.param import (
+    create_parameter,
+    init_method_normal,
+    local_value,
+    scaled_init_method_normal,
+)
+from libai.layers.rotary import RotaryEmbedding, apply_rotary_pos_emb
+from libai.layers.transformer_layer import TransformerLayer, build_norm
+
+__all__ = [
+    "Embedding",
+    "LMLogits",
+    "LayerNorm",
+    "Linear",
+    "MLP",
+    "MultiheadAttention",
+    "ParallelCrossEntropyLoss",
+    "RMSLayerNorm",
+    "RotaryEmbedding",
+    "TransformerLayer",
+    "VocabEmbedding",
+    "apply_rotary_pos_emb",
+    "build_norm",
+    "copy_to_tp",
+    "create_parameter",
+    "gather_from_tp",
+    "init_method_normal",
+    "local_value",
+    "reduce_from_tp",
+    "scaled_init_method_normal",
+    "scatter_to_tp",
+]

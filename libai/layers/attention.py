@@ -1,0 +1,197 @@
+"""Multi-head attention: self or cross, causal or padded, MHA / GQA / MQA, RoPE, KV cache."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from libai.layers.linear import Linear
+from libai.layers.param import InitMethod, default_init_method
+from libai.layers.rotary import apply_rotary_pos_emb
+from libai.utils import distributed as dist
+
+KVPair = tuple[torch.Tensor, torch.Tensor]
+
+
+def _divisible(name: str, value: int, tp: int) -> None:
+    if value % tp:
+        raise ValueError(
+            f"{name}={value} is not divisible by tensor_parallel_size={tp}; choose a "
+            f"tensor_parallel_size that divides {name}."
+        )
+
+
+class MultiheadAttention(nn.Module):
+    """Attention whose heads are split over tensor-parallel ranks.
+
+    Self-attention uses one fused column-parallel ``query_key_value`` projection whose rows
+    are grouped per key/value head: ``[q x (heads // kv_heads), k, v]`` per group, so a
+    contiguous tp shard holds whole groups. Cross-attention uses ``query`` and ``key_value``.
+    The output projection ``dense`` is row-parallel.
+
+    ``forward`` takes an explicit KV cache (``past_key_value`` = ``(k, v)`` of this layer,
+    each ``[batch, local_kv_heads, past_len, head_size]``) and, with ``use_cache=True``,
+    returns ``(output, present_key_value)``; the module itself keeps no state.
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        num_attention_heads: int,
+        num_key_value_heads: int | None = None,
+        head_size: int | None = None,
+        is_cross_attention: bool = False,
+        attention_dropout_prob: float = 0.0,
+        output_dropout_prob: float = 0.0,
+        bias: bool = True,
+        qkv_bias: bool | None = None,
+        init_method: InitMethod = default_init_method,
+        output_layer_init_method: InitMethod | None = None,
+        scale_attention: bool = True,
+        attn_mask_type: str = "padding",
+        *,
+        layer_idx: int = 0,
+    ):
+        super().__init__()
+        if attn_mask_type not in ("padding", "causal"):
+            raise ValueError(
+                f"attn_mask_type must be 'padding' or 'causal', got {attn_mask_type!r}"
+            )
+        num_key_value_heads = num_key_value_heads or num_attention_heads
+        if num_attention_heads % num_key_value_heads:
+            raise ValueError(
+                f"num_attention_heads={num_attention_heads} is not a multiple of "
+                f"num_key_value_heads={num_key_value_heads}"
+            )
+        if head_size is None:
+            if hidden_size % num_attention_heads:
+                raise ValueError(
+                    f"hidden_size={hidden_size} is not divisible by "
+                    f"num_attention_heads={num_attention_heads}"
+                )
+            head_size = hidden_size // num_attention_heads
+        tp = dist.get_tensor_parallel_size()
+        _divisible("hidden_size", hidden_size, tp)
+        _divisible("num_attention_heads", num_attention_heads, tp)
+        _divisible("num_key_value_heads", num_key_value_heads, tp)
+        self.hidden_size, self.head_size, self.layer_idx = hidden_size, head_size, layer_idx
+        self.num_heads, self.num_kv_heads = num_attention_heads, num_key_value_heads
+        self.local_kv_heads = num_key_value_heads // tp
+        self.group_size = num_attention_heads // num_key_value_heads
+        self.is_cross_attention, self.causal = is_cross_attention, attn_mask_type == "causal"
+        self.attention_dropout_prob = attention_dropout_prob
+        self.scale = head_size**-0.5 if scale_attention else 1.0
+        qkv_bias = bias if qkv_bias is None else qkv_bias
+        q_out = num_attention_heads * head_size
+        kv_out = num_key_value_heads * head_size
+        if is_cross_attention:
+            self.query = Linear(
+                hidden_size, q_out, qkv_bias, "col", init_method, layer_idx=layer_idx
+            )
+            self.key_value = Linear(
+                hidden_size, 2 * kv_out, qkv_bias, "col", init_method, layer_idx=layer_idx
+            )
+        else:
+            self.query_key_value = Linear(
+                hidden_size, q_out + 2 * kv_out, qkv_bias, "col", init_method, layer_idx=layer_idx
+            )
+        self.dense = Linear(
+            q_out,
+            hidden_size,
+            bias,
+            "row",
+            output_layer_init_method or init_method,
+            layer_idx=layer_idx,
+        )
+        self.output_dropout = nn.Dropout(output_dropout_prob)
+
+    def _project(self, hidden_states, encoder_states, past_key_value):
+        b, s, _ = hidden_states.shape
+        kvh, g, hd = self.local_kv_heads, self.group_size, self.head_size
+        if not self.is_cross_attention:
+            # [S(0), B] x [B, S(0)]^T -> [S(0), S(-1)]: whole kv groups per rank
+            qkv = self.query_key_value(hidden_states).view(b, s, kvh, g + 2, hd)
+            q = qkv[:, :, :, :g].reshape(b, s, kvh * g, hd).transpose(1, 2)
+            k, v = qkv[:, :, :, g].transpose(1, 2), qkv[:, :, :, g + 1].transpose(1, 2)
+            return q, k, v
+        q = self.query(hidden_states).view(b, s, kvh * g, hd).transpose(1, 2)
+        if past_key_value is not None:  # encoder keys/values were computed on the first step
+            return q, past_key_value[0], past_key_value[1]
+        kv = self.key_value(encoder_states).view(b, encoder_states.shape[1], kvh, 2, hd)
+        return q, kv[:, :, :, 0].transpose(1, 2), kv[:, :, :, 1].transpose(1, 2)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        encoder_states: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        past_key_value: KVPair | None = None,
+        use_cache: bool = False,
+        rotary_pos_emb: tuple[torch.Tensor, torch.Tensor] | None = None,
+        position_bias: torch.Tensor | None = None,
+    ):
+        """Args:
+        hidden_states: ``[batch, seq, hidden]`` (replicated over tp).
+        encoder_states: keys/values source for cross-attention.
+        attention_mask: broadcastable to ``[batch, heads, q_len, kv_len]``; bool (True =
+            attend) or additive float. Combined with the causal mask if ``attn_mask_type``
+            is causal.
+        rotary_pos_emb: ``(cos, sin)`` for the query positions (keys share them).
+        position_bias: additive bias for this rank's heads, e.g. T5's relative positions.
+        """
+        if self.is_cross_attention and encoder_states is None and past_key_value is None:
+            raise ValueError("cross-attention needs encoder_states (or a cached past_key_value)")
+        q, k, v = self._project(hidden_states, encoder_states, past_key_value)
+        if rotary_pos_emb is not None:
+            q = apply_rotary_pos_emb(q, *rotary_pos_emb)
+            k = apply_rotary_pos_emb(k, *rotary_pos_emb)
+        if past_key_value is not None and not self.is_cross_attention:
+            k = torch.cat((past_key_value[0], k), dim=2)
+            v = torch.cat((past_key_value[1], v), dim=2)
+        present = (k, v) if use_cache else None
+        if self.group_size > 1:
+            k = k.repeat_interleave(self.group_size, dim=1)
+            v = v.repeat_interleave(self.group_size, dim=1)
+        mask, is_causal = self._attention_bias(q, k, attention_mask, position_bias)
+        # [S(0), S(heads)] per rank: attention is local to this rank's heads
+        context = F.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            attn_mask=mask,
+            dropout_p=self.attention_dropout_prob if self.training else 0.0,
+            is_causal=is_causal,
+            scale=self.scale,
+        )
+        b, _, s, _ = context.shape
+        context = context.transpose(1, 2).reshape(b, s, -1)
+        # [S(0), S(-1)] x [B, S(1)]^T -> [S(0), P] -> all-reduce -> [S(0), B]
+        out = self.output_dropout(self.dense(context))
+        return (out, present) if use_cache else out
+
+    def _attention_bias(self, q, k, attention_mask, position_bias):
+        """Return ``(attn_mask, is_causal)`` for SDPA; masked scores get the dtype's min."""
+        q_len, kv_len = q.shape[2], k.shape[2]
+        causal = self.causal and not self.is_cross_attention and q_len > 1
+        if attention_mask is None and position_bias is None:
+            if causal and q_len == kv_len:
+                return None, True
+            if not causal:
+                return None, False
+        keep = None
+        if causal:  # query i sits at absolute position kv_len - q_len + i
+            keep = torch.ones(q_len, kv_len, dtype=torch.bool, device=q.device).tril(kv_len - q_len)
+        bias = None
+        if attention_mask is not None:
+            if attention_mask.dtype == torch.bool:
+                keep = attention_mask if keep is None else keep & attention_mask
+            else:
+                bias = attention_mask.to(q.dtype)
+        if position_bias is not None:
+            bias = position_bias.to(q.dtype) if bias is None else bias + position_bias.to(q.dtype)
+        if keep is None:
+            return bias, False
+        base = torch.zeros((), dtype=q.dtype, device=q.device) if bias is None else bias
+        masked = torch.tensor(torch.finfo(q.dtype).min, dtype=q.dtype, device=q.device)
+        return torch.where(keep, base, masked), False

@@ -1,0 +1,73 @@
+"""Cross-entropy on vocab-split logits (Megatron's vocab-parallel cross entropy)."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as torch_dist
+import torch.nn.functional as F
+from torch import nn
+
+from libai.layers.collectives import all_reduce_tp
+from libai.utils import distributed as dist
+
+
+class _VocabParallelCrossEntropy(torch.autograd.Function):
+    """Per-token loss from this rank's vocab shard; the full logits never exist anywhere."""
+
+    @staticmethod
+    def forward(ctx, logits, target, ignore_index):
+        # logits [N, V/tp] (S(-1) over tp), target [N] (B over tp)
+        logits = logits.float()
+        vocab_per_rank = logits.shape[-1]
+        start = dist.get_tensor_parallel_rank() * vocab_per_rank
+        row_max = all_reduce_tp(logits.max(dim=-1).values, torch_dist.ReduceOp.MAX)
+        shifted = logits - row_max.unsqueeze(-1)
+        ignored = target == ignore_index
+        outside = (target < start) | (target >= start + vocab_per_rank) | ignored
+        local_target = (target - start).masked_fill(outside, 0)
+        rows = torch.arange(logits.shape[0], device=logits.device)
+        # [S(0), P] -> all-reduce -> [S(0), B]: the target logit comes from its owning rank
+        target_logit = all_reduce_tp(shifted[rows, local_target].masked_fill(outside, 0.0))
+        exp = shifted.exp()
+        sum_exp = all_reduce_tp(exp.sum(dim=-1))
+        loss = (sum_exp.log() - target_logit).masked_fill(ignored, 0.0)
+        ctx.save_for_backward(exp.div_(sum_exp.unsqueeze(-1)), local_target, outside, ignored)
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        softmax, local_target, outside, ignored = ctx.saved_tensors
+        rows = torch.arange(softmax.shape[0], device=softmax.device)
+        grad = softmax.clone()
+        grad[rows, local_target] -= (~outside).to(grad.dtype)
+        grad = grad * grad_loss.masked_fill(ignored, 0.0).unsqueeze(-1)
+        return grad, None, None
+
+
+class ParallelCrossEntropyLoss(nn.Module):
+    """Mean token cross entropy over the positions whose target is not ``ignore_index``.
+
+    ``logits`` may be this rank's vocab shard (``[..., V/tp]``, from :class:`LMLogits`) or the
+    full vocab when tp == 1. Ignored positions are masked out of both the sum and the count
+    (never mapped to class 0). Computed in fp32.
+    """
+
+    def __init__(self, ignore_index: int = -100):
+        super().__init__()
+        self.ignore_index = ignore_index
+
+    def token_losses(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """Per-position losses (0 at ignored positions), shaped like ``target``."""
+        flat_logits, flat_target = logits.reshape(-1, logits.shape[-1]), target.reshape(-1)
+        if dist.get_tensor_parallel_size() == 1:
+            losses = F.cross_entropy(
+                flat_logits.float(), flat_target, ignore_index=self.ignore_index, reduction="none"
+            )
+        else:
+            losses = _VocabParallelCrossEntropy.apply(flat_logits, flat_target, self.ignore_index)
+        return losses.view_as(target)
+
+    def forward(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        losses = self.token_losses(logits, target)
+        count = (target != self.ignore_index).sum().clamp(min=1)
+        return losses.sum() / count

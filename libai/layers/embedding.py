@@ -1,0 +1,108 @@
+"""Word (vocab-parallel) and position (replicated) embeddings."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from libai.layers.collectives import reduce_from_tp
+from libai.layers.param import InitMethod, create_parameter, default_init_method, local_value
+from libai.utils import distributed as dist
+
+logger = logging.getLogger(__name__)
+
+
+def pad_vocab_size(vocab_size: int, multiple: int) -> int:
+    """Round ``vocab_size`` up to a multiple of ``multiple`` (logged when it changes)."""
+    padded = -(-vocab_size // multiple) * multiple
+    if padded != vocab_size:
+        logger.info(
+            "vocab_size %d padded to %d (a multiple of tensor_parallel_size %d); padded rows "
+            "are never looked up and their logits are masked",
+            vocab_size,
+            padded,
+            multiple,
+        )
+    return padded
+
+
+class VocabEmbedding(nn.Module):
+    """Token embedding whose table is split over tensor-parallel ranks by vocabulary rows.
+
+    The vocabulary is padded up to a multiple of tp; the padding rows are zeros and never
+    looked up (ids must be < ``num_embeddings``).
+    """
+
+    def __init__(
+        self,
+        num_embeddings: int,
+        embedding_dim: int,
+        init_method: InitMethod = default_init_method,
+        *,
+        layer_idx: int = 0,
+    ):
+        super().__init__()
+        tp = dist.get_tensor_parallel_size()
+        self.num_embeddings, self.embedding_dim, self.layer_idx = (
+            num_embeddings,
+            embedding_dim,
+            layer_idx,
+        )
+        self.padded_num_embeddings = pad_vocab_size(num_embeddings, tp)
+        self.init_method = init_method
+        self.weight = create_parameter(
+            (num_embeddings, embedding_dim),
+            init_method,
+            layer_idx=layer_idx,
+            tp_split_dim=0,
+            padded_shape=(self.padded_num_embeddings, embedding_dim),
+        )
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        weight = local_value(self.weight)
+        if weight.shape[0] == self.padded_num_embeddings:  # whole table on this rank
+            return F.embedding(input_ids, weight)
+        # [S(0), B] ids x [S(0), B] table -> [S(0), P] -> all-reduce -> [S(0), B]
+        start = dist.get_tensor_parallel_rank() * weight.shape[0]
+        outside = (input_ids < start) | (input_ids >= start + weight.shape[0])
+        local_ids = (input_ids - start).masked_fill(outside, 0)
+        out = F.embedding(local_ids, weight).masked_fill(outside.unsqueeze(-1), 0.0)
+        return reduce_from_tp(out)
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.num_embeddings}, {self.embedding_dim}, "
+            f"padded={self.padded_num_embeddings}, layer_idx={self.layer_idx}"
+        )
+
+
+class Embedding(nn.Module):
+    """A replicated embedding table ``[B, B]`` (positions, token types)."""
+
+    def __init__(
+        self,
+        num_embeddings: int,
+        embedding_dim: int,
+        init_method: InitMethod = default_init_method,
+        *,
+        layer_idx: int = 0,
+    ):
+        super().__init__()
+        self.num_embeddings, self.embedding_dim, self.layer_idx = (
+            num_embeddings,
+            embedding_dim,
+            layer_idx,
+        )
+        self.weight = create_parameter(
+            (num_embeddings, embedding_dim), init_method, layer_idx=layer_idx
+        )
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        # [S(0), B] x [B, B] -> [S(0), B]
+        return F.embedding(ids, local_value(self.weight))
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, layer_idx={self.layer_idx}"

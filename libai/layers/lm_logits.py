@@ -1,0 +1,77 @@
+"""Vocab-parallel language-model head tied to the word embedding."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from libai.layers.collectives import copy_to_tp, gather_from_tp
+from libai.layers.embedding import VocabEmbedding
+from libai.layers.param import create_parameter, local_value, zeros
+from libai.utils import distributed as dist
+
+
+class LMLogits(nn.Module):
+    """``logits = hidden @ E^T (+ bias)`` where ``E`` is the (vocab-split) word embedding.
+
+    When the embedding and this head sit on the same pipeline stage the head reads the
+    embedding's weight (one tensor, truly tied). When they sit on different stages (the first
+    and the last), the head owns a copy, equal at initialization because it is generated from
+    the embedding's seed; the trainer all-reduces the two gradients between those stages every
+    step (``libai_tied_group`` marks both), so they stay equal.
+
+    ``forward`` returns this rank's vocab shard of the logits, ``[S(0), S(-1)]``; columns of
+    vocab padding hold the dtype's minimum so they never win a softmax.
+    """
+
+    def __init__(self, embedding: VocabEmbedding, bias: bool = False, *, layer_idx: int = -1):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.vocab_size = embedding.num_embeddings
+        self.padded_vocab_size = embedding.padded_num_embeddings
+        util = dist.get_dist_util()
+        same_stage = util.get_layer_stage(layer_idx) == util.get_layer_stage(embedding.layer_idx)
+        if same_stage:
+            self.weight = None
+            self.__dict__["_tied_embedding"] = embedding  # a reference, not a submodule
+        else:
+            self.weight = create_parameter(
+                (embedding.num_embeddings, embedding.embedding_dim),
+                embedding.init_method,
+                layer_idx=layer_idx,
+                tp_split_dim=0,
+                padded_shape=(embedding.padded_num_embeddings, embedding.embedding_dim),
+                seed=embedding.weight.libai_init_seed,
+            )
+            self.weight.libai_tied_group = "word_embeddings"
+            embedding.weight.libai_tied_group = "word_embeddings"
+        self.bias = (
+            create_parameter(
+                (self.vocab_size,),
+                zeros,
+                layer_idx=layer_idx,
+                tp_split_dim=0,
+                padded_shape=(self.padded_vocab_size,),
+            )
+            if bias
+            else None
+        )
+
+    def tied_weight(self) -> torch.Tensor:
+        return self.weight if self.weight is not None else self._tied_embedding.weight
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        weight = local_value(self.tied_weight())
+        bias = None if self.bias is None else local_value(self.bias)
+        # [S(0), B] x [S(0), B]^T -> [S(0), S(-1)]  (vocab-split logits, no comm forward)
+        logits = F.linear(copy_to_tp(hidden_states), weight, bias)
+        if self.padded_vocab_size != self.vocab_size:
+            start = dist.get_tensor_parallel_rank() * weight.shape[0]
+            column = torch.arange(start, start + weight.shape[0], device=logits.device)
+            logits = logits.masked_fill(column >= self.vocab_size, torch.finfo(logits.dtype).min)
+        return logits
+
+    def gather(self, logits: torch.Tensor) -> torch.Tensor:
+        """``[S(0), S(-1)] -> [S(0), B]``: full-vocab logits (padding dropped)."""
+        return gather_from_tp(logits, dim=-1)[..., : self.vocab_size]

@@ -1,0 +1,131 @@
+"""Parameter factory: layout-independent initialization, then this rank's shard.
+
+Every parameter draws one seed from the global torch RNG, in construction order, on every
+rank, and its *full* value is generated from that seed alone. So a model built under any
+dp × tp × pp layout starts from exactly the weights of the single-process model with the
+same ``torch.manual_seed``. A rank then keeps only its share:
+
+- a layer of another pipeline stage gets a ``meta`` parameter (no memory; pruned later);
+- on a stage of one process the parameter is a plain tensor (no DTensor dispatch cost);
+- otherwise it is a DTensor on the stage's (dp, tp) mesh: ``[B, S(k)]`` for tp-sharded
+  weights, ``[B, B]`` for replicated ones.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from libai.utils import distributed as dist
+
+InitMethod = Callable[..., torch.Tensor]  # fn(tensor, generator=None) -> tensor, in place
+
+
+def init_method_normal(sigma: float) -> InitMethod:
+    """N(0, sigma) initialization."""
+
+    def init_(tensor, generator=None):
+        return nn.init.normal_(tensor, mean=0.0, std=sigma, generator=generator)
+
+    return init_
+
+
+def scaled_init_method_normal(sigma: float, num_layers: int) -> InitMethod:
+    """N(0, sigma / sqrt(2 * num_layers)): GPT-2's init for layers that write the residual."""
+    return init_method_normal(sigma / math.sqrt(2.0 * num_layers))
+
+
+def xavier_normal(tensor, generator=None):
+    return nn.init.xavier_normal_(tensor, generator=generator)
+
+
+def zeros(tensor, generator=None):
+    return nn.init.zeros_(tensor)
+
+
+def ones(tensor, generator=None):
+    return nn.init.ones_(tensor)
+
+
+def create_parameter(
+    shape: Sequence[int],
+    init_method: InitMethod,
+    *,
+    layer_idx: int,
+    tp_split_dim: int | None = None,
+    padded_shape: Sequence[int] | None = None,
+    dtype: torch.dtype = torch.float32,
+    seed: int | None = None,
+) -> nn.Parameter:
+    """Create this rank's share of a parameter whose full value is ``init_method(shape)``.
+
+    Args:
+        shape: full (logical) shape.
+        init_method: ``fn(tensor, generator=None)`` filling the full tensor in place.
+        layer_idx: the layer, hence pipeline stage, that owns the parameter.
+        tp_split_dim: dim sharded over tensor-parallel ranks (``None`` = replicated).
+        padded_shape: full shape after padding (e.g. vocab rounded up to a multiple of tp);
+            the padding is zero-filled and never touches the RNG stream.
+        seed: reuse another parameter's seed (a tied copy on another stage).
+    """
+    if seed is None:
+        seed = int(torch.randint(0, 2**62, (1,)).item())
+    padded_shape = tuple(padded_shape or shape)
+    util = dist.get_dist_util()
+    tp = util.layout.tensor_parallel_size
+    if tp_split_dim is not None and padded_shape[tp_split_dim] % tp:
+        raise ValueError(
+            f"parameter dim {tp_split_dim} of size {padded_shape[tp_split_dim]} is not divisible "
+            f"by tensor_parallel_size={tp}"
+        )
+    if not util.is_layer_local(layer_idx):
+        local_shape = list(padded_shape)
+        if tp_split_dim is not None:
+            local_shape[tp_split_dim] //= tp
+        param = nn.Parameter(torch.empty(local_shape, dtype=dtype, device="meta"))
+    else:
+        param = nn.Parameter(
+            _shard(_full_value(shape, padded_shape, init_method, seed, dtype), tp_split_dim)
+        )
+    param.libai_init_seed = seed  # lets a tied copy on another stage start equal
+    return param
+
+
+def _full_value(shape, padded_shape, init_method, seed, dtype) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    full = init_method(torch.empty(tuple(shape), dtype=dtype), generator=generator)
+    if tuple(padded_shape) != tuple(shape):
+        padded = torch.zeros(padded_shape, dtype=dtype)
+        padded[tuple(slice(0, s) for s in shape)] = full
+        full = padded
+    return full.to(dist.get_dist_util().device)
+
+
+def _shard(full: torch.Tensor, tp_split_dim: int | None) -> torch.Tensor:
+    """Cut this rank's tp shard out of ``full`` and wrap it as a DTensor on the stage mesh."""
+    util = dist.get_dist_util()
+    mesh = util.stage_mesh
+    if mesh is None:
+        return full
+    tp_sbp = dist.broadcast
+    local = full
+    if tp_split_dim is not None and util.layout.tensor_parallel_size > 1:
+        tp_sbp = dist.split(tp_split_dim)
+        local = full.chunk(util.layout.tensor_parallel_size, dim=tp_split_dim)[
+            util.tensor_parallel_rank
+        ].contiguous()
+    placements = util.get_nd_sbp([dist.broadcast, tp_sbp])
+    return DTensor.from_local(local, mesh, placements, run_check=False)
+
+
+def local_value(param: torch.Tensor) -> torch.Tensor:
+    """The local shard used in compute (differentiable); plain tensors pass through."""
+    return param.to_local() if isinstance(param, DTensor) else param
+
+
+#: N(0, 0.02), the default of LiBai's layers
+default_init_method: InitMethod = init_method_normal(0.02)

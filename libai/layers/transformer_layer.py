@@ -1,0 +1,153 @@
+"""One configurable Transformer block for every model (GPT-2, BERT, T5, Llama, ViT)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from libai.layers.attention import KVPair, MultiheadAttention
+from libai.layers.layer_norm import LayerNorm, RMSLayerNorm
+from libai.layers.mlp import MLP
+from libai.layers.param import InitMethod, default_init_method
+
+
+def build_norm(norm_type: str, hidden_size: int, eps: float, *, layer_idx: int) -> nn.Module:
+    """``"layernorm"`` or ``"rmsnorm"``."""
+    if norm_type == "layernorm":
+        return LayerNorm(hidden_size, eps=eps, layer_idx=layer_idx)
+    if norm_type == "rmsnorm":
+        return RMSLayerNorm(hidden_size, eps=eps, layer_idx=layer_idx)
+    raise ValueError(f"norm_type must be 'layernorm' or 'rmsnorm', got {norm_type!r}")
+
+
+class TransformerLayer(nn.Module):
+    """Self-attention (+ cross-attention when ``is_decoder``) + MLP, pre- or post-norm.
+
+    - ``pre_norm=True`` (GPT-2, Llama, T5, ViT): ``x + f(norm(x))``.
+    - ``pre_norm=False`` (BERT): ``norm(x + f(x))``.
+
+    ``forward`` returns the hidden states, or ``(hidden_states, present)`` with
+    ``use_cache=True``, where ``present`` is ``(self_kv, cross_kv)`` (``cross_kv`` is None
+    for non-decoders).
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        ffn_hidden_size: int,
+        num_attention_heads: int,
+        num_key_value_heads: int | None = None,
+        head_size: int | None = None,
+        is_decoder: bool = False,
+        attention_dropout_prob: float = 0.0,
+        output_dropout_prob: float = 0.0,
+        layernorm_epsilon: float = 1e-5,
+        norm_type: str = "layernorm",
+        pre_norm: bool = True,
+        activation: str = "gelu",
+        gated_mlp: bool = False,
+        bias: bool = True,
+        qkv_bias: bool | None = None,
+        init_method: InitMethod = default_init_method,
+        output_layer_init_method: InitMethod | None = None,
+        scale_attention: bool = True,
+        attn_mask_type: str = "padding",
+        *,
+        layer_idx: int = 0,
+    ):
+        super().__init__()
+        self.layer_idx, self.pre_norm, self.is_decoder = layer_idx, pre_norm, is_decoder
+        attn_kwargs = dict(
+            num_key_value_heads=num_key_value_heads,
+            head_size=head_size,
+            attention_dropout_prob=attention_dropout_prob,
+            output_dropout_prob=output_dropout_prob,
+            bias=bias,
+            qkv_bias=qkv_bias,
+            init_method=init_method,
+            output_layer_init_method=output_layer_init_method,
+            scale_attention=scale_attention,
+            layer_idx=layer_idx,
+        )
+        self.input_layernorm = build_norm(
+            norm_type, hidden_size, layernorm_epsilon, layer_idx=layer_idx
+        )
+        self.self_attention = MultiheadAttention(
+            hidden_size, num_attention_heads, attn_mask_type=attn_mask_type, **attn_kwargs
+        )
+        if is_decoder:
+            self.post_attention_layernorm = build_norm(
+                norm_type, hidden_size, layernorm_epsilon, layer_idx=layer_idx
+            )
+            self.cross_attention = MultiheadAttention(
+                hidden_size, num_attention_heads, is_cross_attention=True, **attn_kwargs
+            )
+        self.post_cross_attention_layernorm = build_norm(
+            norm_type, hidden_size, layernorm_epsilon, layer_idx=layer_idx
+        )
+        self.mlp = MLP(
+            hidden_size,
+            ffn_hidden_size,
+            output_dropout_prob,
+            activation,
+            gated_mlp,
+            bias,
+            init_method,
+            output_layer_init_method,
+            layer_idx=layer_idx,
+        )
+
+    def _residual(self, x, norm, fn):
+        if self.pre_norm:
+            out = fn(norm(x))
+            present = None
+            if isinstance(out, tuple):
+                out, present = out
+            return x + out, present
+        out = fn(x)
+        present = None
+        if isinstance(out, tuple):
+            out, present = out
+        return norm(x + out), present
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        encoder_states: torch.Tensor | None = None,
+        encoder_attention_mask: torch.Tensor | None = None,
+        past_key_value: tuple[KVPair | None, KVPair | None] | None = None,
+        use_cache: bool = False,
+        rotary_pos_emb=None,
+        position_bias: torch.Tensor | None = None,
+        encoder_position_bias: torch.Tensor | None = None,
+    ):
+        self_past, cross_past = past_key_value if past_key_value is not None else (None, None)
+        h, self_present = self._residual(
+            hidden_states,
+            self.input_layernorm,
+            lambda x: self.self_attention(
+                x,
+                attention_mask=attention_mask,
+                past_key_value=self_past,
+                use_cache=use_cache,
+                rotary_pos_emb=rotary_pos_emb,
+                position_bias=position_bias,
+            ),
+        )
+        cross_present = None
+        if self.is_decoder:
+            h, cross_present = self._residual(
+                h,
+                self.post_attention_layernorm,
+                lambda x: self.cross_attention(
+                    x,
+                    encoder_states=encoder_states,
+                    attention_mask=encoder_attention_mask,
+                    past_key_value=cross_past,
+                    use_cache=use_cache,
+                    position_bias=encoder_position_bias,
+                ),
+            )
+        h, _ = self._residual(h, self.post_cross_attention_layernorm, self.mlp)
+        return (h, (self_present, cross_present)) if use_cache else h

@@ -1,0 +1,187 @@
+"""GPT-2: learned positions, pre-LN blocks, GELU MLP, head tied to the word embedding.
+
+Hyper-parameters keep LiBai's names. Labels are expected already shifted (``labels[t]`` is the
+token after ``input_ids[t]``), as LiBai's GPT dataset produces them.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from libai.config import configurable
+from libai.layers import (
+    Embedding,
+    LayerNorm,
+    LMLogits,
+    ParallelCrossEntropyLoss,
+    TransformerLayer,
+    VocabEmbedding,
+    init_method_normal,
+    scaled_init_method_normal,
+)
+from libai.utils import distributed as dist
+
+
+class GPTEmbedding(nn.Module):
+    """Token (vocab-parallel) + learned position embeddings, then dropout."""
+
+    def __init__(self, vocab_size, hidden_size, max_seq_length, init_method, dropout_prob):
+        super().__init__()
+        self.layer_idx = 0
+        self.max_seq_length = max_seq_length
+        self.token_embeddings = VocabEmbedding(vocab_size, hidden_size, init_method, layer_idx=0)
+        self.position_embeddings = Embedding(max_seq_length, hidden_size, init_method, layer_idx=0)
+        self.dropout = nn.Dropout(dropout_prob)
+
+    def forward(self, input_ids, position_ids=None, past_length: int = 0):
+        seq_len = input_ids.shape[1]
+        if past_length + seq_len > self.max_seq_length:
+            raise ValueError(
+                f"sequence of {past_length + seq_len} positions exceeds max_seq_length="
+                f"{self.max_seq_length}"
+            )
+        if position_ids is None:
+            position_ids = torch.arange(
+                past_length, past_length + seq_len, device=input_ids.device
+            ).unsqueeze(0)
+        hidden = self.token_embeddings(input_ids) + self.position_embeddings(position_ids)
+        return self.dropout(hidden)
+
+
+class Transformer(nn.Module):
+    """The stack of blocks plus the final LayerNorm (``layernorm_f``)."""
+
+    def __init__(self, num_layers: int, layer_factory, hidden_size: int, eps: float):
+        super().__init__()
+        # A ModuleDict keyed by layer index: a pipeline stage drops the others, names stay.
+        self.layers = nn.ModuleDict({str(i): layer_factory(i) for i in range(num_layers)})
+        self.layernorm_f = LayerNorm(hidden_size, eps=eps, layer_idx=-1)
+
+
+class GPTModel(nn.Module):
+    """GPT-2 backbone returning vocab-split logits ``[S(0), S(-1)]``.
+
+    As a pipeline stage, parts of other stages are ``None`` and ``forward`` takes and returns
+    hidden states instead of token ids / logits.
+    """
+
+    @configurable
+    def __init__(
+        self,
+        hidden_layers: int,
+        vocab_size: int,
+        hidden_size: int,
+        ffn_hidden_size: int,
+        num_attention_heads: int,
+        max_seq_length: int = 1024,
+        embedding_dropout_prob: float = 0.0,
+        attention_dropout_prob: float = 0.0,
+        output_dropout_prob: float = 0.0,
+        layernorm_epsilon: float = 1e-5,
+        initializer_range: float = 0.02,
+        activation: str = "gelu_tanh",
+    ):
+        super().__init__()
+        layout = dist.get_dist_util().layout
+        if layout.layer_stage_ids and layout.pipeline_num_layers != hidden_layers:
+            raise ValueError(
+                f"train.dist.pipeline_num_layers={layout.pipeline_num_layers} but the model has "
+                f"hidden_layers={hidden_layers}; set pipeline_num_layers={hidden_layers}."
+            )
+        init_method = init_method_normal(initializer_range)
+        output_init = scaled_init_method_normal(initializer_range, hidden_layers)
+        self.num_layers = hidden_layers
+        self.embeddings = GPTEmbedding(
+            vocab_size, hidden_size, max_seq_length, init_method, embedding_dropout_prob
+        )
+
+        def block(i):
+            return TransformerLayer(
+                hidden_size,
+                ffn_hidden_size,
+                num_attention_heads,
+                attention_dropout_prob=attention_dropout_prob,
+                output_dropout_prob=output_dropout_prob,
+                layernorm_epsilon=layernorm_epsilon,
+                activation=activation,
+                init_method=init_method,
+                output_layer_init_method=output_init,
+                attn_mask_type="causal",
+                layer_idx=i,
+            )
+
+        self.transformer = Transformer(hidden_layers, block, hidden_size, layernorm_epsilon)
+        self.lm_head = LMLogits(self.embeddings.token_embeddings, layer_idx=-1)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        past_key_values=None,
+        use_cache: bool = False,
+    ):
+        """Args:
+        input_ids: ``[batch, seq]`` token ids (hidden states on a later pipeline stage).
+        attention_mask: ``[batch, kv_len]`` with 1 for real tokens (left padding allowed).
+        past_key_values: per-layer caches from a previous call (with ``use_cache=True``).
+
+        Returns the vocab-split logits (hidden states on a non-last stage), and with
+        ``use_cache=True`` a tuple ``(logits, presents)``.
+        """
+        past_length = 0
+        if past_key_values is not None:
+            past_length = past_key_values[0][0][0].shape[2]
+        hidden = input_ids
+        if self.embeddings is not None:
+            hidden = self.embeddings(input_ids, position_ids, past_length)
+        mask = None
+        if attention_mask is not None:
+            mask = attention_mask.bool()[:, None, None, :]
+        presents = []
+        for i, layer in enumerate(self.transformer.layers.values()):
+            past = None if past_key_values is None else past_key_values[i]
+            hidden = layer(hidden, attention_mask=mask, past_key_value=past, use_cache=use_cache)
+            if use_cache:
+                hidden, present = hidden
+                presents.append(present)
+        if self.transformer.layernorm_f is not None:
+            hidden = self.transformer.layernorm_f(hidden)
+        if self.lm_head is not None:
+            hidden = self.lm_head(hidden)
+        return (hidden, presents) if use_cache else hidden
+
+
+class GPTForPreTraining(nn.Module):
+    """GPT-2 with the language-modelling loss computed inside the model.
+
+    ``model(input_ids, labels)`` returns ``{"lm_loss": loss}`` (plus ``"logits"`` in eval
+    mode); without labels ``{"logits": full-vocab logits}``.
+    """
+
+    #: pipeline contract (libai.engine.parallel): batch key fed to the first stage, key of
+    #: the target handed to the loss on the last stage
+    pipeline_input_key = "input_ids"
+    pipeline_target_key = "labels"
+
+    def __init__(self, cfg=None, **kwargs):
+        super().__init__()
+        self.GPT_model = GPTModel(cfg=cfg, **kwargs)
+        self.loss_func = ParallelCrossEntropyLoss()
+
+    def forward(self, input_ids, labels=None, attention_mask=None, position_ids=None):
+        logits = self.GPT_model(input_ids, attention_mask=attention_mask, position_ids=position_ids)
+        if labels is None:
+            return {"logits": self.GPT_model.lm_head.gather(logits)}
+        out = {"lm_loss": self.loss_func(logits, labels)}
+        if not self.training:
+            out["logits"] = self.GPT_model.lm_head.gather(logits)
+        return out
+
+    def pipeline_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """One pipeline stage: token ids or hidden states in, hidden states or logits out."""
+        return self.GPT_model(x)
+
+    def pipeline_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return self.loss_func(logits, labels)

@@ -1,0 +1,23 @@
+"""Install libai: ``pip install -e .`` (add ``[test]`` for the test suite)."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="libai",
+    version="0.1.0",
+    description="LiBai-style large Transformer training and serving on PyTorch DTensor",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(include=["libai", "libai.*"]),
+    install_requires=[
+        "torch>=2.8",
+        "numpy",
+        "omegaconf>=2.3",
+        "hydra-core>=1.3",
+        "safetensors",
+    ],
+    extras_require={
+        "test": ["pytest>=7", "ruff"],
+    },
+)

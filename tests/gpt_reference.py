@@ -1,0 +1,61 @@
+"""Tiny GPT and its single-process reference run, shared by the layout tests."""
+
+from __future__ import annotations
+
+import torch
+
+from libai.engine.parallel import ModelRunner
+from libai.models import GPTForPreTraining
+from libai.utils import distributed as dist
+
+TINY_GPT = dict(
+    hidden_layers=4,
+    vocab_size=99,  # not a multiple of tp: exercises vocab padding
+    hidden_size=32,
+    ffn_hidden_size=64,
+    num_attention_heads=4,
+    max_seq_length=16,
+)
+SEED = 1234
+BATCH, SEQ, STEPS, LR = 8, 12, 3, 0.05
+
+
+def make_batch(step: int, vocab_size: int = TINY_GPT["vocab_size"]) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(100 + step)
+    tokens = torch.randint(0, vocab_size, (BATCH, SEQ + 1), generator=g)
+    return {"input_ids": tokens[:, :-1], "labels": tokens[:, 1:].contiguous()}
+
+
+def build_model() -> GPTForPreTraining:
+    torch.manual_seed(SEED)
+    return GPTForPreTraining(**TINY_GPT)
+
+
+def full_state(model, with_grads=False) -> dict[str, torch.Tensor]:
+    """Full (gathered) parameter values, or gradients, by name; padding rows dropped."""
+    out = {}
+    for name, p in model.named_parameters():
+        t = p.grad if with_grads else p
+        full = dist.ttol(t.detach()).clone()
+        if "token_embeddings" in name or "lm_head" in name:
+            full = full[: TINY_GPT["vocab_size"]]
+        out[name.replace("lm_head.weight", "embeddings.token_embeddings.weight")] = full
+    return out
+
+
+def reference_run(num_microbatches: int = 1) -> dict:
+    """Single-process losses, initial parameters, first-step grads and params after STEPS."""
+    dist.setup_dist_util({})
+    model = build_model()
+    init = full_state(model)
+    runner = ModelRunner(model, num_microbatches=num_microbatches)
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
+    losses, grads = [], None
+    for step in range(STEPS):
+        loss = runner.forward_backward(make_batch(step))
+        if step == 0:
+            grads = full_state(model, with_grads=True)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(float(loss))
+    return {"init": init, "losses": losses, "grads": grads, "final": full_state(model)}
