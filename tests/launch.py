@@ -1,0 +1,49 @@
+"""Run a script under ``torchrun`` on CPU/gloo and collect one JSON result per rank.
+
+Tests judge from the results every rank wrote, not only from a clean exit: roughly one
+torchrun run in four aborts on one rank at exit on these machines, after every check passed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+SCRIPTS = Path(__file__).parent / "dist_scripts"
+
+
+def torchrun(script: str, nproc: int, *args: str, timeout: float = 600) -> list[dict]:
+    """Launch ``dist_scripts/<script>`` on ``nproc`` ranks; return each rank's result dict.
+
+    The script receives ``--out DIR`` first and must call
+    :func:`dist_scripts.common.write_result` on every rank.
+    """
+    with tempfile.TemporaryDirectory() as out_dir:
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nnodes=1",
+            f"--nproc_per_node={nproc}",
+            str(SCRIPTS / script),
+            "--out",
+            out_dir,
+            *args,
+        ]
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(SCRIPTS.parent)}
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+        results = []
+        for rank in range(nproc):
+            path = Path(out_dir) / f"rank{rank}.json"
+            if not path.exists():
+                raise AssertionError(
+                    f"rank {rank} of {script} wrote no result (exit {proc.returncode}).\n"
+                    f"--- stdout ---\n{proc.stdout[-4000:]}\n--- stderr ---\n{proc.stderr[-8000:]}"
+                )
+            results.append(json.loads(path.read_text()))
+        return results
