@@ -1,0 +1,100 @@
+"""GPT-2 under several dp x tp x pp layouts against the single-process reference.
+
+For every layout: the initial weights, the loss of each of STEPS steps, every gradient of
+the first step and every parameter after STEPS optimizer steps equal the reference; and the
+rank holds only its share (tp shards, its pipeline stage's layers).
+"""
+
+from __future__ import annotations
+
+import json
+
+import torch
+from common import parse_out_dir, run_checks
+from gpt_reference import STEPS, TINY_GPT, build_model, full_state, make_batch, make_optimizer
+from torch.distributed.tensor import DTensor, Shard
+
+from libai.engine.parallel import ModelRunner
+from libai.utils import distributed as dist
+
+TOL = 1e-5
+
+
+def max_diff(got: dict, want: dict) -> tuple[float, str]:
+    worst, name = 0.0, ""
+    for key, value in got.items():
+        diff = (value - want[key]).abs().max().item()
+        if diff > worst:
+            worst, name = diff, key
+    return worst, name
+
+
+def held_layers(model) -> list[int]:
+    return sorted(int(k) for k in model.GPT_model.transformer.layers.keys())
+
+
+def check_layout(layout: dict, ref: dict) -> dict:
+    util = dist.setup_dist_util(dict(layout["dist"]))
+    tp, dp = util.layout.tensor_parallel_size, util.layout.data_parallel_size
+    model = build_model()
+    runner = ModelRunner(model, num_microbatches=layout.get("microbatches", 1))
+    init_diff, init_name = max_diff(full_state(model), ref["init"])
+    # layout: every tp-sharded parameter holds 1/tp of its dim; others are full size
+    for name, p in model.named_parameters():
+        if isinstance(p, DTensor):
+            for mesh_dim, placement in enumerate(p.placements):
+                if isinstance(placement, Shard):
+                    assert util.stage_dims[mesh_dim] == "tp", name
+                    full = p.shape[placement.dim]
+                    assert p.to_local().shape[placement.dim] * tp == full, name
+        else:
+            assert tp == 1 and dp == 1, f"{name} is a plain tensor on a multi-rank stage"
+    local_numel = sum(
+        p.to_local().numel() if isinstance(p, DTensor) else p.numel() for p in model.parameters()
+    )
+    optimizer = make_optimizer(model)
+    losses, grad_diff, grad_name = [], None, None
+    for step in range(STEPS):
+        batch = {k: v.chunk(dp)[util.data_parallel_rank] for k, v in make_batch(step).items()}
+        losses.append(float(runner.forward_backward(batch)))
+        if step == 0:
+            grad_diff, grad_name = max_diff(full_state(model, with_grads=True), ref["grads"])
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    final_diff, final_name = max_diff(full_state(model), ref["final"])
+    loss_diff = max(abs(a - b) for a, b in zip(losses, ref["losses"]))
+    result = {
+        "name": layout["name"],
+        "init_diff": init_diff,
+        "loss_diff": loss_diff,
+        "grad_diff": grad_diff,
+        "grad_worst": grad_name,
+        "final_diff": final_diff,
+        "final_worst": final_name,
+        "losses": losses,
+        "layers": held_layers(model),
+        "has_embedding": model.GPT_model.embeddings is not None,
+        "has_head": model.GPT_model.lm_head is not None,
+        "local_numel": local_numel,
+        "pipeline_rank": util.pipeline_rank,
+        "stage_ids": list(util.layout.layer_stage_ids),
+    }
+    assert init_diff == 0.0, f"{layout['name']}: initial weights differ ({init_name})"
+    for key in ("loss_diff", "grad_diff", "final_diff"):
+        assert result[key] <= TOL, f"{layout['name']}: {key}={result[key]:.3g} > {TOL}"
+    return result
+
+
+def main():
+    out_dir, _, rest = parse_out_dir()
+    ref_path, layouts = rest[0], json.loads(rest[1])
+    ref = torch.load(ref_path)
+
+    def checks():
+        return {"layouts": [check_layout(layout, ref) for layout in layouts]}
+
+    run_checks(out_dir, checks)
+
+
+if __name__ == "__main__":
+    main()
