@@ -21,7 +21,11 @@ LAYOUTS_2 = [
         "dist": {**PP, "pipeline_schedule": "Interleaved1F1B", "virtual_pipeline_size": 2},
         "microbatches": 4,
     },
-    {"name": "pp2-custom", "dist": {**PP, "custom_pipeline_stage_id": [0, 1, 1, 1]}, "microbatches": 2},
+    {
+        "name": "pp2-custom",
+        "dist": {**PP, "custom_pipeline_stage_id": [0, 1, 1, 1]},
+        "microbatches": 2,
+    },
 ]
 LAYOUTS_4 = [
     {"name": "dp2xtp2", "dist": {"data_parallel_size": 2, "tensor_parallel_size": 2}},
@@ -48,13 +52,13 @@ def run_layouts(reference, nproc, layouts):
     for rank, result in enumerate(results):
         assert result["ok"], f"rank {rank}: {result['error']}\n{result['trace']}"
     by_layout = {}
-    for rank, result in enumerate(results):
+    for result in results:
         for item in result["layouts"]:
             by_layout.setdefault(item["name"], []).append(item)
     return ref, by_layout
 
 
-def check_numbers(items, ref):
+def check_numbers(items):
     for item in items:
         assert item["init_diff"] == 0.0
         assert item["loss_diff"] <= 1e-5, item
@@ -88,7 +92,7 @@ def test_layouts_on_2_ranks(reference):
     ref, by_layout = run_layouts(reference, 2, LAYOUTS_2)
     assert set(by_layout) == {layout["name"] for layout in LAYOUTS_2}
     for items in by_layout.values():
-        check_numbers(items, ref)
+        check_numbers(items)
     L, V, H = TINY_GPT["hidden_layers"], TINY_GPT["vocab_size"], TINY_GPT["hidden_size"]
     # data parallel: full replicas
     assert all(i["local_numel"] == total_numel(ref) for i in by_layout["dp2"])
@@ -101,7 +105,9 @@ def test_layouts_on_2_ranks(reference):
     assert by_layout["pp2-custom"][0]["stage_ids"] == [0, 1, 1, 1]
     assert by_layout["pp2-interleaved"][0]["stage_ids"] == [0, 1, 2, 3]
     # the three schedules agree with each other (and with the reference, above)
-    schedule_losses = [by_layout[n][0]["losses"] for n in ("pp2-1F1B", "pp2-GPipe", "pp2-interleaved")]
+    schedule_losses = [
+        by_layout[n][0]["losses"] for n in ("pp2-1F1B", "pp2-GPipe", "pp2-interleaved")
+    ]
     for losses in schedule_losses:
         assert losses == pytest.approx(ref["losses"], abs=1e-5)
 
@@ -109,7 +115,7 @@ def test_layouts_on_2_ranks(reference):
 def test_layouts_on_4_ranks(reference):
     ref, by_layout = run_layouts(reference, 4, LAYOUTS_4)
     for items in by_layout.values():
-        check_numbers(items, ref)
+        check_numbers(items)
     L = TINY_GPT["hidden_layers"]
     check_pipeline_share(by_layout["tp2xpp2"], L, 2)
     check_pipeline_share(by_layout["dp2xpp2"], L, 2)
@@ -120,5 +126,5 @@ def test_layout_2x2x2_on_8_ranks(reference):
     ref, by_layout = run_layouts(reference, 8, LAYOUTS_8)
     items = by_layout["dp2xtp2xpp2"]
     assert len(items) == 8
-    check_numbers(items, ref)
+    check_numbers(items)
     check_pipeline_share(items, TINY_GPT["hidden_layers"], 2)

@@ -114,6 +114,8 @@ def resolve_layout(dist_cfg, world_size: int) -> DistLayout:
     tp = _positive_int("tensor_parallel_size", cfg["tensor_parallel_size"])
     pp = _positive_int("pipeline_parallel_size", cfg["pipeline_parallel_size"])
     vpp = _positive_int("virtual_pipeline_size", cfg["virtual_pipeline_size"])
+    if vpp > 1 and pp == 1:
+        raise ValueError("train.dist.virtual_pipeline_size > 1 needs pipeline_parallel_size > 1.")
     device_type = cfg["device_type"]
     if device_type not in ("cpu", "cuda"):
         raise ValueError(f"train.dist.device_type must be 'cpu' or 'cuda', got {device_type!r}.")
@@ -159,8 +161,6 @@ def resolve_layout(dist_cfg, world_size: int) -> DistLayout:
             "train.dist.pipeline_num_layers must be set (the model's number of layers) when "
             f"pipeline_parallel_size x virtual_pipeline_size = {num_stages} > 1."
         )
-    if vpp > 1 and pp == 1:
-        raise ValueError("train.dist.virtual_pipeline_size > 1 needs pipeline_parallel_size > 1.")
     return DistLayout(
         world_size=world_size,
         data_parallel_size=dp,

@@ -11,7 +11,7 @@ import json
 
 import torch
 from common import parse_out_dir, run_checks
-from gpt_reference import STEPS, TINY_GPT, build_model, full_state, make_batch, make_optimizer
+from gpt_reference import STEPS, build_model, full_state, make_batch, make_optimizer
 from torch.distributed.tensor import DTensor, Shard
 
 from libai.engine.parallel import ModelRunner
