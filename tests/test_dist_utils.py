@@ -42,6 +42,8 @@ def test_placement_vocabulary(results):
     assert (r0["dp_rank"], r1["dp_rank"]) == (0, 1)
     assert r0["dp_param_placements"] == ["Replicate()"]
     assert (r0["pp_rank"], r1["pp_rank"]) == (0, 1) and r0["last_stage"] == 1
+    # the resolved layout is written back into the config (saved with the run)
+    assert r0["recorded_stage_ids"] == [0, 1] and r0["recorded_dp"] == 1
     assert "belongs to pipeline stage" in r0["placement_other_stage"]
     assert (r0["main"], r0["last"], r1["main"], r1["last"]) == (True, False, False, True)
     for r in results:

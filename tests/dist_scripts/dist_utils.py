@@ -6,6 +6,7 @@ import logging
 
 import torch
 from common import parse_out_dir, run_checks
+from omegaconf import OmegaConf
 from torch.distributed.tensor import DTensor
 
 from libai.engine.parallel import ModelRunner
@@ -66,7 +67,12 @@ def checks() -> dict:
     w = GPTForPreTraining(**GPT).GPT_model.embeddings.token_embeddings.weight
     out["dp_param_placements"] = [repr(p) for p in w.placements] if isinstance(w, DTensor) else []
 
-    dist.setup_dist_util({"pipeline_parallel_size": 2, "pipeline_num_layers": 2})
+    cfg = OmegaConf.create(
+        {"pipeline_parallel_size": 2, "pipeline_num_layers": 2, "custom_pipeline_stage_id": None}
+    )
+    dist.setup_dist_util(cfg)
+    out["recorded_stage_ids"] = list(cfg.custom_pipeline_stage_id)
+    out["recorded_dp"] = cfg.data_parallel_size
     out["pp_rank"] = dist.get_pipeline_parallel_rank()
     out["last_stage"] = dist.get_dist_util().get_layer_stage(-1)
     out["placement_other_stage"] = error_of(lambda: dist.get_layer_placement(1 - out["pp_rank"]))
