@@ -98,17 +98,10 @@ class TransformerLayer(nn.Module):
         )
 
     def _residual(self, x, norm, fn):
-        if self.pre_norm:
-            out = fn(norm(x))
-            present = None
-            if isinstance(out, tuple):
-                out, present = out
-            return x + out, present
-        out = fn(x)
-        present = None
-        if isinstance(out, tuple):
-            out, present = out
-        return norm(x + out), present
+        """Pre-norm ``x + fn(norm(x))`` or post-norm ``norm(x + fn(x))``; passes a cache on."""
+        out = fn(norm(x) if self.pre_norm else x)
+        out, present = out if isinstance(out, tuple) else (out, None)
+        return (x + out if self.pre_norm else norm(x + out)), present
 
     def forward(
         self,

@@ -31,7 +31,11 @@ def run_checks(out_dir: Path, checks) -> None:
     try:
         result = {"ok": True, **checks()}
     except Exception as exc:  # recorded, so the test shows which rank failed and why
-        result = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()}
+        result = {
+            "ok": False,
+            "error": f"{type(exc).__name__}: {exc}",
+            "trace": traceback.format_exc(),
+        }
         write_result(out_dir, result)
         os._exit(1)  # torchrun then stops the peers, which may wait in a collective
     write_result(out_dir, result)
