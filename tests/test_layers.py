@@ -155,6 +155,8 @@ def test_bool_and_additive_masks_agree():
     additive = torch.zeros(keep.shape).masked_fill(~keep, torch.finfo(torch.float32).min)
     with torch.no_grad():
         close(attn(x, attention_mask=keep), attn(x, attention_mask=additive))
+        # 0/1 integer masks (as tokenizers return them) mean keep/drop, not an additive bias
+        close(attn(x, attention_mask=keep.long()), attn(x, attention_mask=keep))
         # masked keys are ignored: sequence 1 acts like its first 3 tokens alone
         close(attn(x, attention_mask=keep)[1, :3], attn(x[1:, :3])[0])
 

@@ -177,13 +177,16 @@ class ModelRunner:
 
     def _local_step(self, batch) -> torch.Tensor:
         n = self.num_microbatches
+        if n == 1:  # the common case pays for no split, scaling or accumulation
+            loss = _total_loss(self.model(**batch))
+            loss.backward()
+            return loss.detach()
         chunks = [
             dict(zip(batch, values)) for values in zip(*(_split(v, n) for v in batch.values()))
         ]
         total = torch.zeros((), device=self.util.device)
         for chunk in chunks:
-            outputs = self.model(**chunk)
-            loss = sum(v for k, v in outputs.items() if "loss" in k)
+            loss = _total_loss(self.model(**chunk))
             (loss / n).backward()
             total += loss.detach() / n
         return total
@@ -229,6 +232,14 @@ class ModelRunner:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         return float(loss)
+
+
+def _total_loss(outputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """The sum of every output whose key contains "loss" (the model contract)."""
+    losses = [v for k, v in outputs.items() if "loss" in k]
+    if not losses:
+        raise KeyError(f"the model returned no loss (keys: {sorted(outputs)})")
+    return sum(losses[1:], losses[0])
 
 
 def _split(t: torch.Tensor, n: int) -> list[torch.Tensor]:

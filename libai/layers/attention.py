@@ -112,14 +112,20 @@ class MultiheadAttention(nn.Module):
         if not self.is_cross_attention:
             # [S(0), B] x [B, S(0)]^T -> [S(0), S(-1)]: whole kv groups per rank
             qkv = self.query_key_value(hidden_states).view(b, s, kvh, g + 2, hd)
-            q = qkv[:, :, :, :g].reshape(b, s, kvh * g, hd).transpose(1, 2)
-            k, v = qkv[:, :, :, g].transpose(1, 2), qkv[:, :, :, g + 1].transpose(1, 2)
-            return q, k, v
+            # unbind / split, whose backward is one stack / cat (indexing would zero-fill a
+            # full-size gradient per index and add them up)
+            if g == 1:
+                q, k, v = qkv.unbind(dim=3)
+            else:
+                q, k, v = qkv.split((g, 1, 1), dim=3)
+                q, k, v = q.reshape(b, s, kvh * g, hd), k.squeeze(3), v.squeeze(3)
+            return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         q = self.query(hidden_states).view(b, s, kvh * g, hd).transpose(1, 2)
         if past_key_value is not None:  # encoder keys/values were computed on the first step
             return q, past_key_value[0], past_key_value[1]
         kv = self.key_value(encoder_states).view(b, encoder_states.shape[1], kvh, 2, hd)
-        return q, kv[:, :, :, 0].transpose(1, 2), kv[:, :, :, 1].transpose(1, 2)
+        k, v = kv.unbind(dim=3)
+        return q, k.transpose(1, 2), v.transpose(1, 2)
 
     def forward(
         self,
@@ -134,9 +140,9 @@ class MultiheadAttention(nn.Module):
         """Args:
         hidden_states: ``[batch, seq, hidden]`` (replicated over tp).
         encoder_states: keys/values source for cross-attention.
-        attention_mask: broadcastable to ``[batch, heads, q_len, kv_len]``; bool (True =
-            attend) or additive float. Combined with the causal mask if ``attn_mask_type``
-            is causal.
+        attention_mask: broadcastable to ``[batch, heads, q_len, kv_len]``; bool or 0/1
+            integers (1 = attend), or an additive float bias. Combined with the causal
+            mask if ``attn_mask_type`` is causal.
         rotary_pos_emb: ``(cos, sin)`` for the query positions (keys share them).
         position_bias: additive bias for this rank's heads, e.g. T5's relative positions.
         """
@@ -167,7 +173,9 @@ class MultiheadAttention(nn.Module):
         b, _, s, _ = context.shape
         context = context.transpose(1, 2).reshape(b, s, -1)
         # [S(0), S(-1)] x [B, S(1)]^T -> [S(0), P] -> all-reduce -> [S(0), B]
-        out = self.output_dropout(self.dense(context))
+        out = self.dense(context)
+        if self.output_dropout.p > 0:  # skip the identity call: ~5 us a time on CPU
+            out = self.output_dropout(out)
         return (out, present) if use_cache else out
 
     def _attention_bias(self, q, k, attention_mask, position_bias):
@@ -184,6 +192,8 @@ class MultiheadAttention(nn.Module):
             keep = torch.ones(q_len, kv_len, dtype=torch.bool, device=q.device).tril(kv_len - q_len)
         bias = None
         if attention_mask is not None:
+            if not attention_mask.is_floating_point():  # 0/1 integer masks mean keep/drop
+                attention_mask = attention_mask.bool()
             if attention_mask.dtype == torch.bool:
                 keep = attention_mask if keep is None else keep & attention_mask
             else:
