@@ -101,16 +101,19 @@ def test_single_process_mesh_is_trivial():
     dist.synchronize()
 
 
+SMALL_GPT = dict(
+    hidden_layers=2,
+    vocab_size=50,
+    hidden_size=16,
+    ffn_hidden_size=32,
+    num_attention_heads=2,
+    max_seq_length=8,
+)
+
+
 def test_single_process_parameters_are_plain_tensors():
     dist.setup_dist_util({})
-    model = GPTForPreTraining(
-        hidden_layers=2,
-        vocab_size=50,
-        hidden_size=16,
-        ffn_hidden_size=32,
-        num_attention_heads=2,
-        max_seq_length=8,
-    )
+    model = GPTForPreTraining(**SMALL_GPT)
     assert all(type(p) is torch.nn.Parameter for p in model.parameters())
     # the head is tied: one tensor, no copy
     assert model.GPT_model.lm_head.weight is None
@@ -120,14 +123,7 @@ def test_single_process_parameters_are_plain_tensors():
 
 def test_layout_independent_initialization_and_config_typos():
     dist.setup_dist_util({})
-    kwargs = dict(
-        hidden_layers=2,
-        vocab_size=50,
-        hidden_size=16,
-        ffn_hidden_size=32,
-        num_attention_heads=2,
-        max_seq_length=8,
-    )
+    kwargs = SMALL_GPT
     torch.manual_seed(7)
     a = GPTForPreTraining(**kwargs)
     torch.manual_seed(7)
