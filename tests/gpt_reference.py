@@ -18,6 +18,7 @@ TINY_GPT = dict(
 )
 SEED = 1234
 BATCH, SEQ, STEPS, LR = 8, 12, 3, 0.05
+MAX_GRAD_NORM = 0.5  # small enough that every step clips: exercises the global norm
 
 
 def make_batch(step: int, vocab_size: int = TINY_GPT["vocab_size"]) -> dict[str, torch.Tensor]:
@@ -58,12 +59,19 @@ def reference_run(num_microbatches: int = 1) -> dict:
     init = full_state(model)
     runner = ModelRunner(model, num_microbatches=num_microbatches)
     opt = make_optimizer(model)
-    losses, grads = [], None
+    losses, grads, norms = [], None, []
     for step in range(STEPS):
         loss = runner.forward_backward(make_batch(step))
         if step == 0:
             grads = full_state(model, with_grads=True)
+        norms.append(float(runner.clip_grad_norm_(MAX_GRAD_NORM)))
         opt.step()
         opt.zero_grad(set_to_none=True)
         losses.append(float(loss))
-    return {"init": init, "losses": losses, "grads": grads, "final": full_state(model)}
+    return {
+        "init": init,
+        "losses": losses,
+        "grads": grads,
+        "grad_norms": norms,
+        "final": full_state(model),
+    }

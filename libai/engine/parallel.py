@@ -29,6 +29,8 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.distributed import pipelining
 from torch.distributed.tensor import DTensor
 
+from libai.engine.amp import DynamicLossScaler, autocast
+from libai.engine.grad_clip import clip_grad_norm_
 from libai.utils import distributed as dist
 
 #: schedule name -> (class, holds several stages per rank)
@@ -75,12 +77,14 @@ def _copy_sharing_parameters(model: nn.Module) -> nn.Module:
 class _StageModule(nn.Module):
     """Adapts a model's pipeline contract to the ``forward(x)`` a PipelineStage calls."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, runner: ModelRunner):
         super().__init__()
         self.model = model
+        self.__dict__["_runner"] = runner  # a reference, not a submodule
 
     def forward(self, x):
-        return self.model.pipeline_forward(x)
+        with self._runner.autocast():
+            return self.model.pipeline_forward(x)
 
 
 class ModelRunner:
@@ -97,14 +101,29 @@ class ModelRunner:
             dist config's ``pipeline_schedule``.
     """
 
-    def __init__(self, model: nn.Module, *, num_microbatches: int = 1, schedule: str | None = None):
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        num_microbatches: int = 1,
+        schedule: str | None = None,
+        amp_dtype: torch.dtype | None = None,
+        loss_scaler: DynamicLossScaler | None = None,
+        activation_checkpointing: bool = False,
+    ):
         util = dist.get_dist_util()
         layout = util.layout
         if not isinstance(num_microbatches, int) or num_microbatches < 1:
             raise ValueError(
                 f"num_microbatches must be a positive integer, got {num_microbatches!r}"
             )
+        if loss_scaler is not None and amp_dtype != torch.float16:
+            raise ValueError("a loss scaler is only used with fp16 autocast (amp_dtype=float16)")
         self.util, self.model, self.num_microbatches = util, model, num_microbatches
+        self.amp_dtype, self.loss_scaler = amp_dtype, loss_scaler
+        self.last_step_skipped, self.last_grad_norm = False, None
+        if activation_checkpointing:
+            enable_activation_checkpointing(model)
         self.schedule_name = schedule or layout.pipeline_schedule
         self.pipeline = layout.pipeline_parallel_size > 1
         self.schedule = self._build_pipeline() if self.pipeline else None
@@ -116,6 +135,14 @@ class ModelRunner:
         self.tied_parameters = [
             p for p in model.parameters() if getattr(p, "libai_tied_group", None) is not None
         ]
+
+    def autocast(self):
+        """The autocast context of this run (a null context in fp32)."""
+        return autocast(self.util.layout.device_type, self.amp_dtype)
+
+    @property
+    def _loss_scale(self) -> float:
+        return 1.0 if self.loss_scaler is None else self.loss_scaler.scale
 
     # ---- pipeline ---------------------------------------------------------------------------
     def _build_pipeline(self):
@@ -153,13 +180,16 @@ class ModelRunner:
             ]
         self.stages = [
             pipelining.PipelineStage(
-                _StageModule(m), s, layout.num_stages, util.device, group=util.pp_group
+                _StageModule(m, self), s, layout.num_stages, util.device, group=util.pp_group
             )
             for m, s in zip(stage_models, stages)
         ]
         self.is_first = 0 in stages
         self.is_last = layout.num_stages - 1 in stages
-        loss_fn = self.model.pipeline_loss
+
+        def loss_fn(output, target):
+            return self.model.pipeline_loss(output, target) * self._loss_scale
+
         if multi_stage:
             return schedule_cls(self.stages, self.num_microbatches, loss_fn=loss_fn)
         return schedule_cls(self.stages[0], self.num_microbatches, loss_fn=loss_fn)
@@ -176,19 +206,21 @@ class ModelRunner:
         return self._reduce_loss(loss)
 
     def _local_step(self, batch) -> torch.Tensor:
-        n = self.num_microbatches
+        n, scale = self.num_microbatches, self._loss_scale
         if n == 1:  # the common case pays for no split, scaling or accumulation
-            loss = _total_loss(self.model(**batch))
-            loss.backward()
-            return loss.detach()
+            with self.autocast():
+                loss = _total_loss(self.model(**batch))
+            (loss if scale == 1.0 else loss * scale).backward()
+            return loss.detach().float()
         chunks = [
             dict(zip(batch, values)) for values in zip(*(_split(v, n) for v in batch.values()))
         ]
         total = torch.zeros((), device=self.util.device)
         for chunk in chunks:
-            loss = _total_loss(self.model(**chunk))
-            (loss / n).backward()
-            total += loss.detach() / n
+            with self.autocast():
+                loss = _total_loss(self.model(**chunk))
+            (loss * (scale / n)).backward()
+            total += loss.detach().float() / n
         return total
 
     def _pipeline_step(self, batch) -> torch.Tensor:
@@ -200,7 +232,7 @@ class ModelRunner:
             kwargs = {"target": batch[self.model.pipeline_target_key], "losses": losses}
         self.schedule.step(*args, **kwargs)
         if self.is_last:
-            return torch.stack([loss.detach() for loss in losses]).mean()
+            return torch.stack([loss.detach().float() for loss in losses]).mean() / self._loss_scale
         return torch.zeros((), device=self.util.device)
 
     def sync_gradients(self) -> None:
@@ -226,12 +258,56 @@ class ModelRunner:
             loss /= self.util.layout.data_parallel_size
         return loss
 
-    def train_step(self, batch: Mapping[str, torch.Tensor], optimizer) -> float:
-        """Forward, backward, gradient sync, ``optimizer.step()``, zero grads; returns the loss."""
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """Clip by the global gradient norm of the whole (unsharded) model; returns the norm."""
+        return clip_grad_norm_(self.model.parameters(), max_norm, norm_type)
+
+    def train_step(
+        self,
+        batch: Mapping[str, torch.Tensor],
+        optimizer,
+        *,
+        max_grad_norm: float | None = None,
+        norm_type: float = 2.0,
+    ) -> float:
+        """Forward, backward, gradient sync, clipping, ``optimizer.step()``, zero grads.
+
+        Returns the loss. With an fp16 loss scaler, a step whose gradients overflow on any
+        rank is skipped on every rank (``last_step_skipped`` tells the caller not to advance
+        the LR schedule).
+        """
         loss = self.forward_backward(batch)
+        self.last_step_skipped = False
+        if self.loss_scaler is not None:
+            found_inf = self.loss_scaler.unscale_(self.model.parameters())
+            self.loss_scaler.update(found_inf)
+            if found_inf:
+                self.last_step_skipped = True
+                optimizer.zero_grad(set_to_none=True)
+                return float(loss)
+        if max_grad_norm is not None and max_grad_norm > 0:
+            self.last_grad_norm = float(self.clip_grad_norm_(max_grad_norm, norm_type))
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         return float(loss)
+
+
+def enable_activation_checkpointing(model: nn.Module) -> int:
+    """Recompute every TransformerLayer in backward instead of storing its activations.
+
+    Returns the number of layers switched; raises if the model has none (the switch must
+    never silently do nothing).
+    """
+    from libai.layers import TransformerLayer
+
+    layers = [m for m in model.modules() if isinstance(m, TransformerLayer)]
+    if not layers:
+        raise ValueError(
+            f"train.activation_checkpoint.enabled: {type(model).__name__} has no TransformerLayer"
+        )
+    for layer in layers:
+        layer.activation_checkpointing = True
+    return len(layers)
 
 
 def _total_loss(outputs: Mapping[str, torch.Tensor]) -> torch.Tensor:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from libai.layers.attention import KVPair, MultiheadAttention
 from libai.layers.layer_norm import LayerNorm, RMSLayerNorm
@@ -57,6 +58,9 @@ class TransformerLayer(nn.Module):
     ):
         super().__init__()
         self.layer_idx, self.pre_norm, self.is_decoder = layer_idx, pre_norm, is_decoder
+        #: recompute this block in backward instead of keeping its activations (set by
+        #: ``train.activation_checkpoint.enabled``; see libai.engine.parallel)
+        self.activation_checkpointing = False
         attn_kwargs = dict(
             num_key_value_heads=num_key_value_heads,
             head_size=head_size,
@@ -103,7 +107,13 @@ class TransformerLayer(nn.Module):
         out, present = out if isinstance(out, tuple) else (out, None)
         return (x + out if self.pre_norm else norm(x + out)), present
 
-    def forward(
+    def forward(self, hidden_states: torch.Tensor, *args, **kwargs):
+        """See :meth:`_forward`; with activation checkpointing the block is recomputed."""
+        if self.activation_checkpointing and self.training and torch.is_grad_enabled():
+            return checkpoint(self._forward, hidden_states, *args, use_reentrant=False, **kwargs)
+        return self._forward(hidden_states, *args, **kwargs)
+
+    def _forward(
         self,
         hidden_states: torch.Tensor,
         attention_mask: torch.Tensor | None = None,

@@ -11,7 +11,7 @@ import json
 
 import torch
 from common import parse_out_dir, run_checks
-from gpt_reference import STEPS, build_model, full_state, make_batch, make_optimizer
+from gpt_reference import MAX_GRAD_NORM, STEPS, build_model, full_state, make_batch, make_optimizer
 from torch.distributed.tensor import DTensor, Shard
 
 from libai.engine.parallel import ModelRunner
@@ -53,16 +53,18 @@ def check_layout(layout: dict, ref: dict) -> dict:
         p.to_local().numel() if isinstance(p, DTensor) else p.numel() for p in model.parameters()
     )
     optimizer = make_optimizer(model)
-    losses, grad_diff, grad_name = [], None, None
+    losses, grad_diff, grad_name, norms = [], None, None, []
     for step in range(STEPS):
         batch = {k: v.chunk(dp)[util.data_parallel_rank] for k, v in make_batch(step).items()}
         losses.append(float(runner.forward_backward(batch)))
         if step == 0:
             grad_diff, grad_name = max_diff(full_state(model, with_grads=True), ref["grads"])
+        norms.append(float(runner.clip_grad_norm_(MAX_GRAD_NORM)))
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     final_diff, final_name = max_diff(full_state(model), ref["final"])
     loss_diff = max(abs(a - b) for a, b in zip(losses, ref["losses"]))
+    norm_diff = max(abs(a - b) for a, b in zip(norms, ref["grad_norms"]))
     result = {
         "name": layout["name"],
         "init_diff": init_diff,
@@ -70,6 +72,7 @@ def check_layout(layout: dict, ref: dict) -> dict:
         "grad_diff": grad_diff,
         "grad_worst": grad_name,
         "final_diff": final_diff,
+        "grad_norm_diff": norm_diff,
         "final_worst": final_name,
         "losses": losses,
         "layers": held_layers(model),
@@ -80,7 +83,7 @@ def check_layout(layout: dict, ref: dict) -> dict:
         "stage_ids": list(util.layout.layer_stage_ids),
     }
     assert init_diff == 0.0, f"{layout['name']}: initial weights differ ({init_name})"
-    for key in ("loss_diff", "grad_diff", "final_diff"):
+    for key in ("loss_diff", "grad_diff", "final_diff", "grad_norm_diff"):
         assert result[key] <= TOL, f"{layout['name']}: {key}={result[key]:.3g} > {TOL}"
     return result
 
