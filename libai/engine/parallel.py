@@ -110,6 +110,7 @@ class ModelRunner:
         amp_dtype: torch.dtype | None = None,
         loss_scaler: DynamicLossScaler | None = None,
         activation_checkpointing: bool = False,
+        compile: bool = False,
     ):
         util = dist.get_dist_util()
         layout = util.layout
@@ -124,6 +125,8 @@ class ModelRunner:
         self.last_step_skipped, self.last_grad_norm = False, None
         if activation_checkpointing:
             enable_activation_checkpointing(model)
+        if compile:
+            compile_layers(model)
         self.schedule_name = schedule or layout.pipeline_schedule
         self.pipeline = layout.pipeline_parallel_size > 1
         self.schedule = self._build_pipeline() if self.pipeline else None
@@ -290,6 +293,22 @@ class ModelRunner:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         return float(loss)
+
+
+def compile_layers(model: nn.Module, **compile_kwargs) -> int:
+    """``graph.enabled``: compile every TransformerLayer with ``torch.compile`` in place.
+
+    Blocks are compiled one by one (as torchtitan does), so parameter names, pipeline stage
+    pruning and checkpoints are unchanged. Returns the number of compiled blocks.
+    """
+    from libai.layers import TransformerLayer
+
+    layers = [m for m in model.modules() if isinstance(m, TransformerLayer)]
+    if not layers:
+        raise ValueError(f"graph.enabled: {type(model).__name__} has no TransformerLayer")
+    for layer in layers:
+        layer.compile(**compile_kwargs)
+    return len(layers)
 
 
 def enable_activation_checkpointing(model: nn.Module) -> int:

@@ -1,0 +1,168 @@
+"""Each training switch shows its effect (not only that it runs), on one process."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from libai.engine.amp import DynamicLossScaler, resolve_amp_dtype
+from libai.engine.parallel import ModelRunner
+from libai.models import GPTForPreTraining
+from libai.utils import distributed as dist
+
+GPT = dict(
+    hidden_layers=2,
+    vocab_size=64,
+    hidden_size=32,
+    ffn_hidden_size=64,
+    num_attention_heads=4,
+    max_seq_length=16,
+)
+
+
+@pytest.fixture(autouse=True)
+def single_process():
+    dist.setup_dist_util({})
+
+
+def make_model(seed=0):
+    torch.manual_seed(seed)
+    return GPTForPreTraining(**GPT)
+
+
+def make_batch(batch=4, seq=12, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, GPT["vocab_size"], (batch, seq + 1), generator=g)
+    return {"input_ids": tokens[:, :-1], "labels": tokens[:, 1:].contiguous()}
+
+
+def grads(model):
+    return {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def test_bf16_autocast_runs_matmuls_in_bf16_and_stays_close():
+    model = make_model()
+    seen = []
+    model.GPT_model.transformer.layers["0"].mlp.dense_h_to_4h.register_forward_hook(
+        lambda m, i, o: seen.append(o.dtype)
+    )
+    fp32 = ModelRunner(model).forward_backward(make_batch())
+    model.zero_grad()
+    bf16 = ModelRunner(model, amp_dtype=resolve_amp_dtype("bf16")).forward_backward(make_batch())
+    assert seen == [torch.float32, torch.bfloat16]
+    assert bf16 != fp32 and abs(float(bf16) - float(fp32)) < 0.05
+    # parameters and their gradients stay fp32 (master weights)
+    assert all(
+        p.dtype == torch.float32 and p.grad.dtype == torch.float32 for p in model.parameters()
+    )
+
+
+def test_fp16_overflow_skips_the_step_and_backs_off():
+    model = make_model()
+    before = copy.deepcopy(model.state_dict())
+    scaler = DynamicLossScaler(init_scale=2.0**60, growth_interval=1)
+    runner = ModelRunner(model, amp_dtype=torch.float16, loss_scaler=scaler)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    runner.train_step(make_batch(), optimizer)
+    assert runner.last_step_skipped and scaler.scale == 2.0**59 and scaler.skipped_steps == 1
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, before[name]), f"{name} changed on a skipped step"
+    scaler.scale = 2.0**8  # a sane scale: the step is taken and the scale grows
+    runner.train_step(make_batch(), optimizer)
+    assert not runner.last_step_skipped and scaler.scale == 2.0**9
+    assert any(not torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+def test_fp16_loss_scaling_rescues_gradients_that_underflow():
+    ref, unscaled, scaled = make_model(), make_model(), make_model()
+    ModelRunner(ref).forward_backward(make_batch())
+    ModelRunner(unscaled, amp_dtype=torch.float16).forward_backward(make_batch())
+    scaler = DynamicLossScaler(init_scale=2.0**14)
+    ModelRunner(scaled, amp_dtype=torch.float16, loss_scaler=scaler).forward_backward(make_batch())
+    assert not scaler.unscale_(scaled.parameters())
+
+    def lost(model):  # gradient entries that fp16 flushed to zero
+        return sum(
+            int(((p.grad == 0) & (q.grad != 0)).sum())
+            for p, q in zip(model.parameters(), ref.parameters())
+        )
+
+    assert lost(unscaled) > 0 and lost(scaled) == 0
+    for p, q in zip(scaled.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=2e-2, atol=1e-4)
+
+
+def saved_activation_bytes(runner, batch):
+    total = [0]
+
+    def pack(t):
+        total[0] += t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        runner.forward_backward(batch)
+    return total[0]
+
+
+def test_activation_checkpointing_drops_saved_activations_and_keeps_gradients():
+    plain, ckpt = make_model(), make_model()
+    batch = make_batch(batch=8, seq=16)
+    plain_bytes = saved_activation_bytes(ModelRunner(plain), batch)
+    ckpt_runner = ModelRunner(ckpt, activation_checkpointing=True)
+    ckpt_bytes = saved_activation_bytes(ckpt_runner, batch)
+    assert ckpt_bytes < 0.5 * plain_bytes, (ckpt_bytes, plain_bytes)
+    for (name, g1), g2 in zip(grads(plain).items(), grads(ckpt).values()):
+        torch.testing.assert_close(g1, g2, rtol=0, atol=1e-6, msg=name)
+
+
+def test_activation_checkpointing_without_blocks_raises():
+    with pytest.raises(ValueError, match="has no TransformerLayer"):
+        ModelRunner(nn.Linear(2, 2), activation_checkpointing=True)
+
+
+def test_gradient_accumulation_equals_the_larger_batch():
+    a, b = make_model(), make_model()
+    loss_a = ModelRunner(a).forward_backward(make_batch(batch=8))
+    loss_b = ModelRunner(b, num_microbatches=4).forward_backward(make_batch(batch=8))
+    assert abs(float(loss_a) - float(loss_b)) < 1e-6
+    for (name, ga), gb in zip(grads(a).items(), grads(b).values()):
+        torch.testing.assert_close(ga, gb, rtol=0, atol=1e-6, msg=name)
+    with pytest.raises(ValueError, match="not divisible by num_microbatches=3"):
+        ModelRunner(b, num_microbatches=3).forward_backward(make_batch(batch=8))
+
+
+def test_clipping_equals_torch_clip_grad_norm():
+    a, b = make_model(), make_model()
+    ModelRunner(a).forward_backward(make_batch())
+    runner = ModelRunner(b)
+    runner.forward_backward(make_batch())
+    want = torch.nn.utils.clip_grad_norm_(a.parameters(), 0.1)
+    got = runner.clip_grad_norm_(0.1)
+    torch.testing.assert_close(got, want)
+    for (name, ga), gb in zip(grads(a).items(), grads(b).values()):
+        torch.testing.assert_close(ga, gb, msg=name)
+
+
+def test_compiled_blocks_match_eager():
+    eager, compiled = make_model(), make_model()
+    opt_e = torch.optim.SGD(eager.parameters(), lr=0.1)
+    opt_c = torch.optim.SGD(compiled.parameters(), lr=0.1)
+    run_e, run_c = ModelRunner(eager), ModelRunner(compiled, compile=True)
+    assert all(
+        layer._compiled_call_impl is not None
+        for layer in compiled.GPT_model.transformer.layers.values()
+    )
+    for step in range(2):
+        le = run_e.train_step(make_batch(seed=step), opt_e)
+        lc = run_c.train_step(make_batch(seed=step), opt_c)
+        assert abs(le - lc) < 1e-5, (step, le, lc)
+
+
+def test_bad_amp_settings_raise():
+    with pytest.raises(ValueError, match="train.amp.dtype"):
+        resolve_amp_dtype("fp8")
+    with pytest.raises(ValueError, match="only used with fp16"):
+        ModelRunner(make_model(), amp_dtype=torch.bfloat16, loss_scaler=DynamicLossScaler())
