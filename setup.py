@@ -10,12 +10,17 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["libai", "libai.*"]),
+    # configs/ ships inside the package through the libai/config/configs symlink, so that
+    # libai.config.get_config("common/train.py") works from a wheel as from a checkout
+    package_data={"libai.config": ["configs/*.py", "configs/**/*.py", "configs/**/*.yaml"]},
     install_requires=[
         "torch>=2.8",
         "numpy",
         "omegaconf>=2.3",
         "hydra-core>=1.3",
         "safetensors",
+        "tokenizers",
+        "tqdm",
     ],
     extras_require={
         "test": ["pytest>=7", "ruff"],

@@ -1,5 +1,30 @@
-"""Configuration helpers."""
+"""Configs: ``LazyCall`` / ``LazyConfig`` on omegaconf, ``instantiate``, ``@configurable``."""
 
 from libai.config.configurable import configurable
+from libai.config.instantiate import instantiate, locate
+from libai.config.lazy import LazyCall, LazyConfig, try_get_key
+from libai.config.overrides import ConfigKeyError, OverrideError
+from libai.config.packaged import get_config, get_config_path
+from libai.config.resolve import (
+    BatchSizes,
+    TrainIters,
+    resolve_batch_sizes,
+    resolve_train_iters,
+)
 
-__all__ = ["configurable"]
+__all__ = [
+    "BatchSizes",
+    "ConfigKeyError",
+    "LazyCall",
+    "LazyConfig",
+    "OverrideError",
+    "TrainIters",
+    "configurable",
+    "get_config",
+    "get_config_path",
+    "instantiate",
+    "locate",
+    "resolve_batch_sizes",
+    "resolve_train_iters",
+    "try_get_key",
+]

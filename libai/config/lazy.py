@@ -1,0 +1,277 @@
+"""``LazyCall`` and ``LazyConfig``: Python config files on omegaconf (detectron2 / LiBai style).
+
+A config file is plain Python. Every module-level ``dict``, ``DictConfig``, ``ListConfig`` or
+``LazyCall(...)(...)`` node becomes a top-level key of the loaded config (only those named in
+``__all__`` when the file defines it). Config files can
+import each other with relative imports::
+
+    # configs/gpt2_pretrain.py
+    from .common.train import train
+    from .common.models.gpt import model
+
+    train.train_iter = 1000
+    model.cfg.hidden_layers = 6
+
+``LazyConfig.save`` writes a YAML that :meth:`LazyConfig.load` reads back to an equal config,
+and :meth:`LazyConfig.apply_overrides` applies command-line overrides in Hydra's grammar.
+"""
+
+from __future__ import annotations
+
+import builtins
+import importlib.util
+import logging
+import os
+import threading
+import uuid
+from collections.abc import Callable, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+import yaml
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from libai.config.instantiate import target_to_string
+
+__all__ = ["LazyCall", "LazyConfig", "try_get_key"]
+
+logger = logging.getLogger(__name__)
+
+#: every config file is executed as a module of a fresh package under this prefix; relative
+#: imports are intercepted only inside such modules
+_CFG_PACKAGE_NAME = "libai._cfg_loader"
+_IMPORT_LOCK = threading.RLock()
+
+
+def _new_config(content: Any) -> DictConfig | ListConfig:
+    """A config node that may hold arbitrary Python objects (callables, tensors, ...)."""
+    if isinstance(content, (list, tuple, ListConfig)):
+        return ListConfig(content, flags={"allow_objects": True})
+    return DictConfig(content, flags={"allow_objects": True})
+
+
+class LazyCall:
+    """Record a call instead of making it: ``LazyCall(f)(x=1)`` is a config node for ``f(x=1)``.
+
+    The node is a ``DictConfig`` with ``_target_`` set to ``f``'s dotted import path (kept as
+    the object itself when it has none, e.g. a class defined inside a function) plus the
+    keyword arguments. ``target`` may also be given as a dotted path string, so a config can
+    name something without importing it: ``LazyCall("libai.evaluation.PPLEvaluator")()``.
+    Build the object with :func:`libai.config.instantiate`.
+    """
+
+    def __init__(self, target: Callable | str):
+        if not (callable(target) or isinstance(target, str)):
+            raise TypeError(f"LazyCall target must be a callable or a dotted path, got {target!r}")
+        self._target = target
+
+    def __call__(self, **kwargs: Any) -> DictConfig:
+        target = self._target
+        if not isinstance(target, str):
+            target = target_to_string(target) or target
+        return _new_config({"_target_": target, **kwargs})
+
+
+def try_get_key(cfg: Any, *keys: str, default: Any = None) -> Any:
+    """The value of the first of ``keys`` (dotted paths) present in ``cfg``, else ``default``.
+
+    A key that exists with value ``None`` counts as present (LiBai's behaviour).
+    """
+    missing = object()
+    for key in keys:
+        value = OmegaConf.select(cfg, key, default=missing)
+        if value is not missing:
+            return value
+    return default
+
+
+def _cast_to_config(obj: Any) -> Any:
+    """Module-level dicts of a config file become ``DictConfig`` (so ``a.b = 1`` works)."""
+    if isinstance(obj, dict):
+        return _new_config(obj)
+    return obj
+
+
+def _random_package_name(filename: str) -> str:
+    # A unique package per loaded file keeps separate loads from sharing module state.
+    return f"{_CFG_PACKAGE_NAME}{uuid.uuid4().hex[:8]}.{os.path.basename(filename)}"
+
+
+def _relative_config_file(importer: str, name: str, level: int) -> str:
+    """The config file that ``from <'.' * level><name> import ...`` in ``importer`` refers to."""
+    hint = (
+        "Within a config file, a relative import can only import another config file, "
+        "e.g. `from .common.train import train`."
+    )
+    if not name:
+        raise ImportError(f"`from {'.' * level} import ...` in {importer} is not supported. {hint}")
+    base = os.path.dirname(importer)
+    for _ in range(level - 1):
+        base = os.path.dirname(base)
+    path = os.path.join(base, *name.split("."))
+    if os.path.isfile(path + ".py"):
+        return path + ".py"
+    if os.path.isdir(path):
+        raise ImportError(f"cannot import the directory {path} from {importer}. {hint}")
+    raise ImportError(
+        f"cannot import {'.' * level}{name} from {importer}: {path}.py does not exist."
+    )
+
+
+def _exec_config_file(filename: str, module_dict: dict) -> None:
+    with open(filename, encoding="utf-8") as f:
+        source = f.read()
+    code = compile(source, filename, "exec")  # SyntaxError names the file and line
+    exec(code, module_dict)
+
+
+@contextmanager
+def _patch_import():
+    """Make relative imports inside config files load sibling config files.
+
+    Only imports made from a module whose ``__package__`` starts with ``_CFG_PACKAGE_NAME``
+    are intercepted; every other import goes to Python's own machinery.
+    """
+    old_import = builtins.__import__
+
+    def new_import(name, globals=None, locals=None, fromlist=(), level=0):
+        package = (globals or {}).get("__package__") or ""
+        if level == 0 or not package.startswith(_CFG_PACKAGE_NAME):
+            return old_import(name, globals, locals, fromlist=fromlist, level=level)
+        cur_file = _relative_config_file(globals["__file__"], name, level)
+        spec = importlib.util.spec_from_loader(_random_package_name(cur_file), loader=None)
+        module = importlib.util.module_from_spec(spec)
+        module.__file__ = cur_file
+        module.__package__ = spec.name
+        _exec_config_file(cur_file, module.__dict__)
+        for attr in fromlist or ():
+            if attr not in module.__dict__:
+                raise ImportError(f"cannot import name {attr!r} from config file {cur_file}")
+            module.__dict__[attr] = _cast_to_config(module.__dict__[attr])
+        return module
+
+    with _IMPORT_LOCK:
+        builtins.__import__ = new_import
+        try:
+            yield
+        finally:
+            builtins.__import__ = old_import
+
+
+def _to_yaml_safe(value: Any, path: str, unsaveable: list[str]) -> Any:
+    """Plain containers for YAML: targets as dotted paths; other objects as their repr."""
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            child = f"{path}.{k}" if path else str(k)
+            if k == "_target_" and not isinstance(v, str):
+                name = target_to_string(v)
+                if name is not None:
+                    out[k] = name
+                    continue
+            out[k] = _to_yaml_safe(v, child, unsaveable)
+        return out
+    if isinstance(value, (list, tuple)):
+        return [_to_yaml_safe(v, f"{path}[{i}]", unsaveable) for i, v in enumerate(value)]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    unsaveable.append(path)
+    return repr(value)
+
+
+class LazyConfig:
+    """Load, save and override configs made of ``LazyCall`` nodes (see the module doc)."""
+
+    @staticmethod
+    def load(filename: str | os.PathLike, keys: str | list[str] | tuple | None = None):
+        """Load a ``.py`` or ``.yaml`` config file.
+
+        Args:
+            filename: path of the file.
+            keys: ``None`` for the whole config; one name (returns that value) or a list /
+                tuple of names (returns a tuple of values).
+
+        Returns:
+            A ``DictConfig`` whose top-level keys are the file's module-level configs
+            (names starting with ``_`` are skipped; if the file defines ``__all__``, only
+            the names it lists), or the selected value(s).
+        """
+        filename = os.path.abspath(os.fspath(filename))
+        if not os.path.isfile(filename):
+            raise FileNotFoundError(f"config file {filename} does not exist")
+        if filename.endswith(".py"):
+            module_dict = {"__file__": filename, "__package__": _random_package_name(filename)}
+            with _patch_import():
+                _exec_config_file(filename, module_dict)
+            exported = module_dict.get("__all__")
+            if exported is not None:
+                missing = [n for n in exported if n not in module_dict]
+                if missing:
+                    raise ValueError(f"__all__ of {filename} names undefined {missing}")
+            names = exported if exported is not None else list(module_dict)
+            cfg = _new_config(
+                {
+                    name: _cast_to_config(module_dict[name])
+                    for name in names
+                    if not name.startswith("_")
+                    and isinstance(_cast_to_config(module_dict[name]), (DictConfig, ListConfig))
+                }
+            )
+        elif filename.endswith((".yaml", ".yml")):
+            loaded = OmegaConf.load(filename)
+            cfg = _new_config(OmegaConf.to_container(loaded, resolve=False))
+        else:
+            raise ValueError(f"config file must end with .py or .yaml, got {filename}")
+        if keys is None:
+            return cfg
+        if isinstance(keys, str):
+            return cfg[keys]
+        return tuple(cfg[k] for k in keys)
+
+    @staticmethod
+    def load_rel(filename: str, keys: str | list[str] | tuple | None = None):
+        """``load`` with ``filename`` relative to the calling config file's directory."""
+        import inspect
+
+        caller = inspect.stack()[1].frame.f_globals.get("__file__")
+        if caller is None:
+            raise RuntimeError("load_rel must be called from a config file")
+        return LazyConfig.load(os.path.join(os.path.dirname(caller), filename), keys)
+
+    @staticmethod
+    def save(cfg: Any, filename: str | os.PathLike) -> None:
+        """Write ``cfg`` as YAML; :meth:`load` gives back an equal config.
+
+        Callable ``_target_`` values are written as dotted import paths. Interpolations
+        (``${...}``) are kept, not resolved. A value YAML cannot hold (an object without an
+        importable name) is written as its ``repr`` with a warning naming its key: that
+        config then no longer loads back equal.
+        """
+        container = OmegaConf.to_container(cfg, resolve=False, enum_to_str=True)
+        unsaveable: list[str] = []
+        data = _to_yaml_safe(container, "", unsaveable)
+        if unsaveable:
+            logger.warning(
+                "Config values that YAML cannot represent were saved as their repr in %s: %s",
+                filename,
+                ", ".join(unsaveable),
+            )
+        dumped = yaml.safe_dump(data, default_flow_style=None, sort_keys=False, width=9999)
+        with open(filename, "w", encoding="utf-8") as f:
+            f.write(dumped)
+
+    @staticmethod
+    def apply_overrides(cfg: DictConfig, overrides: list[str]) -> DictConfig:
+        """Apply command-line overrides in Hydra's grammar; see :mod:`libai.config.overrides`."""
+        from libai.config.overrides import apply_overrides
+
+        return apply_overrides(cfg, overrides)
+
+    @staticmethod
+    def to_dict(cfg: Any) -> Any:
+        """Plain Python containers (interpolations resolved), e.g. for logging."""
+        if isinstance(cfg, (DictConfig, ListConfig)):
+            return OmegaConf.to_container(cfg, resolve=True)
+        if isinstance(cfg, Mapping):
+            return dict(cfg)
+        return cfg
