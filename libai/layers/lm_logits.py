@@ -45,6 +45,7 @@ class LMLogits(nn.Module):
                 seed=embedding.weight.libai_init_seed,
             )
             self.weight.libai_tied_group = "word_embeddings"
+            self.weight.libai_tied_copy = True  # checkpoints keep the embedding's entry
             embedding.weight.libai_tied_group = "word_embeddings"
         self.bias = (
             create_parameter(

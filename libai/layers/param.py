@@ -92,6 +92,8 @@ def create_parameter(
             _shard(_full_value(shape, padded_shape, init_method, seed, dtype), tp_split_dim)
         )
     param.libai_init_seed = seed  # lets a tied copy on another stage start equal
+    if padded_shape != tuple(shape):  # checkpoints store the logical (unpadded) shape
+        param.libai_logical_shape = tuple(shape)
     return param
 
 
