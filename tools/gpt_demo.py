@@ -28,7 +28,9 @@ def progression_batch(batch: int, seq: int, vocab: int, generator: torch.Generat
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
     parser.add_argument("--tp", type=int, default=1, help="tensor_parallel_size")
     parser.add_argument("--pp", type=int, default=1, help="pipeline_parallel_size")
     parser.add_argument("--schedule", default="1F1B", help="pipeline schedule (GPipe, 1F1B, ...)")
@@ -77,9 +79,7 @@ def main() -> None:
     start = time.perf_counter()
     for step in range(args.steps):
         batch = progression_batch(args.global_batch, args.seq, args.vocab, generator)
-        local = {
-            k: v.chunk(dp)[util.data_parallel_rank].to(util.device) for k, v in batch.items()
-        }
+        local = {k: v.chunk(dp)[util.data_parallel_rank].to(util.device) for k, v in batch.items()}
         loss = runner.train_step(local, optimizer)
         if dist.is_main_process() and (step % 5 == 0 or step == args.steps - 1):
             print(f"step {step:4d}  loss {loss:.4f}", flush=True)

@@ -33,7 +33,7 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0) -> torc
     sharded = torch.zeros((), device=device, dtype=torch.float32)
     replicated = torch.zeros((), device=device, dtype=torch.float32)
     for p in params:
-        if getattr(p, "libai_tied_group", None) is not None and util.pipeline_rank != 0:
+        if getattr(p, "libai_tied_copy", False):
             continue  # the last stage's copy of a weight already counted on the first stage
         g = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
         if norm_type == float("inf"):

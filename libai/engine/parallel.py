@@ -238,6 +238,27 @@ class ModelRunner:
             return torch.stack([loss.detach().float() for loss in losses]).mean() / self._loss_scale
         return torch.zeros((), device=self.util.device)
 
+    @torch.no_grad()
+    def eval_loss(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """Forward only: this data-parallel rank's mean loss on ``batch`` (same on its tp and
+        pp ranks). Under pp the batch is split into the training micro-batch count and must
+        have the training batch's shape (the stages' buffers are sized by it)."""
+        if not self.pipeline:
+            with self.autocast():
+                return _total_loss(self.model(**batch)).float()
+        args, kwargs = (), {}
+        if self.is_first:
+            args = (batch[self.model.pipeline_input_key],)
+        losses: list[torch.Tensor] = []
+        if self.is_last:
+            kwargs = {"target": batch[self.model.pipeline_target_key], "losses": losses}
+        self.schedule.eval(*args, **kwargs)
+        loss = torch.zeros((), device=self.util.device)
+        if self.is_last:
+            loss = torch.stack([x.float() for x in losses]).mean() / self._loss_scale
+        torch_dist.all_reduce(loss, group=self.util.pp_group)
+        return loss
+
     def sync_gradients(self) -> None:
         """Sum tied-weight grads between first and last stage; average grads over dp."""
         if self.util.embedding_group is not None:

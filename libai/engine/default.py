@@ -1,0 +1,319 @@
+"""``default_setup`` and ``DefaultTrainer``: a LiBai config in, a trained model out.
+
+``DefaultTrainer`` builds everything from the config through ``build_*`` classmethods that a
+project may override (detectron2's shape), then runs the eager loop with hooks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import random
+import sys
+import time
+
+import numpy as np
+import torch
+
+from libai.config import (
+    LazyConfig,
+    instantiate,
+    resolve_batch_sizes,
+    resolve_train_iters,
+    try_get_key,
+)
+from libai.data.sample_corpus import prepare_sample_data
+from libai.engine import hooks
+from libai.engine.amp import DynamicLossScaler, resolve_amp_dtype
+from libai.engine.parallel import ModelRunner
+from libai.engine.trainer import EagerTrainer
+from libai.optim import build_optimizer
+from libai.scheduler import build_lr_scheduler
+from libai.tokenizer import build_tokenizer
+from libai.utils import distributed as dist
+from libai.utils.checkpoint import Checkpointer
+from libai.utils.events import CommonMetricPrinter, JSONWriter, TensorboardXWriter
+from libai.utils.logger import setup_logger
+
+logger = logging.getLogger(__name__)
+
+
+def default_argument_parser(epilog: str | None = None) -> argparse.ArgumentParser:
+    """``--config-file``, ``--resume``, ``--eval-only``, ``--fast-dev-run`` and overrides."""
+    parser = argparse.ArgumentParser(
+        epilog=epilog
+        or "Example: bash tools/train.sh tools/train_net.py configs/gpt2_pretrain.py 2 "
+        "train.dist.tensor_parallel_size=2",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--config-file", required=True, metavar="FILE", help="path to config file")
+    parser.add_argument(
+        "--resume", action="store_true", help="resume from the last checkpoint in output_dir"
+    )
+    parser.add_argument("--eval-only", action="store_true", help="evaluate the loaded weights only")
+    parser.add_argument(
+        "--fast-dev-run",
+        action="store_true",
+        help="a few iterations with frequent logging, evaluation and checkpoints (smoke test)",
+    )
+    parser.add_argument(
+        "opts",
+        default=None,
+        nargs=argparse.REMAINDER,
+        help="config overrides in Hydra's grammar, e.g. train.train_iter=100",
+    )
+    return parser
+
+
+def _seed_all(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def _fill_pipeline_num_layers(cfg) -> None:
+    """pp > 1 needs the layer count: take it from ``model.cfg.hidden_layers`` when unset."""
+    dist_cfg = cfg.train.dist
+    pp = dist_cfg.get("pipeline_parallel_size", 1) or 1
+    if pp > 1 and dist_cfg.get("pipeline_num_layers") is None:
+        layers = try_get_key(cfg, "model.cfg.hidden_layers")
+        if layers is not None:
+            dist_cfg.pipeline_num_layers = int(layers)
+
+
+def default_setup(cfg, args) -> None:
+    """Mesh, output dir, logger, the full ``config.yaml``, and seeds.
+
+    Everything that can be checked without a collective (layout, batch arithmetic) is
+    checked before the process group is created, so bad input fails on every rank alike.
+    """
+    if args.fast_dev_run:
+        cfg.train.train_iter = min(cfg.train.train_iter or 20, 20)
+        cfg.train.train_epoch = 0
+        cfg.train.log_period = 1
+        cfg.train.checkpointer.period = 10
+        cfg.train.evaluation.eval_period = 10
+        cfg.train.evaluation.eval_iter = min(cfg.train.evaluation.eval_iter, 5)
+    if args.resume:
+        cfg.train.resume = True
+    _fill_pipeline_num_layers(cfg)
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    layout = dist.resolve_layout(cfg.train.dist, world)  # raises before any collective
+    cfg.train.update(resolve_batch_sizes(cfg.train, layout.data_parallel_size)._asdict())
+    dist.setup_dist_util(cfg.train.dist)
+    output_dir = cfg.train.output_dir
+    rank = dist.get_rank()
+    if rank == 0 and output_dir:
+        os.makedirs(output_dir, exist_ok=True)
+    dist.synchronize()
+    setup_logger(output_dir, distributed_rank=rank)
+    logger.info("Rank of current process: %d. World size: %d", rank, dist.get_world_size())
+    logger.info("Command line arguments: %s", " ".join(sys.argv))
+    if rank == 0 and output_dir:
+        path = os.path.join(output_dir, "config.yaml")
+        LazyConfig.save(cfg, path)
+        logger.info("Full config saved to %s", path)
+    _seed_all(cfg.train.seed)
+
+
+class DefaultTrainer(EagerTrainer):
+    """Builds data, model, optimizer, LR schedule, checkpointer and hooks from ``cfg``.
+
+    Override ``build_model`` / ``build_optimizer`` / ``build_lr_scheduler`` /
+    ``build_train_loader`` / ``build_test_loader`` / ``build_evaluator`` in a project.
+    """
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+        util = dist.get_dist_util()
+        train = cfg.train
+        self.tokenizer = self.build_tokenizer(cfg)
+        self.train_loader, self.valid_loader, self.test_loader = self.build_train_loader(
+            cfg, self.tokenizer
+        )
+        iters = resolve_train_iters(train, self._train_samples_per_epoch(), train.global_batch_size)
+        train.train_iter, train.warmup_iter = iters.train_iter, iters.warmup_iter
+        # identical weights on every rank and layout, then dropout seeds per dp/pp rank
+        _seed_all(train.seed)
+        model = self.build_model(cfg)
+        _seed_all(train.seed + 1000 * util.data_parallel_rank + util.pipeline_rank)
+        amp_dtype = resolve_amp_dtype(train.amp.dtype) if train.amp.enabled else None
+        self.grad_scaler = DynamicLossScaler() if amp_dtype == torch.float16 else None
+        if train.zero_optimization.enabled:
+            raise NotImplementedError(
+                "train.zero_optimization.enabled=True is not implemented yet in this version; "
+                "set it to False (ZeRO stages 1-3 are planned)."
+            )
+        runner = ModelRunner(
+            model,
+            num_microbatches=train.num_accumulation_steps,
+            schedule=train.dist.get("pipeline_schedule"),
+            amp_dtype=amp_dtype,
+            loss_scaler=self.grad_scaler,
+            activation_checkpointing=train.activation_checkpoint.enabled,
+            compile=bool(try_get_key(cfg, "graph.enabled", default=False)),
+        )
+        optimizer = self.build_optimizer(cfg, runner.model)
+        clip = self._clip_settings(optimizer)
+        super().__init__(runner, self.train_loader, optimizer, max_grad_norm=clip[0])
+        self.norm_type = clip[1]
+        self.lr_scheduler = self.build_lr_scheduler(cfg, optimizer)
+        checkpointables = {"optimizer": optimizer, "lr_scheduler": self.lr_scheduler}
+        if self.grad_scaler is not None:
+            checkpointables["grad_scaler"] = self.grad_scaler
+        self.checkpointer = Checkpointer(runner.model, train.output_dir, **checkpointables)
+        self.start_iter, self.max_iter = 0, train.train_iter
+        self.global_batch_size = train.global_batch_size
+        self.consumed_train_samples = train.consumed_train_samples or 0
+        self.register_hooks(self.build_hooks())
+
+    # ---- builders -----------------------------------------------------------------------------
+    @classmethod
+    def build_tokenizer(cls, cfg):
+        """The tokenizer (None without ``tokenization``); builds the sample data if asked."""
+        prepare_sample_data(cfg)
+        if try_get_key(cfg, "tokenization.tokenizer") is None:
+            return None
+        tokenizer = build_tokenizer(cfg.tokenization)
+        if (
+            try_get_key(cfg, "tokenization.setup", default=False)
+            and try_get_key(cfg, "model.cfg.vocab_size") is not None
+        ):
+            multiple = cfg.tokenization.make_vocab_size_divisible_by
+            cfg.model.cfg.vocab_size = tokenizer.padded_vocab_size(
+                multiple * dist.get_tensor_parallel_size()
+            )
+        return tokenizer
+
+    @classmethod
+    def build_model(cls, cfg):
+        model = instantiate(cfg.model).to(dist.get_dist_util().device)
+        logger.info("Model:\n%s", model)
+        return model
+
+    @classmethod
+    def build_optimizer(cls, cfg, model):
+        return build_optimizer(cfg.optim, model)
+
+    @classmethod
+    def build_lr_scheduler(cls, cfg, optimizer):
+        return build_lr_scheduler(
+            cfg.train.scheduler, optimizer, cfg.train.train_iter, cfg.train.warmup_iter
+        )
+
+    @classmethod
+    def build_train_loader(cls, cfg, tokenizer=None):
+        """``(train, valid, test)`` loaders of ``cfg.dataloader.train``; this rank's share."""
+        train = cfg.train
+        per_rank_batch = train.train_micro_batch_size * train.num_accumulation_steps
+        dp = dist.get_data_parallel_size()
+        eval_samples = train.evaluation.eval_iter * train.test_micro_batch_size * dp
+        train_samples = train.train_samples or train.train_iter * train.global_batch_size
+        return instantiate(
+            cfg.dataloader.train,
+            train_batch_size=per_rank_batch,
+            test_batch_size=train.test_micro_batch_size,
+            train_val_test_num_samples=[train_samples, eval_samples, eval_samples],
+            consumed_samples=train.consumed_train_samples or 0,
+            seed=train.seed,
+        )
+
+    @classmethod
+    def build_evaluator(cls, cfg):
+        return instantiate(cfg.train.evaluation.evaluator)
+
+    def _train_samples_per_epoch(self) -> int | None:
+        try:
+            return len(self.train_loader.dataset)
+        except (AttributeError, TypeError):
+            return None
+
+    def _clip_settings(self, optimizer) -> tuple[float | None, float]:
+        for group in optimizer.param_groups:
+            if group.get("clip_grad_max_norm") is not None:
+                return float(group["clip_grad_max_norm"]), float(
+                    group.get("clip_grad_norm_type") or 2.0
+                )
+        return None, 2.0
+
+    # ---- hooks, evaluation, resume --------------------------------------------------------------
+    def build_hooks(self):
+        cfg = self.cfg.train
+        seq_len = try_get_key(self.cfg, "model.cfg.max_seq_length")
+        tokens_per_iter = self.global_batch_size * seq_len if seq_len else None
+        writers = [
+            CommonMetricPrinter(self.max_iter, tokens_per_iter=tokens_per_iter),
+            # window 1: metrics.json holds each logged step's own loss (comparable across runs)
+            JSONWriter(os.path.join(cfg.output_dir, "metrics.json"), window_size=1),
+            TensorboardXWriter(os.path.join(cfg.output_dir, "tensorboard")),
+        ]
+        hook_list = [
+            hooks.IterationTimer(),
+            hooks.LRScheduler(),
+            hooks.PeriodicCheckpointer(
+                self.checkpointer, cfg.checkpointer.period, cfg.checkpointer.max_to_keep
+            ),
+        ]
+        if cfg.evaluation.enabled and self.valid_loader is not None:
+            hook_list.append(hooks.EvalHook(cfg.evaluation.eval_period, self.evaluate))
+            hook_list.append(
+                hooks.BestCheckpointer(
+                    cfg.evaluation.eval_period,
+                    self.checkpointer,
+                    str(cfg.evaluation.eval_metric).lower(),
+                    cfg.evaluation.eval_mode,
+                )
+            )
+        hook_list.append(hooks.PeriodicWriter(writers, cfg.log_period))
+        return hook_list
+
+    def checkpoint_extra(self) -> dict:
+        """What resuming needs beyond the tensors: the data position."""
+        return {"consumed_train_samples": self.consumed_train_samples}
+
+    def run_step(self):
+        super().run_step()
+        self.consumed_train_samples += self.global_batch_size
+
+    def evaluate(self, loader=None) -> dict:
+        """Loss-based evaluation (perplexity) through the runner, so it works under pp too."""
+        loader = loader if loader is not None else self.valid_loader
+        evaluator = self.build_evaluator(self.cfg)
+        evaluator.reset()
+        eval_iter = self.cfg.train.evaluation.eval_iter
+        self.model.eval()
+        start = time.perf_counter()
+        device = self.runner.util.device
+        for i, batch in enumerate(loader):
+            if eval_iter and i >= eval_iter:
+                break
+            batch = {k: v.to(device) for k, v in batch.items()}
+            evaluator.process(batch, {"lm_loss": self.runner.eval_loss(batch)})
+        results = evaluator.evaluate()
+        self.model.train()
+        logger.info("Evaluation (%.1fs): %s", time.perf_counter() - start, results)
+        return results
+
+    def resume_or_load(self, resume: bool = True) -> None:
+        """Resume from ``output_dir``'s last checkpoint, or load ``train.load_weight``."""
+        extra = self.checkpointer.resume_or_load(self.cfg.train.load_weight or None, resume=resume)
+        if resume and "iteration" in extra:
+            self.start_iter = int(extra["iteration"]) + 1
+            self.consumed_train_samples = int(extra.get("consumed_train_samples", 0))
+            self.cfg.train.consumed_train_samples = self.consumed_train_samples
+            self.train_loader = self.build_train_loader(self.cfg, self.tokenizer)[0]
+            self.data_loader, self._data_iter = self.train_loader, None
+            logger.info(
+                "Resumed at iteration %d (%d samples consumed)",
+                self.start_iter,
+                self.consumed_train_samples,
+            )
+
+    def train(self):
+        if self.start_iter >= self.max_iter:
+            logger.info(
+                "Nothing to train: start_iter %d >= train_iter %d", self.start_iter, self.max_iter
+            )
+            return
+        super().train(self.start_iter, self.max_iter)

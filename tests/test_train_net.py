@@ -1,0 +1,202 @@
+"""End to end: tools/train_net.py and tools/train.sh on the sample data, outputs, resume, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from libai.config import LazyConfig
+from libai.data.sample_corpus import ensure_sample_dataset
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = str(ROOT / "configs" / "gpt2_pretrain.py")
+TINY = [
+    "model.cfg.hidden_layers=2",
+    "model.cfg.hidden_size=32",
+    "model.cfg.num_attention_heads=2",
+    "model.cfg.ffn_hidden_size=64",
+    "model.cfg.max_seq_length=32",
+    "dataloader.train.dataset.0.max_seq_length=32",
+    "train.train_micro_batch_size=4",
+    "train.test_micro_batch_size=4",
+    "train.log_period=1",
+    "train.evaluation.eval_iter=2",
+]
+
+
+@pytest.fixture(scope="module")
+def sample_env(tmp_path_factory):
+    """A small sample dataset built once; the default config finds it through the env var."""
+    data_dir = tmp_path_factory.mktemp("sample_data")
+    ensure_sample_dataset(str(data_dir), max_bytes=300_000, vocab_size=1000)
+    env = {**os.environ, "LIBAI_SAMPLE_DATA_DIR": str(data_dir), "OMP_NUM_THREADS": "1"}
+    env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
+    return env
+
+
+def train_net(env, out_dir, *overrides, nproc=1, check=True, timeout=300, extra_args=()):
+    opts = [*TINY, f"train.output_dir={out_dir}", *overrides]
+    if nproc == 1:
+        cmd = [sys.executable, str(ROOT / "tools" / "train_net.py"), "--config-file", CONFIG]
+        cmd += [*extra_args, *opts]
+    else:
+        cmd = ["bash", str(ROOT / "tools" / "train.sh"), str(ROOT / "tools" / "train_net.py")]
+        cmd += [CONFIG, str(nproc), *extra_args, *opts]
+    env = {**env, "PORT": str(20000 + os.getpid() % 20000)}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+    if check:
+        assert proc.returncode == 0, (
+            f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+        )
+    return proc
+
+
+def read_metrics(out_dir) -> dict[int, dict]:
+    by_iter = {}
+    for line in Path(out_dir, "metrics.json").read_text().splitlines():
+        if line.strip():
+            record = json.loads(line)
+            by_iter[record["iteration"]] = {**by_iter.get(record["iteration"], {}), **record}
+    return by_iter
+
+
+def test_training_writes_every_output_and_perplexity_falls(sample_env, tmp_path):
+    out = tmp_path / "run"
+    train_net(
+        sample_env,
+        out,
+        "train.train_iter=40",
+        "train.evaluation.eval_period=20",
+        "train.checkpointer.period=20",
+        "optim.lr=5e-3",
+    )
+    cfg = LazyConfig.load(str(out / "config.yaml"))  # the saved config loads back
+    assert cfg.train.train_iter == 40 and cfg.model.cfg.hidden_layers == 2
+    metrics = read_metrics(out)
+    for i in range(40):
+        assert {"iteration", "total_loss", "lr", "time"} <= set(metrics[i]) or i == 0
+    ppl = [metrics[i]["ppl"] for i in sorted(metrics) if "ppl" in metrics[i]]
+    # an untrained model sits near the vocabulary size (uniform guess); training cuts it down
+    vocab = cfg.model.cfg.vocab_size
+    assert len(ppl) == 2 and ppl[0] < 0.6 * vocab and ppl[-1] < ppl[0], (ppl, vocab)
+    assert metrics[39]["total_loss"] < metrics[0]["total_loss"] - 0.3
+    assert list((out / "tensorboard").glob("events.out.tfevents.*"))
+    assert (out / "loss_curve.png").stat().st_size > 1000
+    # the newest save names the newest state: the final one, or the best one saved after it
+    assert (out / "last_checkpoint").read_text().strip() in ("model_final", "model_best")
+    for name in ("model_0000019", "model_0000039", "model_final", "model_best"):
+        assert (out / name / ".metadata").exists(), name
+    assert (out / "log.txt").exists()
+
+
+def test_resume_after_a_kill_continues_bitwise(sample_env, tmp_path):
+    common = ("train.train_iter=8", "train.checkpointer.period=3", "train.evaluation.enabled=False")
+    straight = tmp_path / "straight"
+    train_net(sample_env, straight, *common)
+    # the same run, killed once the iteration-5 checkpoint exists, then resumed
+    killed = tmp_path / "killed"
+    cmd = [sys.executable, str(ROOT / "tools" / "train_net.py"), "--config-file", CONFIG]
+    cmd += [*TINY, f"train.output_dir={killed}", *common]
+    cmd += ["train.checkpointer.period=3"]
+    proc = subprocess.Popen(
+        cmd, env=sample_env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None:
+        last = killed / "last_checkpoint"
+        if last.exists() and last.read_text().strip() == "model_0000005":
+            proc.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.05)
+    proc.wait()
+    assert (killed / "model_0000005").exists()
+    result = train_net(sample_env, killed, *common, extra_args=("--resume",))
+    assert "Resumed at iteration 6" in result.stdout + result.stderr
+    a, b = read_metrics(straight), read_metrics(killed)
+    for i in (6, 7):
+        assert a[i]["total_loss"] == b[i]["total_loss"], (i, a[i], b[i])
+        assert a[i]["lr"] == b[i]["lr"]
+
+
+def test_resume_without_checkpoint_starts_fresh_and_says_so(sample_env, tmp_path):
+    proc = train_net(
+        sample_env,
+        tmp_path / "fresh",
+        "train.train_iter=2",
+        "train.evaluation.enabled=False",
+        extra_args=("--resume",),
+    )
+    assert "no checkpoint found" in (proc.stdout + proc.stderr).lower()
+
+
+def test_corrupt_checkpoint_is_a_clear_error(sample_env, tmp_path):
+    out = tmp_path / "corrupt"
+    train_net(sample_env, out, "train.train_iter=2", "train.evaluation.enabled=False")
+    (out / "model_final" / ".metadata").write_bytes(b"garbage")
+    proc = train_net(
+        sample_env,
+        out,
+        "train.train_iter=4",
+        "train.evaluation.enabled=False",
+        check=False,
+        extra_args=("--resume",),
+    )
+    assert proc.returncode != 0
+    assert "model_final" in proc.stderr and "Starting training" not in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize(
+    "overrides, nproc, message",
+    [
+        (["train.dist.tensor_paralel_size=2"], 1, "tensor_parallel_size"),
+        (["train.global_batch_size=6"], 1, "global_batch_size"),
+        (
+            ["dataloader.train.dataset.0.data_prefix=/nonexistent/corpus_text_document"],
+            1,
+            "/nonexistent/corpus_text_document",
+        ),
+        (
+            ["tokenization.tokenizer.vocab_file=/nonexistent/vocab.json"],
+            1,
+            "/nonexistent/vocab.json",
+        ),
+        (["train.dist.tensor_parallel_size=4"], 2, "tensor_parallel_size"),
+    ],
+)
+def test_bad_input_fails_early_with_a_clear_message(
+    sample_env, tmp_path, overrides, nproc, message
+):
+    proc = train_net(
+        sample_env,
+        tmp_path / "bad",
+        "train.train_iter=2",
+        *overrides,
+        nproc=nproc,
+        check=False,
+        timeout=120,
+    )
+    assert proc.returncode != 0
+    assert message in proc.stderr, proc.stderr[-3000:]
+    assert "Starting training" not in proc.stdout + proc.stderr
+
+
+def test_two_processes_tensor_and_data_parallel(sample_env, tmp_path):
+    out = tmp_path / "tp2"
+    train_net(
+        sample_env,
+        out,
+        "train.train_iter=4",
+        "train.dist.tensor_parallel_size=2",
+        "train.evaluation.eval_period=4",
+        nproc=2,
+    )
+    metrics = read_metrics(out)
+    assert "ppl" in metrics[3]
+    assert all(Path(out, "model_final", f"__{r}_0.distcp").exists() for r in range(2))
