@@ -278,6 +278,33 @@ def test_crash_mid_save_keeps_previous_checkpoint(tmp_path, monkeypatch):
     assert not list(tmp_path.glob("*.tmp"))
     assert checkpointer2.get_checkpoint_file() == str(tmp_path / "model_d")
 
+    # 3) killed while replacing a checkpoint of the same name (e.g. model_final): the
+    # previous one was moved aside to model_d.old, and loading falls back to it
+    at_d = values(model2)
+    toy_step(model2, optimizer2, scheduler2, seed=2)
+    rename = os.rename
+
+    def failing_rename(src, dst):
+        if str(src).endswith("model_d.tmp"):
+            raise OSError("killed")
+        rename(src, dst)
+
+    with monkeypatch.context() as m:
+        m.setattr(ckpt_mod.os, "rename", failing_rename)
+        with pytest.raises(CheckpointError, match="killed"):
+            checkpointer2.save("model_d", iteration=3)
+    assert not (tmp_path / "model_d").exists() and (tmp_path / "model_d.old").is_dir()
+    model3, _, _, checkpointer3 = toy_setup(tmp_path, seed=6)
+    assert checkpointer3.resume_or_load(None) == {"iteration": 2}
+    assert same(values(model3), at_d)
+    checkpointer3.save("model_d", iteration=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "last_checkpoint",
+        "model_a",
+        "model_c",
+        "model_d",
+    ]
+
 
 def test_killed_process_mid_save(tmp_path):
     """A real SIGKILL while DCP writes the shards of the second checkpoint."""

@@ -187,16 +187,110 @@ def test_bad_input_fails_early_with_a_clear_message(
     assert "Starting training" not in proc.stdout + proc.stderr
 
 
-def test_two_processes_tensor_and_data_parallel(sample_env, tmp_path):
-    out = tmp_path / "tp2"
+@pytest.mark.parametrize(
+    "layout",
+    [
+        ["train.dist.tensor_parallel_size=2"],
+        ["train.dist.pipeline_parallel_size=2", "train.num_accumulation_steps=2"],
+    ],
+    ids=["tp2", "pp2"],
+)
+def test_two_processes_train_evaluate_and_checkpoint(sample_env, tmp_path, layout):
+    out = tmp_path / "run"
     train_net(
         sample_env,
         out,
         "train.train_iter=4",
-        "train.dist.tensor_parallel_size=2",
         "train.evaluation.eval_period=4",
+        *layout,
         nproc=2,
     )
     metrics = read_metrics(out)
-    assert "ppl" in metrics[3]
+    assert "ppl" in metrics[3] and metrics[3]["ppl"] > 1
     assert all(Path(out, "model_final", f"__{r}_0.distcp").exists() for r in range(2))
+
+
+def test_zero_optimization_shards_the_optimizer_and_keeps_the_losses(sample_env, tmp_path):
+    """train.zero_optimization on 2 processes (dp2): the trainer uses the ZeRO optimizer, the
+    losses equal those of the same run without it, and a resume restores its per-rank state."""
+    common = ("train.train_iter=4", "train.evaluation.enabled=False", "train.checkpointer.period=2")
+    plain = tmp_path / "plain"
+    train_net(sample_env, plain, *common, nproc=2)
+    runs = {}
+    for stage in (1, 2, 3):
+        out = tmp_path / f"zero{stage}"
+        proc = train_net(
+            sample_env,
+            out,
+            *common,
+            "train.zero_optimization.enabled=True",
+            f"train.zero_optimization.stage={stage}",
+            nproc=2,
+        )
+        assert f"ZeRO stage {stage} over 2 dp ranks" in proc.stdout + proc.stderr
+        runs[stage] = read_metrics(out)
+    a = read_metrics(plain)
+    for stage, b in runs.items():
+        for i in range(4):
+            assert abs(a[i]["total_loss"] - b[i]["total_loss"]) <= 1e-6, (stage, i, a[i], b[i])
+    # the iteration-1 checkpoint holds each rank's part of the optimizer state; resuming from
+    # it (iterations 2, 3 again) reproduces the uninterrupted losses
+    out = tmp_path / "zero2"
+    (out / "last_checkpoint").write_text("model_0000001\n")
+    (out / "metrics.json").unlink()
+    proc = train_net(
+        sample_env,
+        out,
+        *common,
+        "train.zero_optimization.enabled=True",
+        "train.zero_optimization.stage=2",
+        nproc=2,
+        extra_args=("--resume",),
+    )
+    assert "Resumed at iteration 2" in proc.stdout + proc.stderr
+    resumed = read_metrics(out)
+    for i in (2, 3):
+        assert resumed[i]["total_loss"] == runs[2][i]["total_loss"], (i, resumed[i], runs[2][i])
+
+
+@pytest.mark.parametrize(
+    "overrides, nproc, message",
+    [
+        (["train.zero_optimization.stage=4"], 1, "train.zero_optimization.stage=4 is invalid"),
+        (["train.zero_optimization.stage=1"], 1, "data_parallel_size > 1"),
+        (
+            ["train.zero_optimization.stage=3", "train.dist.tensor_parallel_size=2"],
+            2,
+            "supports only the pure data-parallel layout",
+        ),
+    ],
+)
+def test_zero_optimization_that_cannot_apply_raises(
+    sample_env, tmp_path, overrides, nproc, message
+):
+    proc = train_net(
+        sample_env,
+        tmp_path / "bad",
+        "train.train_iter=2",
+        "train.zero_optimization.enabled=True",
+        *overrides,
+        nproc=nproc,
+        check=False,
+        timeout=120,
+    )
+    assert proc.returncode != 0
+    assert message in proc.stderr, proc.stderr[-3000:]
+    assert "Starting training" not in proc.stdout + proc.stderr
+
+
+def test_eval_only_loads_weights_and_reports_perplexity(sample_env, tmp_path):
+    out = tmp_path / "trained"
+    train_net(sample_env, out, "train.train_iter=3", "train.evaluation.enabled=False")
+    proc = train_net(
+        sample_env,
+        tmp_path / "eval",
+        f"train.load_weight={out / 'model_final'}",
+        extra_args=("--eval-only",),
+    )
+    log = proc.stdout + proc.stderr
+    assert "ppl" in log and "Starting training" not in log

@@ -28,6 +28,7 @@ from libai.engine import hooks
 from libai.engine.amp import DynamicLossScaler, resolve_amp_dtype
 from libai.engine.parallel import ModelRunner
 from libai.engine.trainer import EagerTrainer
+from libai.engine.zero import prepare_model, resolve_zero_stage, shard_optimizer
 from libai.optim import build_optimizer
 from libai.scheduler import build_lr_scheduler
 from libai.tokenizer import build_tokenizer
@@ -140,11 +141,7 @@ class DefaultTrainer(EagerTrainer):
         _seed_all(train.seed + 1000 * util.data_parallel_rank + util.pipeline_rank)
         amp_dtype = resolve_amp_dtype(train.amp.dtype) if train.amp.enabled else None
         self.grad_scaler = DynamicLossScaler() if amp_dtype == torch.float16 else None
-        if train.zero_optimization.enabled:
-            raise NotImplementedError(
-                "train.zero_optimization.enabled=True is not implemented yet in this version; "
-                "set it to False (ZeRO stages 1-3 are planned)."
-            )
+        zero_stage = resolve_zero_stage(train.zero_optimization, util.layout)  # may raise
         runner = ModelRunner(
             model,
             num_microbatches=train.num_accumulation_steps,
@@ -154,7 +151,13 @@ class DefaultTrainer(EagerTrainer):
             activation_checkpointing=train.activation_checkpoint.enabled,
             compile=bool(try_get_key(cfg, "graph.enabled", default=False)),
         )
+        prepare_model(runner, zero_stage)  # ZeRO stage 3: fully_shard (before the optimizer)
         optimizer = self.build_optimizer(cfg, runner.model)
+        if zero_stage is not None:  # before the LR scheduler, which holds the optimizer
+            optimizer = shard_optimizer(runner, optimizer, zero_stage)
+            logger.info(
+                "ZeRO stage %d over %d dp ranks", zero_stage, util.layout.data_parallel_size
+            )
         clip = self._clip_settings(optimizer)
         super().__init__(runner, self.train_loader, optimizer, max_grad_norm=clip[0])
         self.norm_type = clip[1]
@@ -165,6 +168,7 @@ class DefaultTrainer(EagerTrainer):
         self.checkpointer = Checkpointer(runner.model, train.output_dir, **checkpointables)
         self.start_iter, self.max_iter = 0, train.train_iter
         self.global_batch_size = train.global_batch_size
+        self.runner_batch_size = train.train_micro_batch_size * train.num_accumulation_steps
         self.consumed_train_samples = train.consumed_train_samples or 0
         self.register_hooks(self.build_hooks())
 
@@ -188,7 +192,7 @@ class DefaultTrainer(EagerTrainer):
 
     @classmethod
     def build_model(cls, cfg):
-        model = instantiate(cfg.model).to(dist.get_dist_util().device)
+        model = instantiate(cfg.model)  # parameters are created on the mesh device
         logger.info("Model:\n%s", model)
         return model
 
@@ -208,12 +212,20 @@ class DefaultTrainer(EagerTrainer):
         train = cfg.train
         per_rank_batch = train.train_micro_batch_size * train.num_accumulation_steps
         dp = dist.get_data_parallel_size()
-        eval_samples = train.evaluation.eval_iter * train.test_micro_batch_size * dp
+        test_batch = train.test_micro_batch_size
+        if dist.get_pipeline_parallel_size() > 1 and test_batch != per_rank_batch:
+            # the pipeline stages' buffers are sized by the training batch
+            logger.info(
+                "pipeline parallel: evaluating in batches of %d (the training batch per rank)",
+                per_rank_batch,
+            )
+            test_batch = per_rank_batch
+        eval_samples = train.evaluation.eval_iter * test_batch * dp
         train_samples = train.train_samples or train.train_iter * train.global_batch_size
         return instantiate(
             cfg.dataloader.train,
             train_batch_size=per_rank_batch,
-            test_batch_size=train.test_micro_batch_size,
+            test_batch_size=test_batch,
             train_val_test_num_samples=[train_samples, eval_samples, eval_samples],
             consumed_samples=train.consumed_train_samples or 0,
             seed=train.seed,
@@ -289,6 +301,11 @@ class DefaultTrainer(EagerTrainer):
             if eval_iter and i >= eval_iter:
                 break
             batch = {k: v.to(device) for k, v in batch.items()}
+            if self.runner.pipeline and len(batch["labels"]) != self.runner_batch_size:
+                logger.warning(
+                    "pipeline evaluation skips a last partial batch of %d", len(batch["labels"])
+                )
+                continue
             evaluator.process(batch, {"lm_loss": self.runner.eval_loss(batch)})
         results = evaluator.evaluate()
         self.model.train()

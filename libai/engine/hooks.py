@@ -14,6 +14,12 @@ from libai.utils.checkpoint import PeriodicCheckpointer as _PeriodicCheckpointer
 logger = logging.getLogger(__name__)
 
 
+def _periodic_before_end(trainer, period: int) -> bool:
+    """Every ``period`` steps, except the last one (``after_train`` handles that)."""
+    next_iter = trainer.iter + 1
+    return period > 0 and next_iter % period == 0 and next_iter != trainer.max_iter
+
+
 class IterationTimer(HookBase):
     """Puts the wall time of each step (hooks included) as ``time``."""
 
@@ -107,12 +113,7 @@ class EvalHook(HookBase):
         dist.synchronize()
 
     def after_step(self):
-        next_iter = self.trainer.iter + 1
-        if (
-            self._period > 0
-            and next_iter % self._period == 0
-            and next_iter != self.trainer.max_iter
-        ):
+        if _periodic_before_end(self.trainer, self._period):
             self._do_eval()
 
     def after_train(self):
@@ -152,12 +153,7 @@ class BestCheckpointer(HookBase):
         logger.info("Saved model_best: %s = %.5g at iteration %d", self._metric, value, iteration)
 
     def after_step(self):
-        next_iter = self.trainer.iter + 1
-        if (
-            self._period > 0
-            and next_iter % self._period == 0
-            and next_iter != self.trainer.max_iter
-        ):
+        if _periodic_before_end(self.trainer, self._period):
             self._maybe_save()
 
     def after_train(self):

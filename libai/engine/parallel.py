@@ -123,6 +123,8 @@ class ModelRunner:
         self.util, self.model, self.num_microbatches = util, model, num_microbatches
         self.amp_dtype, self.loss_scaler = amp_dtype, loss_scaler
         self.last_step_skipped, self.last_grad_norm = False, None
+        #: ZeRO stage 2/3 (libai.engine.zero): replaces the dp all-reduce; clipping sums over dp
+        self.grad_sharder = None
         if activation_checkpointing:
             enable_activation_checkpointing(model)
         if compile:
@@ -265,7 +267,9 @@ class ModelRunner:
             for p in self.tied_parameters:
                 if p.grad is not None:
                     torch_dist.all_reduce(_local(p.grad), group=self.util.embedding_group)
-        if self.util.dp_group is not None:
+        if self.util.dp_group is not None and self.grad_sharder is not None:
+            self.grad_sharder.reduce_gradients()
+        elif self.util.dp_group is not None:
             grads = [_local(p.grad) for p in self.model.parameters() if p.grad is not None]
             for bucket in _buckets(grads):
                 flat = _flatten_dense_tensors(bucket)
@@ -284,7 +288,12 @@ class ModelRunner:
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         """Clip by the global gradient norm of the whole (unsharded) model; returns the norm."""
-        return clip_grad_norm_(self.model.parameters(), max_norm, norm_type)
+        return clip_grad_norm_(
+            self.model.parameters(),
+            max_norm,
+            norm_type,
+            dp_sharded=self.grad_sharder is not None,
+        )
 
     def train_step(
         self,

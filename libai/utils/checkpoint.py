@@ -419,7 +419,7 @@ def _is_our_leftover(path: str) -> bool:
         entries = os.listdir(path)
     except OSError:
         return False
-    pattern = re.compile(r"^(__\d+_\d+\.distcp|\.metadata.*|rank_\d+\.pt.*|meta\.json.*)$")
+    pattern = re.compile(r"^(__\d+_\d+\.distcp.*|\.metadata.*|rank_\d+\.pt.*|meta\.json.*)$")
     return all(pattern.match(e) for e in entries)
 
 
@@ -464,7 +464,13 @@ class Checkpointer:
 
     # ---- bookkeeping ------------------------------------------------------------------------
     def _sharded_names(self, names: Iterable[str]) -> list[str]:
-        return [n for n in names if isinstance(self.checkpointables[n], torch.optim.Optimizer)]
+        return [
+            n
+            for n in names
+            if isinstance(self.checkpointables[n], torch.optim.Optimizer)
+            # a ZeRO optimizer holds only this rank's part: it goes into the rank's own file
+            and not getattr(self.checkpointables[n], "libai_per_rank_state", False)
+        ]
 
     def has_checkpoint(self) -> bool:
         """Whether ``save_dir/last_checkpoint`` exists."""
@@ -575,9 +581,8 @@ class Checkpointer:
 
     def _commit(self, tmp: str, final: str, name: str) -> None:
         """Rank 0: ``tmp`` -> ``final``, then ``last_checkpoint`` -> ``name`` (both atomic)."""
-        old = None
+        old = final + OLD_SUFFIX
         if os.path.exists(final):  # re-saving a name (e.g. model_final): keep it until replaced
-            old = final + OLD_SUFFIX
             if os.path.exists(old):
                 shutil.rmtree(old)
             os.rename(final, old)
@@ -585,15 +590,19 @@ class Checkpointer:
         _fsync_dir(self.save_dir)
         _write_text_atomic(os.path.join(self.save_dir, LAST_CHECKPOINT), name + "\n")
         _fsync_dir(self.save_dir)
-        if old is not None:
+        if os.path.exists(old):
             shutil.rmtree(old, ignore_errors=True)
 
     def _remove_leftovers(self) -> None:
-        """Rank 0: delete ``*.tmp`` dirs of saves that never finished (a killed process)."""
+        """Rank 0: delete ``*.tmp`` dirs of saves that never finished (a killed process),
+        and ``*.old`` copies of checkpoints that were replaced after all."""
         for entry in os.listdir(self.save_dir):
             path = os.path.join(self.save_dir, entry)
-            if entry.endswith(TMP_SUFFIX) and os.path.isdir(path) and _is_our_leftover(path):
-                logger.info("Removing unfinished checkpoint %s", path)
+            if not os.path.isdir(path) or not _is_our_leftover(path):
+                continue
+            replaced = entry.endswith(OLD_SUFFIX) and os.path.isdir(path[: -len(OLD_SUFFIX)])
+            if entry.endswith(TMP_SUFFIX) or replaced:
+                logger.info("Removing unfinished or replaced checkpoint %s", path)
                 shutil.rmtree(path, ignore_errors=True)
 
     # ---- load -------------------------------------------------------------------------------

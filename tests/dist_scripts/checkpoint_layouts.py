@@ -48,8 +48,7 @@ class _Records(logging.Handler):
         self.messages.append(record.getMessage())
 
 
-WARNINGS = _Records()
-logging.getLogger("libai.utils.checkpoint").addHandler(WARNINGS)
+WARNINGS = _Records()  # attached in main()
 
 
 def setup(layout: str):
@@ -265,6 +264,7 @@ def failure_phase(root: str) -> dict:
 def main():
     out_dir, _, rest = parse_out_dir()
     phase, root = rest[0], rest[1]
+    logging.getLogger("libai.utils.checkpoint").addHandler(WARNINGS)
 
     def checks():
         if phase == "save":

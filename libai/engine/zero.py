@@ -1,0 +1,355 @@
+"""``train.zero_optimization``: ZeRO stages 1-3 over the data-parallel group.
+
+Every dp rank of a (pp, tp) position holds the same parameters. ZeRO splits the work on
+them between those ranks:
+
+- **stage 1** (optimizer-state sharding): the parameters are partitioned over the dp ranks
+  (a deterministic greedy balance by element count); each rank builds the real optimizer
+  state only for the parameters it owns, so it holds ~1/dp of the optimizer state. After its
+  step, every parameter is broadcast from its owner to the other dp ranks.
+- **stage 2** (also gradient sharding): instead of all-reducing every gradient, each bucket
+  of gradients is reduced to its owner only, and a rank drops (sets to ``None``) the
+  gradients it does not own. Gradient clipping then sums the squared norms over dp too.
+- **stage 3** (also parameter sharding): FSDP2 ``fully_shard`` on the dp mesh, one unit per
+  TransformerLayer plus the root, for the pure data-parallel layout (tensor and pipeline
+  parallel size 1; :func:`resolve_zero_stage` raises otherwise). Parameters become
+  ``Shard(0)`` DTensors, so the plain optimizer's state is sharded too and checkpoints go
+  through DCP as usual.
+
+:class:`ZeroOptimizer` is a ``torch.optim.Optimizer`` (so LR schedulers accept it) whose
+``param_groups`` and ``state`` are those of the inner optimizer. Its ``state_dict`` is this
+rank's partial state; the :class:`~libai.utils.checkpoint.Checkpointer` stores it in the
+rank's own file (``libai_per_rank_state``), so a resume needs the same layout (a different
+one is refused with a clear error).
+
+Usage::
+
+    runner = ModelRunner(model)
+    prepare_model(runner, stage)                          # stage 3: fully_shard
+    optimizer = shard_optimizer(runner, torch.optim.AdamW(model.parameters()), stage)
+    runner.train_step(batch, optimizer)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import torch
+import torch.distributed as torch_dist
+from torch import nn
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+from torch.distributed.tensor import DTensor
+
+from libai.utils import distributed as dist
+
+SUPPORTED_STAGES = (1, 2)  # by ZeroOptimizer; stage 3 is FSDP2
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def _buckets(tensors, bucket_bytes: int = 25 * 2**20):
+    from libai.engine.parallel import _buckets as buckets
+
+    return buckets(tensors, bucket_bytes)
+
+
+def resolve_zero_stage(zero_cfg, layout) -> int | None:
+    """The ZeRO stage to use (``None`` when disabled); raises for what cannot apply.
+
+    ``zero_cfg`` is ``train.zero_optimization`` (``enabled``, ``stage``); ``layout`` the
+    resolved :class:`~libai.utils.distributed.DistLayout`.
+    """
+    if zero_cfg is None or not zero_cfg.get("enabled", False):
+        return None
+    stage = zero_cfg.get("stage", 1)
+    if stage == 3 and (layout.tensor_parallel_size > 1 or layout.pipeline_parallel_size > 1):
+        raise ValueError(
+            "train.zero_optimization.stage=3 (FSDP2 parameter sharding) supports only the pure "
+            "data-parallel layout (tensor_parallel_size=1, pipeline_parallel_size=1; got "
+            f"tp={layout.tensor_parallel_size}, pp={layout.pipeline_parallel_size}); use "
+            "stage=1 or stage=2, which work on every dp x tp x pp layout."
+        )
+    if stage not in (1, 2, 3):
+        raise ValueError(
+            f"train.zero_optimization.stage={stage!r} is invalid; supported stages are 1, 2 and 3."
+        )
+    if layout.data_parallel_size < 2:
+        raise ValueError(
+            "train.zero_optimization.enabled=True shards over the data-parallel ranks and needs "
+            f"data_parallel_size > 1 (got {layout.data_parallel_size}); disable it or launch "
+            "with more data-parallel ranks."
+        )
+    return int(stage)
+
+
+def partition_parameters(numels: Sequence[int], world: int) -> list[int]:
+    """Owner rank of each parameter: largest first, each to the least-loaded rank (the lowest
+    rank on ties). Deterministic, so every dp rank computes the same partition."""
+    loads = [0] * world
+    owners = [0] * len(numels)
+    for i in sorted(range(len(numels)), key=lambda i: (-numels[i], i)):
+        rank = min(range(world), key=lambda r: (loads[r], r))
+        owners[i] = rank
+        loads[rank] += numels[i]
+    return owners
+
+
+class ZeroOptimizer(torch.optim.Optimizer):
+    """ZeRO stage 1/2 around an optimizer built over all of the model's parameters.
+
+    Args:
+        optimizer: a fresh (no state yet) ``torch.optim`` optimizer over ``model``'s
+            parameters. Its param groups are cut down in place to the parameters this dp
+            rank owns; group hyper-parameters (LR, ...) stay shared with the wrapper.
+        model: the model (names for errors and the checkpoint signature).
+        stage: 1 or 2. Stage 2 also shards gradients; :func:`shard_optimizer` hooks it into a
+            :class:`~libai.engine.parallel.ModelRunner`.
+    """
+
+    #: the Checkpointer stores this optimizer's state in each rank's own file (not via DCP)
+    libai_per_rank_state = True
+
+    def __init__(self, optimizer: torch.optim.Optimizer, model: nn.Module, *, stage: int = 1):
+        if stage not in SUPPORTED_STAGES:
+            raise ValueError(f"ZeRO stage {stage!r} is not supported by ZeroOptimizer")
+        if optimizer.state:
+            raise ValueError("ZeroOptimizer needs a fresh optimizer (its state is not empty)")
+        util = dist.get_dist_util()
+        self.util, self.stage, self.inner = util, stage, optimizer
+        self.group = util.dp_group
+        self.dp_size = util.layout.data_parallel_size
+        self.dp_rank = util.data_parallel_rank
+        names = {id(p): n for n, p in model.named_parameters()}
+        self.params = [p for g in optimizer.param_groups for p in g["params"]]
+        if len({id(p) for p in self.params}) != len(self.params):
+            raise ValueError("a parameter appears in more than one optimizer param group")
+        self.names = [names.get(id(p), f"<param {i}>") for i, p in enumerate(self.params)]
+        owners = partition_parameters([_local(p).numel() for p in self.params], self.dp_size)
+        self.owner = {id(p): r for p, r in zip(self.params, owners)}
+        self.owned_by = [
+            [p for p in self.params if self.owner[id(p)] == r] for r in range(self.dp_size)
+        ]
+        for group in optimizer.param_groups:  # the real optimizer sees only owned parameters
+            group["params"] = [p for p in group["params"] if self.owner[id(p)] == self.dp_rank]
+        self._signature = {
+            "stage": stage,
+            "dp_size": self.dp_size,
+            "dp_rank": self.dp_rank,
+            "owned": [
+                (n, tuple(_local(p).shape))
+                for n, p in zip(self.names, self.params)
+                if self.owner[id(p)] == self.dp_rank
+            ],
+        }
+        # what torch.optim.Optimizer.__init__ would set and other code may touch
+        self._optimizer_step_pre_hooks = {}
+        self._optimizer_step_post_hooks = {}
+        self._optimizer_state_dict_pre_hooks = {}
+        self._optimizer_state_dict_post_hooks = {}
+        self._optimizer_load_state_dict_pre_hooks = {}
+        self._optimizer_load_state_dict_post_hooks = {}
+
+    # the inner optimizer's, live (its load_state_dict replaces the param_groups list)
+    @property
+    def param_groups(self):
+        return self.inner.param_groups
+
+    @property
+    def state(self):
+        return self.inner.state
+
+    @property
+    def defaults(self):
+        return self.inner.defaults
+
+    def owned(self, p: torch.Tensor) -> bool:
+        return self.owner[id(p)] == self.dp_rank
+
+    def __repr__(self) -> str:
+        return f"ZeroOptimizer(stage={self.stage}, dp={self.dp_size}, inner={self.inner!r})"
+
+    def __getstate__(self):
+        raise TypeError("ZeroOptimizer is not picklable; use state_dict()")
+
+    # ---- step -------------------------------------------------------------------------------
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self.inner.step()
+        self._broadcast_parameters()
+        return loss
+
+    @torch.no_grad()
+    def _broadcast_parameters(self) -> None:
+        """Every parameter's local tensor from its owner to the other dp ranks."""
+        for owner, params in enumerate(self.owned_by):
+            tensors = [_local(p).detach() for p in params]
+            for bucket in _buckets(tensors):
+                if len(bucket) == 1:
+                    torch_dist.broadcast(bucket[0], group=self.group, group_src=owner)
+                    continue
+                flat = _flatten_dense_tensors(bucket)
+                torch_dist.broadcast(flat, group=self.group, group_src=owner)
+                if owner != self.dp_rank:
+                    for t, value in zip(bucket, _unflatten_dense_tensors(flat, bucket)):
+                        t.copy_(value)
+
+    @torch.no_grad()
+    def reduce_gradients(self) -> None:
+        """Stage 2's dp gradient sync: the dp-mean of each gradient lands on its owner only;
+        other ranks drop theirs. Called by ``ModelRunner.sync_gradients``."""
+        for owner, params in enumerate(self.owned_by):
+            grads = [_local(p.grad) for p in params if p.grad is not None]
+            for bucket in _buckets(grads):
+                flat = bucket[0] if len(bucket) == 1 else _flatten_dense_tensors(bucket)
+                torch_dist.reduce(flat, group=self.group, group_dst=owner)
+                if owner == self.dp_rank:
+                    flat /= self.dp_size
+                    if len(bucket) > 1:
+                        for g, value in zip(bucket, _unflatten_dense_tensors(flat, bucket)):
+                            g.copy_(value)
+        for p in self.params:
+            if not self.owned(p):
+                p.grad = None
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.params:
+            if p.grad is None:
+                continue
+            if set_to_none:
+                p.grad = None
+            else:
+                if p.grad.grad_fn is not None:
+                    p.grad.detach_()
+                else:
+                    p.grad.requires_grad_(False)
+                p.grad.zero_()
+
+    # ---- state ------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """This rank's partial optimizer state (DTensor states as local tensors)."""
+        sd = self.inner.state_dict()
+        state, dtensor_keys = {}, []
+        for index, entry in sd["state"].items():
+            state[index] = {}
+            for key, value in entry.items():
+                if isinstance(value, DTensor):
+                    value = value.to_local()
+                    dtensor_keys.append((index, key))
+                state[index][key] = value
+        return {
+            "zero": dict(self._signature),
+            "dtensor_keys": dtensor_keys,
+            "inner": {"state": state, "param_groups": sd["param_groups"]},
+        }
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        saved = state_dict.get("zero") if isinstance(state_dict, dict) else None
+        if saved is None:
+            raise ValueError(
+                "not a ZeroOptimizer state dict (train.zero_optimization was off when it was "
+                "saved?); resume with the same train.zero_optimization setting"
+            )
+        mine = self._signature
+        if {k: saved[k] for k in ("dp_size", "dp_rank")} != {
+            k: mine[k] for k in ("dp_size", "dp_rank")
+        } or [tuple(x) for x in saved["owned"]] != [tuple(x) for x in mine["owned"]]:
+            raise ValueError(
+                "the ZeRO optimizer state was saved on another layout or model (dp_size "
+                f"{saved['dp_size']}, dp rank {saved['dp_rank']}, {len(saved['owned'])} owned "
+                f"parameters; here dp_size {mine['dp_size']}, dp rank {mine['dp_rank']}, "
+                f"{len(mine['owned'])}): with train.zero_optimization a resume needs the same "
+                "layout"
+            )
+        self.inner.load_state_dict(state_dict["inner"])
+        # the inner load made every state a plain tensor: DTensor parameters need DTensor states
+        owned = [p for g in self.inner.param_groups for p in g["params"]]
+        for index, key in state_dict.get("dtensor_keys", []):
+            p = owned[int(index)]
+            value = self.inner.state[p][key]
+            self.inner.state[p][key] = DTensor.from_local(
+                value, p.device_mesh, p.placements, run_check=False
+            )
+
+
+def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """Bytes of this rank's optimizer state tensors (local shards of DTensors)."""
+    total = 0
+    for entry in optimizer.state.values():
+        for value in entry.values():
+            if torch.is_tensor(value):
+                value = _local(value)
+                total += value.numel() * value.element_size()
+    return total
+
+
+class _FullyShardedGrads:
+    """Stage 3's place in ``ModelRunner.grad_sharder``: FSDP2 reduce-scatters the gradients
+    over dp in backward, so the runner's dp sync has nothing left to do; each rank's gradient
+    shards are disjoint, so clipping sums the norm over dp."""
+
+    def reduce_gradients(self) -> None:
+        pass
+
+
+def _plain_parameters(model: nn.Module) -> None:
+    """Replace the (dp, tp=1)-replicated DTensor parameters by plain ones (FSDP2 shards plain
+    parameters over its own mesh); attributes and sharing between modules are kept."""
+    replaced: dict[int, nn.Parameter] = {}
+    for module in model.modules():
+        for name, p in list(module.named_parameters(recurse=False)):
+            if not isinstance(p, DTensor):
+                continue
+            if id(p) not in replaced:
+                new = nn.Parameter(p.to_local().detach().clone(), requires_grad=p.requires_grad)
+                new.__dict__.update({k: v for k, v in p.__dict__.items() if k.startswith("libai_")})
+                replaced[id(p)] = new
+            setattr(module, name, replaced[id(p)])
+
+
+def prepare_model(runner, stage: int | None) -> None:
+    """Stage 3: ``fully_shard`` each TransformerLayer and the model on the dp mesh (call after
+    the ModelRunner is built, before the optimizer). Stages 1 and 2 leave the model alone."""
+    if stage != 3:
+        return
+    from torch.distributed.fsdp import fully_shard
+
+    from libai.layers import TransformerLayer
+
+    util = dist.get_dist_util()
+    layout = util.layout
+    if layout.tensor_parallel_size > 1 or layout.pipeline_parallel_size > 1:
+        resolve_zero_stage({"enabled": True, "stage": 3}, layout)  # raises
+    if layout.data_parallel_size < 2:
+        resolve_zero_stage({"enabled": True, "stage": 3}, layout)  # raises
+    mesh = util.mesh["dp"]
+    _plain_parameters(runner.model)
+    for module in runner.model.modules():
+        if isinstance(module, TransformerLayer):
+            fully_shard(module, mesh=mesh)
+    fully_shard(runner.model, mesh=mesh)
+    runner.grad_sharder = _FullyShardedGrads()
+
+
+def shard_optimizer(runner, optimizer: torch.optim.Optimizer, stage: int):
+    """Wrap ``optimizer`` for ZeRO ``stage`` and, for stage 2, make ``runner`` reduce
+    gradients to their owners (and clip by a norm summed over dp). Stage 3 (a model prepared
+    by :func:`prepare_model`) returns ``optimizer`` itself: its state follows the sharded
+    parameters."""
+    if stage == 3:
+        if not isinstance(runner.grad_sharder, _FullyShardedGrads):
+            raise RuntimeError("ZeRO stage 3: call prepare_model(runner, 3) before the optimizer")
+        return optimizer
+    zero = ZeroOptimizer(optimizer, runner.model, stage=stage)
+    if stage >= 2:
+        runner.grad_sharder = zero
+    return zero
+
+
+def owned_parameters(optimizer: ZeroOptimizer) -> Iterable[torch.Tensor]:
+    """The parameters this rank owns (updates and, in stage 2, holds gradients for)."""
+    return [p for p in optimizer.params if optimizer.owned(p)]
