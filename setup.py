@@ -21,8 +21,11 @@ setup(
         "safetensors",
         "tokenizers",
         "tqdm",
+        "tensorboard",
+        "matplotlib",
     ],
     extras_require={
-        "test": ["pytest>=7", "ruff"],
+        # transformers: tokenizer parity tests and the benchmark's baseline
+        "test": ["pytest>=7", "ruff", "transformers"],
     },
 )
