@@ -176,7 +176,11 @@ class DefaultTrainer(EagerTrainer):
     @classmethod
     def build_tokenizer(cls, cfg):
         """The tokenizer (None without ``tokenization``); builds the sample data if asked."""
-        prepare_sample_data(cfg)
+        sample = prepare_sample_data(cfg)  # every rank may call it: a file lock builds it once
+        if sample is not None:
+            logger.info(
+                "Sample dataset (Python stdlib sources, built offline): %s", sample["data_dir"]
+            )
         if try_get_key(cfg, "tokenization.tokenizer") is None:
             return None
         tokenizer = build_tokenizer(cfg.tokenization)
