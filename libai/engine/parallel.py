@@ -229,13 +229,18 @@ class ModelRunner:
         return total
 
     def _pipeline_step(self, batch) -> torch.Tensor:
+        return self._run_schedule(self.schedule.step, batch)
+
+    def _run_schedule(self, run, batch) -> torch.Tensor:
+        """Drive ``run`` (the schedule's ``step`` or ``eval``) with this rank's stage inputs;
+        returns the last stage's mean micro-batch loss, 0 on other stages."""
         args, kwargs = (), {}
         if self.is_first:
             args = (batch[self.model.pipeline_input_key],)
         losses: list[torch.Tensor] = []
         if self.is_last:
             kwargs = {"target": batch[self.model.pipeline_target_key], "losses": losses}
-        self.schedule.step(*args, **kwargs)
+        run(*args, **kwargs)
         if self.is_last:
             return torch.stack([loss.detach().float() for loss in losses]).mean() / self._loss_scale
         return torch.zeros((), device=self.util.device)
@@ -248,17 +253,8 @@ class ModelRunner:
         if not self.pipeline:
             with self.autocast():
                 return _total_loss(self.model(**batch)).float()
-        args, kwargs = (), {}
-        if self.is_first:
-            args = (batch[self.model.pipeline_input_key],)
-        losses: list[torch.Tensor] = []
-        if self.is_last:
-            kwargs = {"target": batch[self.model.pipeline_target_key], "losses": losses}
-        self.schedule.eval(*args, **kwargs)
-        loss = torch.zeros((), device=self.util.device)
-        if self.is_last:
-            loss = torch.stack([x.float() for x in losses]).mean() / self._loss_scale
-        torch_dist.all_reduce(loss, group=self.util.pp_group)
+        loss = self._run_schedule(self.schedule.eval, batch)
+        torch_dist.all_reduce(loss, group=self.util.pp_group)  # from the last stage to all
         return loss
 
     def sync_gradients(self) -> None:
