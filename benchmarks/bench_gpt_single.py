@@ -25,11 +25,11 @@ import math
 import platform
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from harness import Contender, block_pair_ratios, print_step_table, run_interleaved
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -183,20 +183,8 @@ def make_batches(args, n: int = 8) -> list[dict[str, torch.Tensor]]:
     return batches
 
 
-class Contender:
-    """One model with its optimizer and a ``step(batch) -> float`` training step."""
-
-    def __init__(self, name, model, step_fn, lr):
-        self.name, self.model, self._step = name, model, step_fn
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1)
-        self.wall: list[float] = []  # seconds, one entry per timed step
-        self.cpu: list[float] = []  # process CPU seconds (all threads), one per timed step
-        self.losses: list[float] = []
-
-    def step(self, batch) -> float:
-        loss = self._step(batch, self.optimizer)
-        self.losses.append(loss)
-        return loss
+def adamw(model, lr):
+    return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1)
 
 
 def plain_step(model):
@@ -239,8 +227,8 @@ def main(args: argparse.Namespace) -> float:
 
     runner = ModelRunner(libai_model)
     contenders = [
-        Contender("libai", libai_model, runner.train_step, args.lr),
-        Contender("plain", plain_model, plain_step(plain_model), args.lr),
+        Contender("libai", runner.train_step, adamw(libai_model, args.lr)),
+        Contender("plain", plain_step(plain_model), adamw(plain_model, args.lr)),
     ]
     n_params = sum(p.numel() for p in plain_model.parameters())
     tokens = args.batch * args.seq
@@ -258,25 +246,7 @@ def main(args: argparse.Namespace) -> float:
         f"{args.warmup} warmup steps, then {args.repeats} interleaved blocks x {args.steps} steps"
     )
 
-    # Same batches in the same order for both, so both models follow the same trajectory.
-    cursor = {c.name: 0 for c in contenders}
-
-    def run(c: Contender, n: int, record: bool) -> None:
-        for _ in range(n):
-            batch = batches[cursor[c.name] % len(batches)]
-            cursor[c.name] += 1
-            wall, cpu = time.perf_counter(), time.process_time()
-            c.step(batch)
-            if record:
-                c.wall.append(time.perf_counter() - wall)
-                c.cpu.append(time.process_time() - cpu)
-
-    for c in contenders:
-        run(c, args.warmup, record=False)
-    for r in range(args.repeats):
-        order = contenders if r % 2 == 0 else contenders[::-1]  # A B, B A, ...
-        for c in order:
-            run(c, args.steps, record=True)
+    run_interleaved(contenders, batches, args.warmup, args.repeats, args.steps)
 
     libai, plain = contenders
     # Same function, same batches, same optimizer: the two trajectories stay together (a loss
@@ -287,25 +257,11 @@ def main(args: argparse.Namespace) -> float:
         f"all {len(diffs)} steps {max(diffs):.1e}"
     )
     assert max(diffs[:10]) < 1e-4, "the two models diverged: not the same computation"
-    # Medians, not means: other processes on the machine come in bursts.
-    wall = {c.name: statistics.median(c.wall) for c in contenders}
-    cpu = {c.name: statistics.median(c.cpu) for c in contenders}
-    print()
-    print("| model | step time (ms) | steps/s | tokens/s | CPU time/step (ms) |")
-    print("|---|---:|---:|---:|---:|")
-    for c in contenders:
-        t = wall[c.name]
-        print(
-            f"| {c.name} | {t * 1e3:.2f} | {1 / t:.2f} | {tokens / t:,.0f} "
-            f"| {cpu[c.name] * 1e3:.2f} |"
-        )
+    wall, cpu = print_step_table(contenders, tokens)
     # The verdict: libai/plain within each pair of adjacent blocks (moments apart on the
     # machine), median over the pairs; robust to slow drift and to bursts alike.
     n = args.steps
-    pairs = sorted(
-        statistics.median(libai.wall[i : i + n]) / statistics.median(plain.wall[i : i + n])
-        for i in range(0, len(libai.wall), n)
-    )
+    pairs = block_pair_ratios(libai, plain, n)
     ratio = statistics.median(pairs)
     print()
     print(

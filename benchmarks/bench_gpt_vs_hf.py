@@ -45,11 +45,11 @@ import math
 import platform
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from harness import Contender, block_pair_ratios, print_step_table, run_interleaved
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -171,21 +171,6 @@ def hf_loss(model: GPT2LMHeadModel, batch) -> torch.Tensor:
     return F.cross_entropy(logits.view(-1, logits.shape[-1]), batch["labels"].view(-1))
 
 
-class Contender:
-    """One model with its optimizer and a ``step(batch) -> float`` training step."""
-
-    def __init__(self, name, step_fn, optimizer):
-        self.name, self._step, self.optimizer = name, step_fn, optimizer
-        self.wall: list[float] = []  # seconds, one entry per timed step
-        self.cpu: list[float] = []  # process CPU seconds (all threads), one per timed step
-        self.losses: list[float] = []
-
-    def step(self, batch) -> float:
-        loss = self._step(batch, self.optimizer)
-        self.losses.append(loss)
-        return loss
-
-
 def hf_step(model, clip):
     params = [p for p in model.parameters() if p.requires_grad]
 
@@ -275,24 +260,7 @@ def main(args: argparse.Namespace) -> float:
         f"{args.warmup} warmup steps, then {args.repeats} interleaved blocks x {args.steps} steps"
     )
 
-    cursor = {c.name: 0 for c in contenders}
-
-    def run(c: Contender, n: int, record: bool) -> None:
-        for _ in range(n):
-            batch = batches[cursor[c.name] % len(batches)]
-            cursor[c.name] += 1
-            wall, cpu = time.perf_counter(), time.process_time()
-            c.step(batch)
-            if record:
-                c.wall.append(time.perf_counter() - wall)
-                c.cpu.append(time.process_time() - cpu)
-
-    for c in contenders:
-        run(c, args.warmup, record=False)
-    for r in range(args.repeats):
-        order = contenders if r % 2 == 0 else contenders[::-1]  # A B, B A, ...
-        for c in order:
-            run(c, args.steps, record=True)
+    run_interleaved(contenders, batches, args.warmup, args.repeats, args.steps)
 
     libai, hf = contenders
     # Same function, same batches, same optimizer: the trajectories stay together at first
@@ -304,23 +272,10 @@ def main(args: argparse.Namespace) -> float:
         f"HF {hf.losses[-1]:.4f})"
     )
     assert max(diffs[:10]) < 1e-3, "the two models diverged: not the same computation"
-    wall = {c.name: statistics.median(c.wall) for c in contenders}
-    cpu = {c.name: statistics.median(c.cpu) for c in contenders}
-    print()
-    print("| model | step time (ms) | steps/s | tokens/s | CPU time/step (ms) |")
-    print("|---|---:|---:|---:|---:|")
-    for c in contenders:
-        t = wall[c.name]
-        print(
-            f"| {c.name} | {t * 1e3:.2f} | {1 / t:.2f} | {tokens / t:,.0f} "
-            f"| {cpu[c.name] * 1e3:.2f} |"
-        )
+    wall, cpu = print_step_table(contenders, tokens)
     # tokens/s libai / HF within each pair of adjacent blocks, median over the pairs.
     n = args.steps
-    pairs = sorted(
-        statistics.median(hf.wall[i : i + n]) / statistics.median(libai.wall[i : i + n])
-        for i in range(0, len(libai.wall), n)
-    )
+    pairs = block_pair_ratios(hf, libai, n)
     ratio = statistics.median(pairs)
     print()
     print(
