@@ -1,0 +1,67 @@
+"""Hugging Face interop: ``load_huggingface`` / ``save_huggingface`` and the per-architecture
+loaders (``GPT2LoaderHuggerFace``, ``BertLoaderHuggerFace``, ... as in LiBai)."""
+
+from __future__ import annotations
+
+import importlib
+
+from torch import nn
+
+from libai.models.utils.hf_export import save_huggingface
+from libai.models.utils.hf_io import CheckpointError, CheckpointReader, read_hf_config
+from libai.models.utils.model_loader.base_loader import ModelLoaderHuggerFace
+
+#: ``model_type`` of config.json -> "module:LoaderClass"
+LOADERS = {
+    "gpt2": "libai.models.utils.model_loader.gpt_loader:GPT2LoaderHuggerFace",
+    "bert": "libai.models.utils.model_loader.bert_loader:BertLoaderHuggerFace",
+    "roberta": "libai.models.utils.model_loader.roberta_loader:RobertaLoaderHuggerFace",
+    "t5": "libai.models.utils.model_loader.t5_loader:T5LoaderHuggerFace",
+    "mt5": "libai.models.utils.model_loader.t5_loader:T5LoaderHuggerFace",
+    "llama": "libai.models.utils.model_loader.llama_loader:LlamaLoaderHuggerFace",
+    "qwen2": "libai.models.utils.model_loader.llama_loader:LlamaLoaderHuggerFace",
+    "vit": "libai.models.utils.model_loader.vit_loader:ViTLoaderHuggerFace",
+}
+
+
+def get_loader_class(model_type: str) -> type[ModelLoaderHuggerFace]:
+    """The loader of a config.json ``model_type``; the error lists the supported ones."""
+    if model_type not in LOADERS:
+        raise CheckpointError(
+            f"unsupported model_type {model_type!r}; supported: {sorted(LOADERS)}"
+        )
+    module, name = LOADERS[model_type].split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def loader_for_model(model: nn.Module) -> type[ModelLoaderHuggerFace]:
+    """The loader class that can export ``model``'s libai class."""
+    for model_type in LOADERS:
+        loader = get_loader_class(model_type)
+        if type(model) in loader.libai_classes():
+            return loader
+    raise TypeError(f"no Hugging Face exporter for {type(model).__name__}")
+
+
+def load_huggingface(path: str, model: type | None = None, libai_cfg=None, **overrides):
+    """Build the libai model of the Hugging Face directory ``path`` on the current mesh.
+
+    ``config.json``'s ``model_type`` picks the loader and its ``architectures`` the libai class
+    (``model`` overrides it); ``libai_cfg`` / ``overrides`` set libai hyper-parameters.
+    Call :func:`libai.utils.distributed.setup_dist_util` first for a parallel layout.
+    """
+    model_type = read_hf_config(str(path)).get("model_type")
+    loader = get_loader_class(model_type)
+    return loader(model, libai_cfg, str(path), **overrides).load()
+
+
+__all__ = [
+    "LOADERS",
+    "CheckpointError",
+    "CheckpointReader",
+    "ModelLoaderHuggerFace",
+    "get_loader_class",
+    "load_huggingface",
+    "loader_for_model",
+    "save_huggingface",
+]

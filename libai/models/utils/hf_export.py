@@ -1,0 +1,156 @@
+"""``save_huggingface``: a libai model on any layout -> a directory transformers loads.
+
+Every rank walks the same weight table. A parameter is gathered (``full_tensor``, a
+collective of its stage's dp x tp mesh) by the ranks of the stage that holds it, converted
+by its rule, and written by that stage's first rank into the safetensors shard the global
+plan assigned it to. Shards are flushed as soon as they are complete, so a rank holds at most
+one shard of tensors, never the whole model. Rank 0 writes ``config.json`` and the index.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+import torch.distributed as torch_dist
+from safetensors.torch import save_file
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from libai.models.utils.hf_io import CONFIG, SAFE_INDEX, SAFE_WEIGHTS
+from libai.models.utils.model_loader.base_loader import complete_rules
+from libai.models.utils.weight_mapping import Rule
+from libai.utils import distributed as dist
+
+_DTYPE_BYTES = {torch.float32: 4, torch.float16: 2, torch.bfloat16: 2, torch.float64: 8}
+
+
+def model_libai_cfg(model: nn.Module) -> dict:
+    """The hyper-parameters the model was built with (see ``libai.config.configurable``)."""
+    for m in model.modules():
+        cfg = getattr(m, "libai_cfg", None)
+        if cfg is not None:
+            return dict(cfg)
+    raise TypeError(f"{type(model).__name__} records no libai_cfg (is __init__ @configurable?)")
+
+
+def _is_local(p: torch.Tensor) -> bool:
+    return not p.is_meta
+
+
+def _stage_leader() -> bool:
+    util = dist.get_dist_util()
+    return util.data_parallel_rank == 0 and util.tensor_parallel_rank == 0
+
+
+def _plan(model, rules: dict[str, Rule], dtype, max_shard_bytes: int):
+    """Assign each exported rule to a shard file; the same answer on every rank."""
+    params = dict(model.named_parameters(remove_duplicate=False))
+    mine = []  # (libai name, {hf name: nbytes}) of rules this stage's leader writes
+    if _stage_leader():
+        for name, rule in rules.items():
+            p = params.get(name)
+            if p is None or not _is_local(p) or getattr(p, "libai_tied_copy", False):
+                continue
+            shape = getattr(p, "libai_logical_shape", None) or tuple(p.shape)
+            meta = torch.empty(tuple(shape), device="meta")
+            sizes = {
+                k: t.numel() * _DTYPE_BYTES.get(dtype or p.dtype, 4)
+                for k, t in rule.export(meta).items()
+            }
+            mine.append((name, sizes))
+    world = dist.get_world_size()
+    plans = [mine]
+    if world > 1:
+        plans = [None] * world
+        torch_dist.all_gather_object(plans, mine)
+    files: list[list[tuple[int, str, dict]]] = [[]]
+    size = 0
+    for rank, plan in enumerate(plans):
+        for name, sizes in plan:
+            nbytes = sum(sizes.values())
+            if files[-1] and size + nbytes > max_shard_bytes:
+                files.append([])
+                size = 0
+            files[-1].append((rank, name, sizes))
+            size += nbytes
+    return files
+
+
+def _file_names(n: int) -> list[str]:
+    if n == 1:
+        return [SAFE_WEIGHTS]
+    return [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
+
+
+def _full_value(p: torch.Tensor) -> torch.Tensor:
+    full = p.full_tensor() if isinstance(p, DTensor) else p
+    logical = getattr(p, "libai_logical_shape", None)
+    if logical is not None:
+        full = full[tuple(slice(0, s) for s in logical)]
+    return full.detach()
+
+
+def export_weights(
+    model: nn.Module, rules: list[Rule], path: str, dtype=None, max_shard_size: int = 5 * 2**30
+) -> dict[str, str]:
+    """Write ``model``'s weights as Hugging Face safetensors shards; returns the weight map.
+
+    Collective: every rank must call it.
+    """
+    by_name = complete_rules(model, rules)
+    params = dict(model.named_parameters(remove_duplicate=False))
+    files = _plan(model, by_name, dtype, max_shard_size)
+    names = _file_names(len(files))
+    weight_map = {hf: names[i] for i, f in enumerate(files) for _, _, s in f for hf in s}
+    rank = dist.get_rank()
+    for file, entries in zip(names, files):
+        tensors = {}
+        # every rank of a stage gathers its stage's parameters in table order
+        for owner, name, _ in entries:
+            p = params.get(name)
+            if p is None or not _is_local(p) or getattr(p, "libai_tied_copy", False):
+                continue
+            full = _full_value(p)
+            if owner == rank:
+                for hf_name, t in by_name[name].export(full).items():
+                    t = t.to("cpu", dtype or t.dtype).contiguous()
+                    tensors[hf_name] = t
+        if tensors:
+            save_file(tensors, os.path.join(path, file), metadata={"format": "pt"})
+    return weight_map
+
+
+def save_huggingface(
+    model: nn.Module, path: str, *, loader=None, dtype=None, max_shard_size: int = 5 * 2**30
+) -> None:
+    """Save ``model`` (any layout, pruned to its pipeline stages or not) to ``path`` as a
+    Hugging Face directory: ``config.json`` and safetensors (sharded with an index when the
+    weights exceed ``max_shard_size`` bytes). Collective: every rank must call it.
+    """
+    from libai.models.utils import loader_for_model
+
+    loader = loader or loader_for_model(model)
+    cfg = model_libai_cfg(model)
+    if dist.is_main_process():
+        os.makedirs(path, exist_ok=True)
+    dist.synchronize()
+    weight_map = export_weights(model, loader.rules(cfg, type(model)), path, dtype, max_shard_size)
+    dist.synchronize()
+    if dist.is_main_process():
+        hf_config = loader.hf_config(cfg, model)
+        if dtype is not None:
+            hf_config["torch_dtype"] = str(dtype).removeprefix("torch.")
+        with open(os.path.join(path, CONFIG), "w", encoding="utf-8") as f:
+            json.dump(hf_config, f, indent=2, sort_keys=True)
+        files = sorted(set(weight_map.values()))
+        if files != [SAFE_WEIGHTS]:
+            total = sum(os.path.getsize(os.path.join(path, f)) for f in files)
+            index = {
+                "metadata": {"total_size": total},
+                "weight_map": dict(sorted(weight_map.items())),
+            }
+            with open(os.path.join(path, SAFE_INDEX), "w", encoding="utf-8") as f:
+                json.dump(index, f, indent=2)
+    dist.synchronize()

@@ -1,0 +1,262 @@
+"""Load a Hugging Face checkpoint into a libai model on the current mesh, and export one back.
+
+One loader class per architecture subclasses :class:`ModelLoaderHuggerFace` (LiBai's name) and
+declares four things: how ``config.json`` maps to the libai hyper-parameters and back, which
+libai class each Hugging Face ``architectures`` entry becomes, and the weight mapping table
+(:mod:`libai.models.utils.weight_mapping`). Loading and exporting are shared:
+
+- loading checks the whole table against the checkpoint first (missing tensors, tensor shapes
+  against ``config.json``) and raises naming every problem, before any weight is copied; then
+  each rank reads only its own shards; unexpected checkpoint tensors are logged by name;
+- exporting gathers one parameter at a time, and the first rank of each pipeline stage writes
+  that stage's safetensors shards, so no rank ever holds the whole model.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Mapping
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from libai.models.utils.hf_io import CheckpointError, CheckpointReader, read_hf_config
+from libai.models.utils.weight_mapping import Rule, ShardSpec, expected_shapes
+from libai.utils import distributed as dist
+
+logger = logging.getLogger(__name__)
+
+
+class ModelLoaderHuggerFace:
+    """Base of the per-architecture loaders.
+
+    Usage (LiBai's)::
+
+        model = LlamaLoaderHuggerFace(LlamaForCausalLM, cfg.model.cfg, "path/to/hf_dir").load()
+
+    Args:
+        model: the libai model class to build (``None``: chosen from ``architectures`` in
+            ``config.json`` through :attr:`architectures`).
+        libai_cfg: libai hyper-parameters to start from (e.g. dropout); values that
+            ``config.json`` defines replace them.
+        pretrained_model_path: the Hugging Face model directory.
+        **kwargs: final overrides of libai hyper-parameters.
+    """
+
+    #: ``model_type`` values of ``config.json`` this loader reads
+    model_types: tuple[str, ...] = ()
+    #: prefix of the backbone in Hugging Face head models (``"model"``, ``"bert"``, ...)
+    base_model_prefix: str = ""
+    #: Hugging Face architecture name -> libai class, the first is the default
+    architectures: Mapping[str, type] = {}
+    #: checkpoint tensors that are expected to be unused (regular expressions)
+    ignore_unexpected: tuple[str, ...] = ()
+
+    def __init__(
+        self, model=None, libai_cfg: Mapping | None = None, pretrained_model_path=None, **kwargs
+    ):
+        if pretrained_model_path is None:
+            raise ValueError("pretrained_model_path is required (a Hugging Face model directory)")
+        self.model_cls = model
+        self.libai_cfg = dict(libai_cfg or {})
+        self.path = str(pretrained_model_path)
+        self.overrides = kwargs
+
+    # ---- to implement per architecture ------------------------------------------------------
+    def libai_config(self, hf_config: dict) -> dict:
+        """libai hyper-parameters from ``config.json``."""
+        raise NotImplementedError
+
+    @classmethod
+    def hf_config(cls, libai_cfg: dict, model: nn.Module) -> dict:
+        """``config.json`` content (with ``model_type`` and ``architectures``) for ``model``."""
+        raise NotImplementedError
+
+    @classmethod
+    def rules(cls, libai_cfg: dict, model_cls: type) -> list[Rule]:
+        """The weight mapping of ``model_cls``, depending only on its class and config (so
+        every pipeline stage computes the same table)."""
+        raise NotImplementedError
+
+    def check_layout(self, libai_cfg: dict) -> None:
+        """Raise a clear error if the config cannot run on the current mesh (heads vs tp)."""
+        tp = dist.get_tensor_parallel_size()
+        for key in ("num_attention_heads", "num_key_value_heads", "num_heads"):
+            value = libai_cfg.get(key)
+            if value and value % tp:
+                raise ValueError(
+                    f"{key}={value} (from {self.path}/config.json) is not divisible by "
+                    f"tensor_parallel_size={tp}; use a tensor_parallel_size that divides {value}."
+                )
+
+    # ---- loading ----------------------------------------------------------------------------
+    def load(self) -> nn.Module:
+        """Build the libai model on the current mesh and fill it from the checkpoint."""
+        hf_config = read_hf_config(self.path)
+        model_type = hf_config.get("model_type")
+        if self.model_types and model_type not in self.model_types:
+            raise CheckpointError(
+                f"{self.path}/config.json has model_type={model_type!r}, but "
+                f"{type(self).__name__} reads {list(self.model_types)}"
+            )
+        model_cls = self.model_cls or self._default_class(hf_config)
+        cfg = {**self.libai_cfg, **self.libai_config(hf_config), **self.overrides}
+        self.check_layout(cfg)
+        reader = CheckpointReader(self.path)  # fails on missing/corrupt files before the build
+        model = model_cls(cfg=cfg)
+        load_weights(
+            model,
+            reader,
+            self.rules(cfg, model_cls),
+            self.ignore_unexpected,
+            self.base_model_prefix,
+        )
+        model.libai_hf_config = cfg
+        return model
+
+    def _default_class(self, hf_config: dict) -> type:
+        for arch in hf_config.get("architectures") or ():
+            if arch in self.architectures:
+                return self.architectures[arch]
+        return next(iter(self.architectures.values()))
+
+    @classmethod
+    def libai_classes(cls) -> tuple[type, ...]:
+        return tuple(cls.architectures.values())
+
+    @classmethod
+    def hf_architecture(cls, model: nn.Module) -> str:
+        """The Hugging Face class name of ``model``'s libai class."""
+        for arch, libai_cls in cls.architectures.items():
+            if type(model) is libai_cls:
+                return arch
+        raise TypeError(f"{cls.__name__} cannot export {type(model).__name__}")
+
+
+# ---- shared machinery ---------------------------------------------------------------------------
+def _shard_spec(param: torch.Tensor) -> ShardSpec | None:
+    if not isinstance(param, DTensor):
+        return None
+    local = param.to_local().shape
+    for d, (full, part) in enumerate(zip(param.shape, local)):
+        if full != part:
+            return ShardSpec(d, dist.get_tensor_parallel_rank(), full // part)
+    return None
+
+
+def _logical_shape(param: torch.Tensor) -> tuple[int, ...]:
+    return tuple(getattr(param, "libai_logical_shape", None) or param.shape)
+
+
+def complete_rules(model: nn.Module, rules: list[Rule]) -> dict[str, Rule]:
+    """Rules of the parameters ``model`` has (a pruned pipeline stage has fewer), by name.
+
+    A tied copy (``libai_tied_copy``) without a rule of its own reuses the rule of its tied
+    group. Raises if a parameter has no rule (a loader bug).
+    """
+    params = dict(model.named_parameters(remove_duplicate=False))
+    by_name = {r.libai_name: r for r in rules if r.libai_name in params}
+    groups: dict[str, Rule] = {}
+    for name, p in params.items():
+        group = getattr(p, "libai_tied_group", None)
+        if group is not None and name in by_name:
+            groups[group] = by_name[name]
+    for name, p in params.items():
+        group = getattr(p, "libai_tied_group", None)
+        if name not in by_name and getattr(p, "libai_tied_copy", False) and group in groups:
+            by_name[name] = groups[group].renamed(name)
+    uncovered = sorted(set(params) - set(by_name))
+    if uncovered:
+        raise RuntimeError(f"weight mapping of {type(model).__name__} misses {uncovered}")
+    return by_name
+
+
+def _strip_or_add_prefix(name: str, keys, prefix: str) -> str | None:
+    if name in keys:
+        return name
+    if prefix and name.startswith(prefix + ".") and name[len(prefix) + 1 :] in keys:
+        return name[len(prefix) + 1 :]
+    if prefix and f"{prefix}.{name}" in keys:
+        return f"{prefix}.{name}"
+    return None
+
+
+class _PrefixedReader:
+    """A reader whose names may carry or lack the backbone prefix (base vs head checkpoints)."""
+
+    def __init__(self, reader: CheckpointReader, prefix: str):
+        self.reader, self.prefix, self.used = reader, prefix, set()
+
+    def resolve(self, name: str) -> str | None:
+        return _strip_or_add_prefix(name, self.reader.weight_map, self.prefix)
+
+    def _name(self, name: str) -> str:
+        real = self.resolve(name)
+        if real is None:
+            raise CheckpointError(f"tensor {name!r} is not in {self.reader.path}")
+        self.used.add(real)
+        return real
+
+    def read(self, name, dim=None, start=0, stop=None):
+        return self.reader.read(self._name(name), dim, start, stop)
+
+    def shape(self, name):
+        return self.reader.shape(self._name(name))
+
+    def dtype(self, name):
+        return self.reader.dtype(self._name(name))
+
+
+def load_weights(
+    model: nn.Module,
+    reader: CheckpointReader,
+    rules: list[Rule],
+    ignore_unexpected: tuple[str, ...] = (),
+    prefix: str = "",
+) -> None:
+    """Check ``rules`` against the checkpoint, then copy this rank's shards into ``model``."""
+    by_name = complete_rules(model, rules)
+    prefixed = _PrefixedReader(reader, prefix)
+    params = dict(model.named_parameters(remove_duplicate=False))
+    missing, mismatched, used = [], [], set()
+    for name, rule in by_name.items():
+        for hf_name, shape in expected_shapes(rule, _logical_shape(params[name])).items():
+            real = prefixed.resolve(hf_name)
+            if real is None:
+                missing.append(hf_name)
+                continue
+            used.add(real)
+            found = reader.shape(real)
+            if found != shape:
+                mismatched.append(f"{real}: checkpoint {list(found)} vs config {list(shape)}")
+    if missing or mismatched:
+        lines = []
+        if missing:
+            lines.append(f"missing tensors: {sorted(set(missing))}")
+        if mismatched:
+            lines.append(
+                "shapes that contradict config.json: " + "; ".join(sorted(set(mismatched)))
+            )
+        raise CheckpointError(f"cannot load {reader.path}: " + " | ".join(lines))
+    unexpected = [
+        k
+        for k in reader.keys()
+        if k not in used and not any(re.search(p, k) for p in ignore_unexpected)
+    ]
+    if unexpected:
+        logger.warning("unused tensors in %s: %s", reader.path, sorted(unexpected))
+    with torch.no_grad():
+        for name, rule in by_name.items():
+            p = params[name]
+            if p.is_meta:  # another pipeline stage's layer
+                continue
+            local = p.to_local() if isinstance(p, DTensor) else p
+            value = rule.load(prefixed, tuple(p.shape), _logical_shape(p), _shard_spec(p))
+            if tuple(value.shape) != tuple(local.shape):
+                raise RuntimeError(
+                    f"{name}: loaded shard {list(value.shape)} vs parameter {list(local.shape)}"
+                )
+            local.copy_(value)
+    logger.info("loaded %d tensors from %s", len(used), reader.path)
