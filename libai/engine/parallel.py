@@ -82,9 +82,9 @@ class _StageModule(nn.Module):
         self.model = model
         self.__dict__["_runner"] = runner  # a reference, not a submodule
 
-    def forward(self, x):
+    def forward(self, *args):
         with self._runner.autocast():
-            return self.model.pipeline_forward(x)
+            return self.model.pipeline_forward(*args)
 
 
 class ModelRunner:
@@ -93,8 +93,10 @@ class ModelRunner:
     Args:
         model: a libai model built after :func:`libai.utils.distributed.setup_dist_util`.
             With pipeline parallelism it is pruned in place to this rank's stages and must
-            provide ``pipeline_forward(x)``, ``pipeline_loss(output, target)`` and the class
-            attributes ``pipeline_input_key`` / ``pipeline_target_key``.
+            provide ``pipeline_forward(*xs)``, ``pipeline_loss(output, target)`` and the
+            class attributes ``pipeline_input_key`` / ``pipeline_target_key`` (or the methods
+            ``pipeline_inputs(batch)`` / ``pipeline_target(batch)``). A stage returning a
+            tuple hands its tensors to the next stage's ``pipeline_forward`` as arguments.
         num_microbatches: micro-batches per step (gradient accumulation; the pipeline's
             micro-batches under pp). The local batch size must be divisible by it.
         schedule: pipeline schedule name (:data:`PIPELINE_SCHEDULES`); defaults to the
@@ -164,13 +166,13 @@ class ModelRunner:
                 f"pipeline schedule {self.schedule_name} needs train.dist.virtual_pipeline_size "
                 f"{need} (got {layout.virtual_pipeline_size})."
             )
-        for attr in (
-            "pipeline_forward",
-            "pipeline_loss",
-            "pipeline_input_key",
-            "pipeline_target_key",
+        for attr, alternative in (
+            ("pipeline_forward", None),
+            ("pipeline_loss", None),
+            ("pipeline_input_key", "pipeline_inputs"),
+            ("pipeline_target_key", "pipeline_target"),
         ):
-            if not hasattr(self.model, attr):
+            if not hasattr(self.model, attr) and not hasattr(self.model, alternative or attr):
                 raise TypeError(
                     f"{type(self.model).__name__} lacks '{attr}' and cannot run with "
                     "pipeline_parallel_size > 1."
@@ -236,10 +238,10 @@ class ModelRunner:
         returns the last stage's mean micro-batch loss, 0 on other stages."""
         args, kwargs = (), {}
         if self.is_first:
-            args = (batch[self.model.pipeline_input_key],)
+            args = pipeline_inputs(self.model, batch)
         losses: list[torch.Tensor] = []
         if self.is_last:
-            kwargs = {"target": batch[self.model.pipeline_target_key], "losses": losses}
+            kwargs = {"target": pipeline_target(self.model, batch), "losses": losses}
         run(*args, **kwargs)
         if self.is_last:
             return torch.stack([loss.detach().float() for loss in losses]).mean() / self._loss_scale
@@ -256,6 +258,23 @@ class ModelRunner:
         loss = self._run_schedule(self.schedule.eval, batch)
         torch_dist.all_reduce(loss, group=self.util.pp_group)  # from the last stage to all
         return loss
+
+    @torch.no_grad()
+    def predict(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor | None:
+        """Forward only: the last stage's ``pipeline_forward`` output for ``batch`` (e.g.
+        vocab-split logits); ``None`` on the ranks of other stages. Without pp it is
+        ``model.pipeline_forward(*inputs)`` on every rank. Under pp the batch must have the
+        training batch's shape."""
+        if not self.pipeline:
+            with self.autocast():
+                return self.model.pipeline_forward(*pipeline_inputs(self.model, batch))
+        args, kwargs = (), {}
+        if self.is_first:
+            args = pipeline_inputs(self.model, batch)
+        if self.is_last:
+            kwargs = {"target": pipeline_target(self.model, batch), "losses": []}
+        out = self.schedule.eval(*args, **kwargs)
+        return out if self.is_last else None
 
     def sync_gradients(self) -> None:
         """Sum tied-weight grads between first and last stage; average grads over dp."""
@@ -353,6 +372,23 @@ def enable_activation_checkpointing(model: nn.Module) -> int:
     for layer in layers:
         layer.activation_checkpointing = True
     return len(layers)
+
+
+def pipeline_inputs(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> tuple:
+    """The first stage's positional inputs: ``model.pipeline_inputs(batch)`` if the model
+    defines it (several tensors, e.g. ids and a padding mask), else
+    ``(batch[model.pipeline_input_key],)``."""
+    if hasattr(model, "pipeline_inputs"):
+        return tuple(model.pipeline_inputs(batch))
+    return (batch[model.pipeline_input_key],)
+
+
+def pipeline_target(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """The last stage's target: ``model.pipeline_target(batch)`` (one tensor; models with
+    several targets pack them) if defined, else ``batch[model.pipeline_target_key]``."""
+    if hasattr(model, "pipeline_target"):
+        return model.pipeline_target(batch)
+    return batch[model.pipeline_target_key]
 
 
 def _total_loss(outputs: Mapping[str, torch.Tensor]) -> torch.Tensor:

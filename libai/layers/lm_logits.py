@@ -7,13 +7,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from libai.layers.collectives import copy_to_tp, gather_from_tp
-from libai.layers.embedding import VocabEmbedding
-from libai.layers.param import create_parameter, local_value, zeros
+from libai.layers.embedding import VocabEmbedding, pad_vocab_size
+from libai.layers.param import create_parameter, default_init_method, local_value, zeros
 from libai.utils import distributed as dist
 
 
 class LMLogits(nn.Module):
-    """``logits = hidden @ E^T (+ bias)`` where ``E`` is the (vocab-split) word embedding.
+    """``logits = hidden @ E^T (+ bias)`` where ``E`` is the (vocab-split) word embedding,
+    or, with ``embedding=None``, an untied head's own vocab-split weight (``vocab_size`` x
+    ``hidden_size``).
 
     When the embedding and this head sit on the same pipeline stage the head reads the
     embedding's weight (one tensor, truly tied). When they sit on different stages (the first
@@ -25,28 +27,34 @@ class LMLogits(nn.Module):
     vocab padding hold the dtype's minimum so they never win a softmax.
     """
 
-    def __init__(self, embedding: VocabEmbedding, bias: bool = False, *, layer_idx: int = -1):
+    def __init__(
+        self,
+        embedding: VocabEmbedding | None,
+        bias: bool = False,
+        *,
+        layer_idx: int = -1,
+        vocab_size: int | None = None,
+        hidden_size: int | None = None,
+        init_method=None,
+    ):
         super().__init__()
         self.layer_idx = layer_idx
-        self.vocab_size = embedding.num_embeddings
-        self.padded_vocab_size = embedding.padded_num_embeddings
-        util = dist.get_dist_util()
-        same_stage = util.get_layer_stage(layer_idx) == util.get_layer_stage(embedding.layer_idx)
-        if same_stage:
-            self.weight = None
-            self.__dict__["_tied_embedding"] = embedding  # a reference, not a submodule
-        else:
+        if embedding is None:  # an untied head (Llama, T5 v1.1 / mT5): its own weight
+            if vocab_size is None or hidden_size is None:
+                raise ValueError(
+                    "an untied LMLogits (embedding=None) needs vocab_size and hidden_size"
+                )
+            self.vocab_size = vocab_size
+            self.padded_vocab_size = pad_vocab_size(vocab_size, dist.get_tensor_parallel_size())
             self.weight = create_parameter(
-                (embedding.num_embeddings, embedding.embedding_dim),
-                embedding.init_method,
+                (vocab_size, hidden_size),
+                init_method or default_init_method,
                 layer_idx=layer_idx,
                 tp_split_dim=0,
-                padded_shape=(embedding.padded_num_embeddings, embedding.embedding_dim),
-                seed=embedding.weight.libai_init_seed,
+                padded_shape=(self.padded_vocab_size, hidden_size),
             )
-            self.weight.libai_tied_group = "word_embeddings"
-            self.weight.libai_tied_copy = True  # checkpoints keep the embedding's entry
-            embedding.weight.libai_tied_group = "word_embeddings"
+        else:
+            self._tie(embedding, layer_idx)
         self.bias = (
             create_parameter(
                 (self.vocab_size,),
@@ -58,6 +66,27 @@ class LMLogits(nn.Module):
             if bias
             else None
         )
+
+    def _tie(self, embedding: VocabEmbedding, layer_idx: int) -> None:
+        self.vocab_size = embedding.num_embeddings
+        self.padded_vocab_size = embedding.padded_num_embeddings
+        util = dist.get_dist_util()
+        same_stage = util.get_layer_stage(layer_idx) == util.get_layer_stage(embedding.layer_idx)
+        if same_stage:
+            self.weight = None
+            self.__dict__["_tied_embedding"] = embedding  # a reference, not a submodule
+            return
+        self.weight = create_parameter(
+            (embedding.num_embeddings, embedding.embedding_dim),
+            embedding.init_method,
+            layer_idx=layer_idx,
+            tp_split_dim=0,
+            padded_shape=(embedding.padded_num_embeddings, embedding.embedding_dim),
+            seed=embedding.weight.libai_init_seed,
+        )
+        self.weight.libai_tied_group = "word_embeddings"
+        self.weight.libai_tied_copy = True  # checkpoints keep the embedding's entry
+        embedding.weight.libai_tied_group = "word_embeddings"
 
     def tied_weight(self) -> torch.Tensor:
         return self.weight if self.weight is not None else self._tied_embedding.weight
