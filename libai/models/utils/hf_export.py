@@ -68,6 +68,9 @@ def _plan(model, rules: dict[str, Rule], dtype, max_shard_bytes: int):
     files: list[list[tuple[int, str, dict]]] = [[]]
     size = 0
     for rank, plan in enumerate(plans):
+        if files[-1]:  # a file is written by one rank: each stage starts its own
+            files.append([])
+            size = 0
         for name, sizes in plan:
             nbytes = sum(sizes.values())
             if files[-1] and size + nbytes > max_shard_bytes:

@@ -1,0 +1,159 @@
+"""Parity of a libai model loaded with ``load_huggingface`` against the transformers model.
+
+A test builds a tiny random transformers model, saves it, computes the reference (outputs,
+loss and every gradient, by Hugging Face name) and calls :func:`check_parity` for each layout:
+1 process in-process, others under torchrun through ``dist_scripts/hf_layouts.py``. On every
+layout the libai model is loaded from the directory, its outputs (without pp), loss and every
+gradient (mapped back to Hugging Face names by the loader's own rules) are compared, and it is
+exported with ``save_huggingface`` for the test to reload with transformers.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch.distributed.tensor import DTensor
+
+TOL = 1e-4
+
+
+def hf_reference(hf_model, hf_inputs: dict, loss_fn, outputs: dict) -> dict:
+    """Run ``hf_model`` in train mode (dropout must be 0): ``outputs`` maps a libai output key
+    to ``fn(hf_output) -> tensor``; ``loss_fn(hf_output)`` is the loss whose gradients are
+    compared. Returns ``{"outputs", "loss", "grads"}``."""
+    hf_model.train()
+    hf_model.zero_grad(set_to_none=True)
+    out = hf_model(**hf_inputs)
+    loss = loss_fn(out)
+    loss.backward()
+    return {
+        "outputs": {k: fn(out).detach() for k, fn in outputs.items()},
+        "loss": loss.detach(),
+        "grads": {
+            n: p.grad.detach().clone() for n, p in hf_model.named_parameters() if p.grad is not None
+        },
+    }
+
+
+def save_case(path: Path, *, batch: dict, input_keys: list[str], ref: dict) -> str:
+    """``batch``: the libai training batch (with labels); ``input_keys``: the keys of the
+    label-free forward whose dict outputs are compared with ``ref["outputs"]``."""
+    torch.save({"batch": batch, "input_keys": input_keys, "ref": ref}, path)
+    return str(path)
+
+
+def _grad_diffs(model, ref_grads: dict, loader) -> tuple[float, str, int]:
+    """Max |libai grad - HF grad| over the parameters this rank holds, by HF name."""
+    from libai.models.utils.hf_export import model_libai_cfg
+    from libai.models.utils.model_loader.base_loader import _strip_or_add_prefix, complete_rules
+
+    rules = complete_rules(model, loader.rules(model_libai_cfg(model), type(model)))
+    worst, worst_name, checked = 0.0, "", 0
+    for name, p in model.named_parameters():
+        if getattr(p, "libai_tied_copy", False):
+            continue
+        if p.grad is None:
+            raise AssertionError(f"{name} has no gradient")
+        g = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
+        logical = getattr(p, "libai_logical_shape", None)
+        if logical is not None:
+            g = g[tuple(slice(0, s) for s in logical)]
+        for hf_name, value in rules[name].export(g).items():
+            real = _strip_or_add_prefix(hf_name, ref_grads, loader.base_model_prefix)
+            if real is None:
+                raise AssertionError(f"no reference gradient for {hf_name} ({name})")
+            diff = (value - ref_grads[real]).abs().max().item()
+            checked += 1
+            if diff > worst:
+                worst, worst_name = diff, hf_name
+    return worst, worst_name, checked
+
+
+def run_case(case_path: str, hf_dir: str, spec: dict) -> dict:
+    """On the current mesh (set up by the caller): load, compare, export. Returns diffs.
+
+    ``spec``: ``model`` (dotted libai class path or None), ``overrides`` (libai kwargs),
+    ``microbatches``, ``export_dir`` (optional), ``max_shard_size``.
+    """
+    import importlib
+
+    from libai.engine.parallel import ModelRunner
+    from libai.models.utils import (
+        get_loader_class,
+        load_huggingface,
+        read_hf_config,
+        save_huggingface,
+    )
+    from libai.utils import distributed as dist
+
+    case = torch.load(case_path, weights_only=False)
+    model_cls = None
+    if spec.get("model"):
+        module, name = spec["model"].rsplit(".", 1)
+        model_cls = getattr(importlib.import_module(module), name)
+    model = load_huggingface(hf_dir, model_cls, **spec.get("overrides", {}))
+    loader = get_loader_class(read_hf_config(hf_dir)["model_type"])
+    util = dist.get_dist_util()
+    dp, dpr = util.layout.data_parallel_size, util.data_parallel_rank
+    batch = {k: v.chunk(dp)[dpr] for k, v in case["batch"].items()}
+    result = {}
+    ref = case["ref"]
+    if util.layout.pipeline_parallel_size == 1 and ref["outputs"]:
+        model.eval()
+        with torch.no_grad():
+            out = model(**{k: batch[k] for k in case["input_keys"]})
+        for key, want in ref["outputs"].items():
+            result[f"out_{key}"] = (out[key] - want.chunk(dp)[dpr]).abs().max().item()
+        model.train()
+    runner = ModelRunner(model, num_microbatches=spec.get("microbatches", 1))
+    loss = runner.forward_backward(batch)
+    result["loss"] = abs(loss.item() - ref["loss"].item())
+    result["grad"], result["grad_name"], result["grads_checked"] = _grad_diffs(
+        model, ref["grads"], loader
+    )
+    if spec.get("export_dir"):
+        save_huggingface(
+            model, spec["export_dir"], max_shard_size=spec.get("max_shard_size", 2**30)
+        )
+    return result
+
+
+def assert_close(result: dict, tol: float = TOL) -> None:
+    """Every difference in a :func:`run_case` result is below ``tol``."""
+    assert result["grads_checked"] > 0, result
+    for key, value in result.items():
+        if key in ("grad_name", "grads_checked"):
+            continue
+        assert value < tol, f"{key} differs by {value:.3g} ({result})"
+
+
+def check_single_process(case_path: str, hf_dir: str, spec: dict) -> dict:
+    """:func:`run_case` on one in-process rank."""
+    from libai.utils import distributed as dist
+
+    dist.setup_dist_util({})
+    result = run_case(case_path, hf_dir, spec)
+    assert_close(result)
+    return result
+
+
+def check_layouts(case_path: str, hf_dir: str, nproc: int, layouts: list[dict]) -> dict:
+    """Run :func:`run_case` under torchrun for each ``{"name", "dist", **spec}`` layout;
+    returns ``{name: [result of each rank]}`` after asserting every one is close."""
+    from launch import torchrun
+
+    results = torchrun("hf_layouts.py", nproc, case_path, hf_dir, json.dumps(layouts))
+    by_name: dict[str, list] = {}
+    for rank, r in enumerate(results):
+        assert r["ok"], f"rank {rank}: {r['error']}\n{r['trace']}"
+        for name, item in r["layouts"].items():
+            by_name.setdefault(name, []).append(item)
+    for name, items in by_name.items():
+        for rank, item in enumerate(items):
+            try:
+                assert_close(item)
+            except AssertionError as exc:
+                raise AssertionError(f"layout {name}, rank {rank}: {exc}") from None
+    return by_name
