@@ -20,6 +20,7 @@ setup(
         "hydra-core>=1.3",
         "safetensors",
         "tokenizers",
+        "sentencepiece",
         "tqdm",
         "tensorboard",
         "matplotlib",

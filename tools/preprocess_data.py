@@ -1,13 +1,24 @@
 """Tokenize a JSON-lines corpus into Megatron ``.bin`` / ``.idx`` files for pretraining.
 
-Example::
+Examples::
 
     python tools/preprocess_data.py --input corpus.jsonl --json-keys text \\
         --tokenizer-name GPT2Tokenizer --vocab-file gpt2-vocab.json \\
         --merges-file gpt2-merges.txt --append-eod --output-prefix data/corpus --workers 4
 
 writes ``data/corpus_text_document.bin`` and ``.idx``; use ``data/corpus_text_document`` as
-``data_prefix`` in ``configs/common/data/gpt_dataset.py``.
+``data_prefix`` in ``configs/common/data/gpt_dataset.py``. Other tokenizers::
+
+    --tokenizer-name BertTokenizer --vocab-file vocab.txt [--no-do-lower-case] --split-sentences
+    --tokenizer-name RobertaTokenizer --vocab-file vocab.json --merges-file merges.txt
+    --tokenizer-name T5Tokenizer --vocab-file spiece.model [--extra-ids 100]
+    --tokenizer-name JsonTokenizer --tokenizer-file llama_dir/ (or .../tokenizer.json)
+
+``--split-sentences`` (BERT-style datasets) stores each sentence of a document as its own
+item, in ``PREFIX_{key}_sentence.bin/.idx``. Sentences are split by a simple rule-based
+splitter (line breaks, and ``. ! ?`` before a capital letter; see
+``libai/data/sentence_split.py``), not NLTK's punkt model as in Megatron / LiBai; a corpus
+with one sentence per line is split exactly.
 """
 
 from __future__ import annotations
@@ -19,7 +30,14 @@ import sys
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir)))
 
-from libai.data.preprocess import TOKENIZERS, preprocess_jsonl  # noqa: E402
+from libai.data.preprocess import (  # noqa: E402
+    TOKENIZER_FILES,
+    TOKENIZER_OPTIONS,
+    TOKENIZERS,
+    preprocess_jsonl,
+)
+
+_OPTIONS = ("do_lower_case", "extra_ids", "eos_token")
 
 
 def get_args(argv=None) -> argparse.Namespace:
@@ -29,18 +47,42 @@ def get_args(argv=None) -> argparse.Namespace:
     group.add_argument(
         "--json-keys", nargs="+", default=["text"], help="keys of the text fields to tokenize"
     )
+    group.add_argument(
+        "--split-sentences",
+        action="store_true",
+        help="store each sentence of a document as an item (rule-based splitter, for BERT)",
+    )
     group = parser.add_argument_group("tokenizer")
     group.add_argument("--tokenizer-name", required=True, choices=sorted(TOKENIZERS))
-    group.add_argument("--vocab-file", required=True, help="vocab.json")
+    group.add_argument("--vocab-file", default=None, help="vocab.json / vocab.txt / spiece.model")
     group.add_argument("--merges-file", default=None, help="merges.txt (BPE tokenizers)")
     group.add_argument(
-        "--append-eod", action="store_true", help="end every document with <|endoftext|>"
+        "--tokenizer-file",
+        default=None,
+        help="tokenizer.json, or a directory with tokenizer.json + tokenizer_config.json "
+        "(JsonTokenizer)",
+    )
+    group.add_argument(
+        "--do-lower-case",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="lower-case the text (BertTokenizer; default: lower-case)",
+    )
+    group.add_argument(
+        "--extra-ids", type=int, default=None, help="sentinel tokens (T5Tokenizer; default 100)"
+    )
+    group.add_argument("--eos-token", default=None, help="end-of-document token (JsonTokenizer)")
+    group.add_argument(
+        "--append-eod",
+        action="store_true",
+        help="end every document with the tokenizer's end-of-document token",
     )
     group = parser.add_argument_group("output data")
     group.add_argument(
         "--output-prefix",
         required=True,
-        help="path prefix; writes PREFIX_{key}_document.bin/.idx",
+        help="path prefix; writes PREFIX_{key}_document.bin/.idx (_sentence with "
+        "--split-sentences)",
     )
     group.add_argument(
         "--dataset-impl", default="mmap", choices=["mmap"], help="only Megatron's mmap format"
@@ -50,8 +92,13 @@ def get_args(argv=None) -> argparse.Namespace:
     group.add_argument("--chunk-size", type=int, default=64, help="lines per task")
     group.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     args = parser.parse_args(argv)
-    if args.tokenizer_name == "GPT2Tokenizer" and args.merges_file is None:
-        parser.error("--merges-file is required for GPT2Tokenizer")
+    name = args.tokenizer_name
+    for arg in TOKENIZER_FILES[name]:
+        if getattr(args, arg) is None:
+            parser.error(f"--{arg.replace('_', '-')} is required for {name}")
+    for arg in _OPTIONS:
+        if getattr(args, arg) is not None and arg not in TOKENIZER_OPTIONS.get(name, ()):
+            parser.error(f"--{arg.replace('_', '-')} does not apply to {name}")
     if args.workers < 1:
         parser.error("--workers must be >= 1")
     return args
@@ -72,6 +119,9 @@ def main(argv=None) -> int:
             workers=args.workers,
             lines_per_chunk=args.chunk_size,
             progress=not args.no_progress,
+            tokenizer_file=args.tokenizer_file,
+            tokenizer_options={arg: getattr(args, arg) for arg in _OPTIONS},
+            split_sentences=args.split_sentences,
         )
     except (FileNotFoundError, ValueError) as e:
         print(f"preprocess_data.py: error: {e}", file=sys.stderr)

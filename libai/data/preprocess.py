@@ -2,13 +2,16 @@
 
 The engine of ``tools/preprocess_data.py`` (and of the built-in sample dataset). Each line
 of the input is a JSON object; the text under every ``json_keys`` entry becomes one document
-of the dataset ``{output_prefix}_{key}_document``. Lines are tokenized in chunks, in a pool
+of the dataset ``{output_prefix}_{key}_document``. With ``split_sentences`` (BERT-style
+datasets) each sentence of a document is its own item (see :mod:`libai.data.sentence_split`)
+and the dataset is ``{output_prefix}_{key}_sentence``. Lines are tokenized in chunks, in a pool
 of ``workers`` processes (or in this process, with the tokenizer's own threads, when
 ``workers == 1``), and written in input order, so the output doesn't depend on ``workers``.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import multiprocessing
@@ -24,26 +27,79 @@ from libai.data.data_utils.indexed_dataset import (
     data_file_path,
     index_file_path,
 )
+from libai.data.sentence_split import split_sentences as _split_sentences
 
 logger = logging.getLogger(__name__)
 
 #: ``--tokenizer-name`` choices -> (module, class)
-TOKENIZERS = {"GPT2Tokenizer": ("libai.tokenizer.tokenization_gpt2", "GPT2Tokenizer")}
+TOKENIZERS = {
+    "BertTokenizer": ("libai.tokenizer.tokenization_bert", "BertTokenizer"),
+    "GPT2Tokenizer": ("libai.tokenizer.tokenization_gpt2", "GPT2Tokenizer"),
+    "JsonTokenizer": ("libai.tokenizer.tokenization_hf", "JsonTokenizer"),
+    "RobertaTokenizer": ("libai.tokenizer.tokenization_roberta", "RobertaTokenizer"),
+    "T5Tokenizer": ("libai.tokenizer.tokenization_t5", "T5Tokenizer"),
+}
+#: the file arguments each tokenizer needs
+TOKENIZER_FILES = {
+    "BertTokenizer": ("vocab_file",),
+    "GPT2Tokenizer": ("vocab_file", "merges_file"),
+    "JsonTokenizer": ("tokenizer_file",),
+    "RobertaTokenizer": ("vocab_file", "merges_file"),
+    "T5Tokenizer": ("vocab_file",),
+}
+#: the optional constructor arguments each tokenizer takes from the command line
+TOKENIZER_OPTIONS = {
+    "BertTokenizer": ("do_lower_case",),
+    "JsonTokenizer": ("eos_token",),
+    "T5Tokenizer": ("extra_ids",),
+}
 
 
-def build_tokenizer_by_name(name: str, vocab_file, merges_file=None):
-    """The tokenizer class ``name`` on the given files."""
+def _flag(arg: str) -> str:
+    return "--" + arg.replace("_", "-")
+
+
+def tokenizer_args(
+    name: str, vocab_file=None, merges_file=None, tokenizer_file=None, **options
+) -> dict:
+    """The constructor arguments of tokenizer ``name``: its files plus the options it takes.
+
+    Options that are ``None`` are left out (the tokenizer's default applies).
+
+    Raises:
+        ValueError: unknown tokenizer, a file it needs is not given, or an option it does
+            not take is given.
+    """
     if name not in TOKENIZERS:
         raise ValueError(f"Unknown tokenizer {name!r}; choose one of {sorted(TOKENIZERS)}.")
+    files = {"vocab_file": vocab_file, "merges_file": merges_file, "tokenizer_file": tokenizer_file}
+    args = {}
+    for arg in TOKENIZER_FILES[name]:
+        if files[arg] is None:
+            raise ValueError(f"{_flag(arg)} is required for {name}.")
+        args[arg] = files[arg]
+    for arg, value in options.items():
+        if value is None:
+            continue
+        if arg not in TOKENIZER_OPTIONS.get(name, ()):
+            raise ValueError(f"{_flag(arg)} does not apply to {name}.")
+        args[arg] = value
+    return args
+
+
+def _make_tokenizer(name: str, args: dict):
     module, cls = TOKENIZERS[name]
-    import importlib
-
-    return getattr(importlib.import_module(module), cls)(vocab_file, merges_file)
+    return getattr(importlib.import_module(module), cls)(**args)
 
 
-def output_prefix_for(output_prefix: str, key: str) -> str:
-    """Megatron's naming: ``{output_prefix}_{key}_document``."""
-    return f"{output_prefix}_{key}_document"
+def build_tokenizer_by_name(name: str, vocab_file=None, merges_file=None, **kwargs):
+    """The tokenizer class ``name`` on the given files (see :func:`tokenizer_args`)."""
+    return _make_tokenizer(name, tokenizer_args(name, vocab_file, merges_file, **kwargs))
+
+
+def output_prefix_for(output_prefix: str, key: str, level: str = "document") -> str:
+    """Megatron's naming: ``{output_prefix}_{key}_{level}`` (``document`` or ``sentence``)."""
+    return f"{output_prefix}_{key}_{level}"
 
 
 class Encoder:
@@ -56,25 +112,23 @@ class Encoder:
         input_path: str,
         json_keys: Sequence[str],
         tokenizer_name: str,
-        vocab_file: str,
-        merges_file: str | None,
+        tokenizer_args: dict,
         append_eod: bool,
         single_thread: bool = False,
+        split_sentences: bool = False,
     ):
         self.input_path = input_path
         self.json_keys = list(json_keys)
         self.tokenizer_name = tokenizer_name
-        self.vocab_file = vocab_file
-        self.merges_file = merges_file
+        self.tokenizer_args = dict(tokenizer_args)
         self.append_eod = append_eod
         self.single_thread = single_thread
+        self.split_sentences = split_sentences
 
     def initializer(self) -> None:
         if self.single_thread:  # one Rust thread per worker process, no oversubscription
             os.environ["TOKENIZERS_PARALLELISM"] = "false"
-        Encoder.tokenizer = build_tokenizer_by_name(
-            self.tokenizer_name, self.vocab_file, self.merges_file
-        )
+        Encoder.tokenizer = _make_tokenizer(self.tokenizer_name, self.tokenizer_args)
 
     def _texts(self, lineno: int, raw: bytes) -> list[str] | None:
         try:
@@ -107,22 +161,31 @@ class Encoder:
             texts.append(data[key])
         return texts
 
-    def encode_chunk(self, chunk: list[tuple[int, bytes]]) -> tuple[list[list[list[int]]], int]:
-        """``(docs, bytes)``: per line, the token ids of each json key; blank lines dropped."""
+    def encode_chunk(
+        self, chunk: list[tuple[int, bytes]]
+    ) -> tuple[list[list[list[list[int]]]], int]:
+        """``(docs, bytes)``: per line, per json key, the token ids of each sentence.
+
+        Without ``split_sentences`` a document is one sentence. Empty sentences are dropped,
+        as are blank lines; ``append_eod`` ends the last sentence of a document with ``eod``.
+        """
         per_line = [self._texts(lineno, raw) for lineno, raw in chunk]
         per_line = [t for t in per_line if t is not None]
-        flat = [text for texts in per_line for text in texts]
-        ids = Encoder.tokenizer.encode_batch(flat) if flat else []
+        split = _split_sentences if self.split_sentences else lambda text: [text]
+        sentences = [split(text) for texts in per_line for text in texts]
+        flat = [s for doc in sentences for s in doc]
+        ids = iter(Encoder.tokenizer.encode_batch(flat, add_special_tokens=False) if flat else [])
         eod = Encoder.tokenizer.eod
         docs, k = [], 0
         for _ in per_line:
             doc = []
             for _key in self.json_keys:
-                token_ids = ids[k]
+                sentence_ids = [next(ids) for _ in sentences[k]]
+                sentence_ids = [i for i in sentence_ids if i]  # empty sentences: no items
                 k += 1
-                if token_ids and self.append_eod:
-                    token_ids = token_ids + [eod]
-                doc.append(token_ids)
+                if sentence_ids and self.append_eod:
+                    sentence_ids[-1] = sentence_ids[-1] + [eod]
+                doc.append(sentence_ids)
             docs.append(doc)
         return docs, sum(len(raw) for _, raw in chunk)
 
@@ -139,9 +202,16 @@ def _chunks(path: str, lines_per_chunk: int) -> Iterator[list[tuple[int, bytes]]
         yield chunk
 
 
-def _check_input(path, what: str) -> str:
+_FILE_NAMES = {
+    "vocab_file": "Vocab file (--vocab-file)",
+    "merges_file": "Merges file (--merges-file)",
+    "tokenizer_file": "Tokenizer file (--tokenizer-file)",
+}
+
+
+def _check_input(path, what: str, directory_ok: bool = False) -> str:
     path = os.fspath(path)
-    if not os.path.isfile(path):
+    if not (os.path.isfile(path) or (directory_ok and os.path.isdir(path))):
         raise FileNotFoundError(f"{what} not found: {path} does not exist.")
     return path
 
@@ -149,7 +219,7 @@ def _check_input(path, what: str) -> str:
 def preprocess_jsonl(
     input_path,
     output_prefix: str,
-    vocab_file,
+    vocab_file=None,
     merges_file=None,
     json_keys: Sequence[str] = ("text",),
     tokenizer_name: str = "GPT2Tokenizer",
@@ -157,36 +227,66 @@ def preprocess_jsonl(
     workers: int = 1,
     lines_per_chunk: int = 64,
     progress: bool = True,
+    *,
+    tokenizer_file=None,
+    tokenizer_options: dict | None = None,
+    split_sentences: bool = False,
 ) -> dict[str, str]:
     """Tokenize ``input_path`` (JSON lines) into one indexed dataset per key.
+
+    ``tokenizer_name`` is a key of :data:`TOKENIZERS`; it takes the files of
+    :data:`TOKENIZER_FILES` (``vocab_file``, ``merges_file``, ``tokenizer_file``) and the
+    ``tokenizer_options`` of :data:`TOKENIZER_OPTIONS` (e.g. ``{"do_lower_case": False}``).
+    Text is encoded without special tokens; ``append_eod`` ends each document with the
+    tokenizer's ``eod``. With ``split_sentences`` each sentence is an item of its document.
 
     Returns ``{key: dataset prefix}``. Output files appear only when everything succeeded
     (they are written under temporary names first).
 
     Raises:
-        FileNotFoundError: the input, vocab or merges file is missing.
-        ValueError: a line is not a JSON object, lacks a key or holds a non-string there
-            (the message gives ``file:line``).
+        FileNotFoundError: the input or a tokenizer file is missing.
+        ValueError: a file the tokenizer needs is not given; ``append_eod`` with a tokenizer
+            that has no end-of-document token; a line is not a JSON object, lacks a key or
+            holds a non-string there (the message gives ``file:line``).
     """
     input_path = _check_input(input_path, "Input file (--input)")
-    vocab_file = _check_input(vocab_file, "Vocab file (--vocab-file)")
-    if merges_file is not None:
-        merges_file = _check_input(merges_file, "Merges file (--merges-file)")
+    args = tokenizer_args(
+        tokenizer_name,
+        vocab_file,
+        merges_file,
+        tokenizer_file=tokenizer_file,
+        **(tokenizer_options or {}),
+    )
+    for arg, what in _FILE_NAMES.items():
+        if arg in args:
+            args[arg] = _check_input(args[arg], what, directory_ok=arg == "tokenizer_file")
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}.")
     json_keys = list(json_keys)
-    tokenizer = build_tokenizer_by_name(tokenizer_name, vocab_file, merges_file)
+    tokenizer = _make_tokenizer(tokenizer_name, args)
+    if append_eod and tokenizer.eod is None:
+        raise ValueError(
+            f"--append-eod: {tokenizer_name} has no end-of-document token (eos_token); "
+            "drop --append-eod or give the tokenizer an eos token."
+        )
     dtype = best_fitting_dtype(tokenizer.vocab_size)
     out_dir = os.path.dirname(os.path.abspath(output_prefix))
     os.makedirs(out_dir, exist_ok=True)
 
-    prefixes = {key: output_prefix_for(output_prefix, key) for key in json_keys}
+    level = "sentence" if split_sentences else "document"
+    prefixes = {key: output_prefix_for(output_prefix, key, level) for key in json_keys}
     tmp = {key: f"{p}.tmp{os.getpid()}" for key, p in prefixes.items()}
     builders = {
         key: MMapIndexedDatasetBuilder(data_file_path(tmp[key]), dtype=dtype) for key in json_keys
     }
     encoder = Encoder(
-        input_path, json_keys, tokenizer_name, vocab_file, merges_file, append_eod, workers > 1
+        input_path,
+        json_keys,
+        tokenizer_name,
+        args,
+        append_eod,
+        single_thread=workers > 1,
+        split_sentences=split_sentences,
     )
     from tqdm import tqdm
 
@@ -209,12 +309,13 @@ def preprocess_jsonl(
             results = pool.imap(encoder.encode_chunk, _chunks(input_path, lines_per_chunk))
         for docs, nbytes in results:
             for doc in docs:
-                for key, token_ids in zip(json_keys, doc):
-                    if not token_ids:  # empty text: no document (as in Megatron)
+                for key, sentences in zip(json_keys, doc):
+                    if not sentences:  # empty text: no document (as in Megatron)
                         continue
-                    builders[key].add_item(np.asarray(token_ids, dtype=dtype))
+                    for token_ids in sentences:
+                        builders[key].add_item(np.asarray(token_ids, dtype=dtype))
+                        num_tokens += len(token_ids)
                     builders[key].end_document()
-                    num_tokens += len(token_ids)
                 num_docs += 1
             bar.update(nbytes)
             bar.set_postfix(docs=num_docs, tokens=num_tokens, refresh=False)

@@ -1,0 +1,104 @@
+"""BERT's WordPiece tokenizer on ``vocab.txt``, via the ``tokenizers`` library.
+
+The pipeline of Google's BERT and Hugging Face's ``BertTokenizer``: ``BertNormalizer``
+(clean control characters, space out CJK characters, optionally lower-case and strip
+accents), ``BertPreTokenizer`` (split on whitespace and punctuation), greedy longest-match
+WordPiece with ``##`` continuation pieces, and ``[CLS] x [SEP]`` framing when asked for.
+"""
+
+from __future__ import annotations
+
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+
+from libai.tokenizer.tokenization_base import BaseTokenizer, add_special_tokens, check_file
+
+
+def _read_wordpiece_vocab(vocab_file: str) -> dict[str, int]:
+    """``vocab.txt``: one token per line, the id is the line number (as in ``transformers``)."""
+    vocab = {}
+    with open(vocab_file, encoding="utf-8") as f:
+        for index, line in enumerate(f):
+            vocab[line.rstrip("\n")] = index
+    return vocab
+
+
+class BertTokenizer(BaseTokenizer):
+    """WordPiece tokenizer (BERT's) built from a ``vocab.txt``.
+
+    Args:
+        vocab_file: ``vocab.txt``, one token per line.
+        do_lower_case: lower-case the text (and strip accents unless ``strip_accents=False``).
+        unk_token, sep_token, pad_token, cls_token, mask_token: the special tokens; each must
+            be in the vocab. They are matched whole in raw text (``"[MASK]"``), never split.
+        tokenize_chinese_chars: put spaces around CJK characters (one token each).
+        strip_accents: strip accents; ``None`` follows ``do_lower_case`` (as in BERT).
+
+    ``encode(text)`` gives the WordPiece ids alone (what ``tools/preprocess_data.py`` stores);
+    ``encode(text, add_special_tokens=True)`` gives ``[CLS] ids [SEP]`` like
+    ``transformers.BertTokenizer.encode``. BERT has no end-of-document token: ``eod`` is
+    ``None``; ids are also under Megatron's names ``cls``, ``sep``, ``pad``, ``mask``, ``unk``.
+
+    Raises:
+        FileNotFoundError: ``vocab_file`` is missing (the message names it).
+        ValueError: a special token is not in the vocab.
+    """
+
+    vocab_files_names = {"vocab_file": "vocab.txt"}
+
+    def __init__(
+        self,
+        vocab_file,
+        do_lower_case: bool = True,
+        unk_token: str = "[UNK]",
+        sep_token: str = "[SEP]",
+        pad_token: str = "[PAD]",
+        cls_token: str = "[CLS]",
+        mask_token: str = "[MASK]",
+        tokenize_chinese_chars: bool = True,
+        strip_accents: bool | None = None,
+    ):
+        self._init_args = {
+            "vocab_file": vocab_file,
+            "do_lower_case": do_lower_case,
+            "unk_token": unk_token,
+            "sep_token": sep_token,
+            "pad_token": pad_token,
+            "cls_token": cls_token,
+            "mask_token": mask_token,
+            "tokenize_chinese_chars": tokenize_chinese_chars,
+            "strip_accents": strip_accents,
+        }
+        self.vocab_file = check_file(
+            vocab_file, "vocab_file", "BertTokenizer", "a BERT vocab.txt (one token per line)"
+        )
+        self.do_lower_case = do_lower_case
+        vocab = _read_wordpiece_vocab(self.vocab_file)
+        if unk_token not in vocab:
+            raise ValueError(
+                f"BertTokenizer unk_token={unk_token!r} is not in the vocabulary of "
+                f"{self.vocab_file}; WordPiece needs it for words it cannot split."
+            )
+        tokenizer = Tokenizer(models.WordPiece(vocab, unk_token=unk_token))
+        tokenizer.normalizer = normalizers.BertNormalizer(
+            clean_text=True,
+            handle_chinese_chars=tokenize_chinese_chars,
+            strip_accents=strip_accents,
+            lowercase=do_lower_case,
+        )
+        tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        tokenizer.decoder = decoders.WordPiece(prefix="##")
+        self._tokenizer = tokenizer
+        self._set_special_tokens(
+            unk_token=unk_token,
+            sep_token=sep_token,
+            pad_token=pad_token,
+            cls_token=cls_token,
+            mask_token=mask_token,
+        )
+        add_special_tokens(tokenizer, self.all_special_tokens)
+        cls_id, sep_id = self.cls_token_id, self.sep_token_id
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single=f"{cls_token}:0 $A:0 {sep_token}:0",
+            pair=f"{cls_token}:0 $A:0 {sep_token}:0 $B:1 {sep_token}:1",
+            special_tokens=[(cls_token, cls_id), (sep_token, sep_id)],
+        )
