@@ -1,4 +1,5 @@
-"""Data: Megatron indexed datasets, GPT samples, resumable samplers and loader builders.
+"""Data: Megatron indexed datasets, task datasets (GPT, BERT, RoBERTa, T5, SFT, images),
+resumable samplers and loader builders.
 
 ``from libai.data import build_nlp_train_val_test_loader`` is the entry point of configs
 (see ``configs/common/data/gpt_dataset.py``); ``tools/preprocess_data.py`` writes the
@@ -11,6 +12,8 @@ load without importing torch.
 import importlib
 
 _EXPORTS = {
+    "build_image_test_loader": "libai.data.build",
+    "build_image_train_loader": "libai.data.build",
     "build_nlp_test_loader": "libai.data.build",
     "build_nlp_train_loader": "libai.data.build",
     "build_nlp_train_val_test_loader": "libai.data.build",
@@ -19,7 +22,12 @@ _EXPORTS = {
     "MMapIndexedDataset": "libai.data.data_utils.indexed_dataset",
     "MMapIndexedDatasetBuilder": "libai.data.data_utils.indexed_dataset",
     "get_indexed_dataset": "libai.data.data_utils.indexed_dataset",
+    "BertDataset": "libai.data.datasets.bert_dataset",
     "GPT2Dataset": "libai.data.datasets.gpt_dataset",
+    "ImageFolderDataset": "libai.data.datasets.image_folder",
+    "RobertaDataset": "libai.data.datasets.roberta_dataset",
+    "SFTDataset": "libai.data.datasets.sft_dataset",
+    "T5Dataset": "libai.data.datasets.t5_dataset",
     "CyclicSampler": "libai.data.samplers",
     "SingleRoundSampler": "libai.data.samplers",
 }

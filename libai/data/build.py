@@ -1,10 +1,17 @@
-"""Build train / valid / test data loaders for NLP pretraining (LiBai's builder functions).
+"""Build train / valid / test data loaders (LiBai's builder functions): NLP pretraining on
+indexed datasets, fine-tuning datasets, and image classification.
 
 A dataset argument is a ``LazyCall`` config (``{"_target_": GPT2Dataset, ...}``, as in
 ``configs/common/data/gpt_dataset.py``), an already built dataset, or a list of them. For
 ``build_nlp_train_val_test_loader`` configs are preferred: the builder opens each indexed
 dataset once and builds one dataset per split with that split's documents and sample count.
 Batches are dicts of stacked tensors, e.g. ``{"input_ids": [B, S], "labels": [B, S]}``.
+
+GPT datasets are split by sequences (Megatron's rule for GPT); datasets whose class sets
+``split_by_document = True`` (BERT, RoBERTa, T5: documents made of several sentences) are
+split by documents, so no document straddles two splits. ``build_nlp_train_loader`` (SFT
+and other ready-made datasets) and ``build_image_train_loader`` / ``build_image_test_loader``
+take the datasets as they are.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ import torch
 from omegaconf import ListConfig
 from torch.utils.data import ConcatDataset, DataLoader
 
-from libai.config.instantiate import instantiate, is_lazy_node
+from libai.config.instantiate import instantiate, is_lazy_node, locate
 from libai.data.data_utils.dataset_utils import (
     SPLIT_NAMES,
     BlendableDataset,
@@ -76,8 +83,23 @@ def _open_indexed(ds_cfg):
     return get_indexed_dataset(prefix)
 
 
+def _dataset_class(ds_cfg):
+    if is_lazy_node(ds_cfg):
+        target = ds_cfg["_target_"]
+        return locate(target) if isinstance(target, str) else target
+    return type(ds_cfg)
+
+
+def _num_split_units(ds_cfg, indexed) -> int:
+    """What a split string divides: documents (rows of ``doc_idx``) for datasets that say
+    ``split_by_document = True`` (BERT, RoBERTa, T5), else sequences (GPT, as Megatron)."""
+    if getattr(_dataset_class(ds_cfg), "split_by_document", False):
+        return max(len(indexed.doc_idx) - 1, 0)
+    return len(indexed)
+
+
 def _split_dataset(ds_cfg, indexed, documents, num_samples, split_name: str):
-    """One dataset over ``documents`` with ``num_samples`` samples (config or GPT2Dataset)."""
+    """One dataset over ``documents`` with ``num_samples`` samples (config or dataset)."""
     if is_lazy_node(ds_cfg):
         name = ds_cfg.get("name", "gpt-2")
         return instantiate(
@@ -98,9 +120,17 @@ def _split_dataset(ds_cfg, indexed, documents, num_samples, split_name: str):
             tokenizer=ds_cfg.tokenizer,
             documents=documents,
         )
+    if callable(getattr(ds_cfg, "for_split", None)):  # BertDataset, RobertaDataset, T5Dataset
+        return ds_cfg.for_split(
+            name=f"{ds_cfg.name}/{split_name}",
+            indexed_dataset=indexed,
+            documents=documents,
+            max_num_samples=num_samples,
+        )
     raise TypeError(
-        f"build_nlp_train_val_test_loader needs LazyCall dataset configs (or GPT2Dataset "
-        f"objects) to split them into train/valid/test, got {type(ds_cfg).__name__}."
+        f"build_nlp_train_val_test_loader needs LazyCall dataset configs (or GPT2Dataset / "
+        f"BertDataset / RobertaDataset / T5Dataset objects) to split them into "
+        f"train/valid/test, got {type(ds_cfg).__name__}."
     )
 
 
@@ -144,7 +174,10 @@ def build_train_valid_test_datasets(
         raise ValueError(f"train_val_test_num_samples must have 3 entries, got {nums}.")
 
     indexed = [_open_indexed(d) for d in datasets]
-    boundaries = [get_train_valid_test_split_(len(ix), s) for ix, s in zip(indexed, splits)]
+    boundaries = [
+        get_train_valid_test_split_(_num_split_units(d, ix), s)
+        for d, ix, s in zip(datasets, indexed, splits)
+    ]
     result = []
     for s, split_name in enumerate(SPLIT_NAMES):
         num = nums[s]
@@ -155,7 +188,7 @@ def build_train_valid_test_datasets(
         for d in empty:
             msg = (
                 f"The {split_name} split of dataset {d} is empty: splits {list(splits[d])} of its "
-                f"{len(indexed[d])} documents give {split_name} documents "
+                f"{boundaries[d][-1]} documents give {split_name} documents "
                 f"[{boundaries[d][s]}, {boundaries[d][s + 1]}). Use more documents or give this "
                 "split a larger share"
             )
@@ -210,13 +243,29 @@ def build_nlp_train_loader(
     consumed_samples: int = 0,
     seed: int = 0,
     collate_fn=None,
+    valid_dataset=None,
+    train_val_test_num_samples=None,
     **kwargs,
 ):
-    """``(train_loader, None, None)``: endless shuffled micro-batches for this dp rank.
+    """``(train_loader, valid_loader, None)``: endless shuffled micro-batches for this dp rank.
 
     ``sampler`` defaults to ``CyclicSampler(shuffle=True)``; a ``LazyCall`` sampler config
     gets the dataset, batch size, consumed samples, dp rank/size and seed filled in.
+    ``valid_dataset`` (optional) gets a :func:`build_nlp_test_loader` of ``test_batch_size``
+    (default: the train batch size); without it the valid loader is ``None``.
+    ``train_val_test_num_samples`` is accepted (the trainer passes it) and ignored: the
+    datasets here have their own length. Other keyword arguments go to the ``DataLoader``.
     """
+    del train_val_test_num_samples  # the dataset decides its length
+    valid_loader = None
+    if valid_dataset is not None:
+        valid_loader = build_nlp_test_loader(
+            valid_dataset,
+            test_batch_size or train_batch_size,
+            num_workers=num_workers,
+            seed=seed,
+            collate_fn=collate_fn,
+        )
     dataset = _merge_datasets(dataset)
     batch_sampler = _make_sampler(
         sampler,
@@ -237,7 +286,7 @@ def build_nlp_train_loader(
         collate_fn=trivial_batch_collator if collate_fn is None else collate_fn,
         **kwargs,
     )
-    return loader, None, None
+    return loader, valid_loader, None
 
 
 def build_nlp_test_loader(
@@ -336,3 +385,80 @@ def build_nlp_train_val_test_loader(
         for ds in (valid_ds, test_ds)
     ]
     return train_loader, eval_loaders[0], eval_loaders[1]
+
+
+# ---- image classification --------------------------------------------------------------------
+class MixupCollator:
+    """Collate dict samples, then ``batch["images"], batch["labels"] = mixup_func(...)``."""
+
+    def __init__(self, mixup_func, collate_fn=None):
+        self.mixup_func = mixup_func
+        self.collate_fn = trivial_batch_collator if collate_fn is None else collate_fn
+
+    def __call__(self, samples):
+        batch = self.collate_fn(samples)
+        batch["images"], batch["labels"] = self.mixup_func(batch["images"], batch["labels"])
+        return batch
+
+
+def build_image_train_loader(
+    dataset,
+    train_batch_size: int,
+    test_batch_size: int | None = None,
+    sampler=None,
+    num_workers: int = 0,
+    consumed_samples: int = 0,
+    seed: int = 0,
+    collate_fn=None,
+    mixup_func=None,
+    valid_dataset=None,
+    train_val_test_num_samples=None,
+    **kwargs,
+):
+    """``(train_loader, valid_loader, None)`` for image classification (LiBai's name).
+
+    Like :func:`build_nlp_train_loader` (endless, resumable, sharded over dp ranks) on
+    dataset(s) of ``{"images", "labels"}`` samples, e.g.
+    :class:`~libai.data.datasets.ImageFolderDataset`. ``mixup_func(images, labels) ->
+    (images, labels)`` is applied to each training batch when given (e.g. Mixup / CutMix
+    with soft labels). ``valid_dataset`` (optional) gets a :func:`build_image_test_loader`.
+    """
+    if mixup_func is not None:
+        collate_fn = MixupCollator(mixup_func, collate_fn)
+    train_loader, _, _ = build_nlp_train_loader(
+        dataset,
+        train_batch_size,
+        sampler=sampler,
+        num_workers=num_workers,
+        consumed_samples=consumed_samples,
+        seed=seed,
+        collate_fn=collate_fn,
+        **kwargs,
+    )
+    valid_loader = None
+    if valid_dataset is not None:
+        valid_loader = build_image_test_loader(
+            valid_dataset, test_batch_size or train_batch_size, num_workers=num_workers, seed=seed
+        )
+    return train_loader, valid_loader, None
+
+
+def build_image_test_loader(
+    dataset,
+    test_batch_size: int,
+    sampler=None,
+    num_workers: int = 0,
+    seed: int = 0,
+    collate_fn=None,
+    **kwargs,
+):
+    """One pass over an image dataset in micro-batches, sharded over dp ranks (LiBai's name)."""
+    return build_nlp_test_loader(
+        dataset,
+        test_batch_size,
+        sampler=sampler,
+        num_workers=num_workers,
+        seed=seed,
+        collate_fn=collate_fn,
+        **kwargs,
+    )
