@@ -190,3 +190,41 @@ def test_convert_checkpoint_round_trip(gpt2, tmp_path):
     back = transformers.GPT2LMHeadModel.from_pretrained(out).state_dict()
     for name, value in hf.state_dict().items():
         assert torch.equal(back[name], value), name
+
+
+def test_skip_init_then_init_deferred_equals_normal_init():
+    from libai.layers.param import init_deferred, skip_init
+    from libai.models.gpt_model import GPTModel
+
+    kwargs = dict(
+        hidden_layers=2, vocab_size=50, hidden_size=16, ffn_hidden_size=32, num_attention_heads=2
+    )
+    torch.manual_seed(3)
+    normal = GPTModel(**kwargs)
+    torch.manual_seed(3)
+    with skip_init():
+        deferred = GPTModel(**kwargs)
+    for p in deferred.parameters():
+        init_deferred(p)
+    for (name, a), b in zip(normal.named_parameters(), deferred.parameters()):
+        assert torch.equal(a, b), name
+
+
+def test_optional_missing_tensors_are_initialized_and_named(gpt2, tmp_path, caplog):
+    from libai.models.utils.model_loader.gpt_loader import GPT2LoaderHuggerFace
+
+    class HeadlessOK(GPT2LoaderHuggerFace):
+        optional_missing = (r"ln_f\.",)
+
+    hf, path = gpt2
+    bad = _copy_dir(path, tmp_path / "no_ln_f")
+    state = {k: v.contiguous() for k, v in hf.state_dict().items() if "ln_f" not in k}
+    del state["lm_head.weight"]
+    save_file(state, bad / "model.safetensors", metadata={"format": "pt"})
+    with caplog.at_level(logging.WARNING):
+        model = HeadlessOK(pretrained_model_path=str(bad)).load()
+    assert "newly initialized" in caplog.text and "layernorm_f.weight" in caplog.text
+    ln_f = model.GPT_model.transformer.layernorm_f
+    assert torch.equal(ln_f.weight, torch.ones(32)) and torch.equal(ln_f.bias, torch.zeros(32))
+    wte = model.GPT_model.embeddings.token_embeddings.weight
+    assert torch.equal(wte, hf.transformer.wte.weight)

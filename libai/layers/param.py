@@ -13,6 +13,7 @@ same ``torch.manual_seed``. A rank then keeps only its share:
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Sequence
 
@@ -51,6 +52,24 @@ def ones(tensor, generator=None):
     return nn.init.ones_(tensor)
 
 
+_SKIP_INIT = False
+
+
+@contextlib.contextmanager
+def skip_init():
+    """Parameters created inside are allocated (this rank's shard only) but not initialized.
+
+    For models whose weights are loaded right after construction (``load_huggingface``): no
+    full-size tensor is generated. Seeds are still drawn, so the RNG stream is unchanged.
+    """
+    global _SKIP_INIT
+    previous, _SKIP_INIT = _SKIP_INIT, True
+    try:
+        yield
+    finally:
+        _SKIP_INIT = previous
+
+
 def create_parameter(
     shape: Sequence[int],
     init_method: InitMethod,
@@ -82,11 +101,15 @@ def create_parameter(
             f"parameter dim {tp_split_dim} of size {padded_shape[tp_split_dim]} is not divisible "
             f"by tensor_parallel_size={tp}"
         )
+    local_shape = list(padded_shape)
+    if tp_split_dim is not None:
+        local_shape[tp_split_dim] //= tp
     if not util.is_layer_local(layer_idx):
-        local_shape = list(padded_shape)
-        if tp_split_dim is not None:
-            local_shape[tp_split_dim] //= tp
         param = nn.Parameter(torch.empty(local_shape, dtype=dtype, device="meta"))
+    elif _SKIP_INIT:
+        local = torch.empty(local_shape, dtype=dtype, device=util.device)
+        param = nn.Parameter(_wrap(local, tp_split_dim))
+        param.libai_deferred_init = (tuple(shape), padded_shape, init_method, seed, tp_split_dim)
     else:
         param = nn.Parameter(
             _shard(_full_value(shape, padded_shape, init_method, seed, dtype), tp_split_dim)
@@ -95,6 +118,14 @@ def create_parameter(
     if padded_shape != tuple(shape):  # checkpoints store the logical (unpadded) shape
         param.libai_logical_shape = tuple(shape)
     return param
+
+
+def init_deferred(param: nn.Parameter) -> None:
+    """Give a parameter created under :func:`skip_init` the value it would have had."""
+    shape, padded_shape, init_method, seed, tp_split_dim = param.libai_deferred_init
+    value = _shard(_full_value(shape, padded_shape, init_method, seed, param.dtype), tp_split_dim)
+    with torch.no_grad():
+        local_value(param).copy_(local_value(value))
 
 
 def _full_value(shape, padded_shape, init_method, seed, dtype) -> torch.Tensor:
@@ -110,18 +141,26 @@ def _full_value(shape, padded_shape, init_method, seed, dtype) -> torch.Tensor:
 def _shard(full: torch.Tensor, tp_split_dim: int | None) -> torch.Tensor:
     """Cut this rank's tp shard out of ``full`` and wrap it as a DTensor on the stage mesh."""
     util = dist.get_dist_util()
-    mesh = util.stage_mesh
-    if mesh is None:
+    if util.stage_mesh is None:
         return full
-    tp_sbp = dist.broadcast
     local = full
     if tp_split_dim is not None and util.layout.tensor_parallel_size > 1:
-        tp_sbp = dist.split(tp_split_dim)
         local = full.chunk(util.layout.tensor_parallel_size, dim=tp_split_dim)[
             util.tensor_parallel_rank
         ].contiguous()
+    return _wrap(local, tp_split_dim)
+
+
+def _wrap(local: torch.Tensor, tp_split_dim: int | None) -> torch.Tensor:
+    """This rank's shard as a DTensor on the stage mesh (a plain tensor on one process)."""
+    util = dist.get_dist_util()
+    if util.stage_mesh is None:
+        return local
+    tp_sbp = dist.broadcast
+    if tp_split_dim is not None and util.layout.tensor_parallel_size > 1:
+        tp_sbp = dist.split(tp_split_dim)
     placements = util.get_nd_sbp([dist.broadcast, tp_sbp])
-    return DTensor.from_local(local, mesh, placements, run_check=False)
+    return DTensor.from_local(local, util.stage_mesh, placements, run_check=False)
 
 
 def local_value(param: torch.Tensor) -> torch.Tensor:

@@ -84,7 +84,9 @@ class CheckpointReader:
             try:
                 self._safe[file] = safe_open(full, framework="pt")
             except (SafetensorError, OSError, ValueError) as exc:
-                raise CheckpointError(f"cannot read {full}: corrupt safetensors file ({exc})") from exc
+                raise CheckpointError(
+                    f"cannot read {full}: corrupt safetensors file ({exc})"
+                ) from exc
         return self._safe[file]
 
     def _keys_of(self, file: str) -> list[str]:

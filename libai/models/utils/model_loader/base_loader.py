@@ -22,6 +22,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from libai.layers.param import init_deferred, skip_init
 from libai.models.utils.hf_io import CheckpointError, CheckpointReader, read_hf_config
 from libai.models.utils.weight_mapping import Rule, ShardSpec, expected_shapes
 from libai.utils import distributed as dist
@@ -53,6 +54,9 @@ class ModelLoaderHuggerFace:
     architectures: Mapping[str, type] = {}
     #: checkpoint tensors that are expected to be unused (regular expressions)
     ignore_unexpected: tuple[str, ...] = ()
+    #: Hugging Face tensors that may be absent (a task head on a pretrained backbone); their
+    #: libai parameters keep a fresh initialization and a warning names them
+    optional_missing: tuple[str, ...] = ()
 
     def __init__(
         self, model=None, libai_cfg: Mapping | None = None, pretrained_model_path=None, **kwargs
@@ -105,13 +109,15 @@ class ModelLoaderHuggerFace:
         cfg = {**self.libai_cfg, **self.libai_config(hf_config), **self.overrides}
         self.check_layout(cfg)
         reader = CheckpointReader(self.path)  # fails on missing/corrupt files before the build
-        model = model_cls(cfg=cfg)
+        with skip_init():  # every parameter is overwritten below: don't generate weights
+            model = model_cls(cfg=cfg)
         load_weights(
             model,
             reader,
             self.rules(cfg, model_cls),
             self.ignore_unexpected,
             self.base_model_prefix,
+            self.optional_missing,
         )
         model.libai_hf_config = cfg
         return model
@@ -215,15 +221,24 @@ def load_weights(
     rules: list[Rule],
     ignore_unexpected: tuple[str, ...] = (),
     prefix: str = "",
+    optional_missing: tuple[str, ...] = (),
 ) -> None:
-    """Check ``rules`` against the checkpoint, then copy this rank's shards into ``model``."""
+    """Check ``rules`` against the checkpoint, then copy this rank's shards into ``model``.
+
+    Parameters whose tensors are absent but match ``optional_missing`` are initialized
+    instead (see :func:`libai.layers.param.init_deferred`) and named in a warning.
+    """
     by_name = complete_rules(model, rules)
     prefixed = _PrefixedReader(reader, prefix)
     params = dict(model.named_parameters(remove_duplicate=False))
-    missing, mismatched, used = [], [], set()
-    for name, rule in by_name.items():
+    missing, mismatched, used, fresh = [], [], set(), []
+    for name, rule in list(by_name.items()):
         for hf_name, shape in expected_shapes(rule, _logical_shape(params[name])).items():
             real = prefixed.resolve(hf_name)
+            if real is None and any(re.search(p, hf_name) for p in optional_missing):
+                fresh.append(name)
+                del by_name[name]
+                break
             if real is None:
                 missing.append(hf_name)
                 continue
@@ -247,6 +262,11 @@ def load_weights(
     ]
     if unexpected:
         logger.warning("unused tensors in %s: %s", reader.path, sorted(unexpected))
+    if fresh:
+        logger.warning("not in %s, newly initialized: %s", reader.path, fresh)
+        for name in fresh:
+            if not params[name].is_meta and hasattr(params[name], "libai_deferred_init"):
+                init_deferred(params[name])
     with torch.no_grad():
         for name, rule in by_name.items():
             p = params[name]
