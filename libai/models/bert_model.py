@@ -1,0 +1,426 @@
+"""BERT: word + position + token-type embeddings, post-LN encoder blocks, pooler, heads.
+
+Hyper-parameters keep LiBai's names (``hidden_layers``, ``intermediate_size``,
+``num_tokentypes``, ``layernorm_eps``, ...). Outputs use transformers' key names where they
+exist (``last_hidden_state``, ``pooler_output``, ``prediction_logits``,
+``seq_relationship_logits``, ``logits``); training losses keep LiBai's names: ``lm_loss`` and
+``sop_loss`` (the sentence-pair loss; with LiBai's and Hugging Face's datasets it is the
+next-sentence task, ``ns_labels = 0`` meaning "B follows A").
+
+Masked-LM loss is the mean over the masked positions: those where ``lm_labels != -100`` and,
+when given, ``loss_mask == 1`` -- the semantics of transformers' ``CrossEntropyLoss`` with
+``ignore_index=-100``.
+
+Pipeline contract (``libai.engine.parallel``): the first stage takes
+``(input_ids, attention_mask, tokentype_ids)``; every stage but the last returns
+``(hidden_states, attention_mask)`` to the next; targets are packed into one tensor.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from libai.config import configurable
+from libai.layers import (
+    Embedding,
+    LayerNorm,
+    Linear,
+    LMLogits,
+    ParallelCrossEntropyLoss,
+    TransformerLayer,
+    VocabEmbedding,
+    init_method_normal,
+)
+from libai.layers.mlp import ACTIVATIONS
+from libai.utils import distributed as dist
+
+IGNORE_INDEX = -100
+
+
+def _no_grad_at(embedded: torch.Tensor, ids: torch.Tensor, padding_idx: int | None):
+    """``nn.Embedding(padding_idx=...)`` semantics: the padding row is used in the forward but
+    gets no gradient (as in transformers' BERT / RoBERTa embeddings)."""
+    if padding_idx is None or not torch.is_grad_enabled():
+        return embedded
+    return torch.where((ids != padding_idx).unsqueeze(-1), embedded, embedded.detach())
+
+
+class BertEmbeddings(nn.Module):
+    """Word (vocab-parallel) + position + token-type embeddings, LayerNorm, dropout."""
+
+    def __init__(
+        self,
+        vocab_size: int,
+        hidden_size: int,
+        max_position_embeddings: int,
+        num_tokentypes: int,
+        init_method,
+        dropout_prob: float,
+        layernorm_eps: float,
+        pad_token_id: int | None,
+    ):
+        super().__init__()
+        self.layer_idx = 0
+        self.pad_token_id = pad_token_id
+        self.max_position_embeddings = max_position_embeddings
+        self.vocab_embeddings = VocabEmbedding(vocab_size, hidden_size, init_method, layer_idx=0)
+        self.position_embeddings = Embedding(
+            max_position_embeddings, hidden_size, init_method, layer_idx=0
+        )
+        self.tokentype_embeddings = (
+            Embedding(num_tokentypes, hidden_size, init_method, layer_idx=0)
+            if num_tokentypes > 0
+            else None
+        )
+        self.layernorm = LayerNorm(hidden_size, eps=layernorm_eps, layer_idx=0)
+        self.dropout = nn.Dropout(dropout_prob)
+
+    #: row of the position table that gets no gradient (RoBERTa's padding position)
+    position_padding_idx: int | None = None
+    #: the first position id (RoBERTa: ``pad_token_id + 1``)
+    position_offset: int = 0
+
+    def position_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """``0 .. seq - 1`` for every row (BERT)."""
+        return torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)
+
+    def forward(self, input_ids, tokentype_ids=None, position_ids=None):
+        if position_ids is None:
+            need = input_ids.shape[1] + self.position_offset
+            if need > self.max_position_embeddings:  # checked on shapes: no device sync
+                raise ValueError(
+                    f"a sequence of {input_ids.shape[1]} tokens needs max_position_embeddings "
+                    f">= {need}, got {self.max_position_embeddings}"
+                )
+            position_ids = self.position_ids(input_ids)
+        words = _no_grad_at(self.vocab_embeddings(input_ids), input_ids, self.pad_token_id)
+        positions = _no_grad_at(
+            self.position_embeddings(position_ids), position_ids, self.position_padding_idx
+        )
+        hidden = words + positions
+        if self.tokentype_embeddings is not None:
+            if tokentype_ids is None:
+                tokentype_ids = torch.zeros_like(input_ids)
+            hidden = hidden + self.tokentype_embeddings(tokentype_ids)
+        hidden = self.layernorm(hidden)
+        return self.dropout(hidden) if self.dropout.p > 0 else hidden
+
+
+class BertPooler(nn.Module):
+    """``tanh(dense(hidden[:, 0]))``: the [CLS] representation."""
+
+    def __init__(self, hidden_size: int, init_method):
+        super().__init__()
+        self.layer_idx = -1
+        # [S(0), B] x [B, B]^T -> [S(0), B]  (replicated, no comm)
+        self.dense = Linear(hidden_size, hidden_size, True, "data", init_method, layer_idx=-1)
+
+    def forward(self, hidden_states):
+        return torch.tanh(self.dense(hidden_states[:, 0]))
+
+
+class BertLMHead(nn.Module):
+    """Masked-LM head: ``dense -> activation -> LayerNorm -> tied decoder + bias``.
+
+    Returns vocab-split logits ``[S(0), S(-1)]`` (see :class:`libai.layers.LMLogits`).
+    """
+
+    def __init__(self, word_embeddings, hidden_size, init_method, activation, layernorm_eps):
+        super().__init__()
+        self.layer_idx = -1
+        # [S(0), B] x [B, B]^T -> [S(0), B]  (replicated, no comm)
+        self.dense = Linear(hidden_size, hidden_size, True, "data", init_method, layer_idx=-1)
+        self.act = ACTIVATIONS[activation]
+        self.layernorm = LayerNorm(hidden_size, eps=layernorm_eps, layer_idx=-1)
+        self.lm_logits = LMLogits(word_embeddings, bias=True, layer_idx=-1)
+
+    def forward(self, hidden_states):
+        return self.lm_logits(self.layernorm(self.act(self.dense(hidden_states))))
+
+
+class BertModel(nn.Module):
+    """The BERT encoder; ``forward`` returns ``{"last_hidden_state", "pooler_output"}``
+    (``pooler_output`` only with ``add_pooling_layer``).
+
+    ``attn_mask_type="causal"`` makes the self-attention causal (transformers'
+    ``is_decoder=True`` without cross-attention, used by ``RobertaForCausalLM``).
+    """
+
+    #: the embedding module (RoBERTa swaps in its padding-aware positions)
+    embeddings_class = BertEmbeddings
+
+    @configurable
+    def __init__(
+        self,
+        vocab_size: int = 30522,
+        hidden_size: int = 768,
+        hidden_layers: int = 12,
+        num_attention_heads: int = 12,
+        intermediate_size: int = 3072,
+        hidden_dropout_prob: float = 0.1,
+        attention_probs_dropout_prob: float = 0.1,
+        max_position_embeddings: int = 512,
+        num_tokentypes: int = 2,
+        add_pooling_layer: bool = True,
+        initializer_range: float = 0.02,
+        layernorm_eps: float = 1e-12,
+        activation: str = "gelu",
+        pad_token_id: int | None = 0,
+        attn_mask_type: str = "padding",
+    ):
+        super().__init__()
+        layout = dist.get_dist_util().layout
+        if layout.layer_stage_ids and layout.pipeline_num_layers != hidden_layers:
+            raise ValueError(
+                f"train.dist.pipeline_num_layers={layout.pipeline_num_layers} but the model has "
+                f"hidden_layers={hidden_layers}; set pipeline_num_layers={hidden_layers}."
+            )
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
+        init_method = init_method_normal(initializer_range)
+        self.num_layers = hidden_layers
+        self.embeddings = self.embeddings_class(
+            vocab_size,
+            hidden_size,
+            max_position_embeddings,
+            num_tokentypes,
+            init_method,
+            hidden_dropout_prob,
+            layernorm_eps,
+            pad_token_id,
+        )
+        # a ModuleDict keyed by layer index: a pipeline stage drops the others, names stay
+        self.encoders = nn.ModuleDict(
+            {
+                str(i): TransformerLayer(
+                    hidden_size,
+                    intermediate_size,
+                    num_attention_heads,
+                    attention_dropout_prob=attention_probs_dropout_prob,
+                    output_dropout_prob=hidden_dropout_prob,
+                    layernorm_epsilon=layernorm_eps,
+                    pre_norm=False,
+                    activation=activation,
+                    init_method=init_method,
+                    attn_mask_type=attn_mask_type,
+                    layer_idx=i,
+                )
+                for i in range(hidden_layers)
+            }
+        )
+        self.pooler = BertPooler(hidden_size, init_method) if add_pooling_layer else None
+
+    def stage_forward(self, x, attention_mask=None, tokentype_ids=None):
+        """This pipeline stage's part: embeddings (token ids in, on the first stage) and the
+        encoder layers it holds; returns hidden states ``[S(0), B]``."""
+        hidden = x if self.embeddings is None else self.embeddings(x, tokentype_ids)
+        mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
+        for layer in self.encoders.values():
+            hidden = layer(hidden, attention_mask=mask)
+        return hidden
+
+    def forward(self, input_ids, attention_mask=None, tokentype_ids=None):
+        """Args:
+        input_ids: ``[batch, seq]`` token ids.
+        attention_mask: ``[batch, seq]``, 1 for tokens, 0 for padding.
+        tokentype_ids: ``[batch, seq]`` segment ids (zeros when omitted).
+        """
+        hidden = self.stage_forward(input_ids, attention_mask, tokentype_ids)
+        out = {"last_hidden_state": hidden}
+        if self.pooler is not None:
+            out["pooler_output"] = self.pooler(hidden)
+        return out
+
+
+class BertPipelineMixin:
+    """Pipeline contract shared by the BERT / RoBERTa heads.
+
+    A head defines ``backbone`` (its BertModel), ``head_name`` (the attribute of its head
+    module, ``layer_idx=-1`` so that only the last stage keeps it), ``head_forward(hidden)``
+    (the last stage's output), ``pipeline_target(batch)`` and ``pipeline_loss(output,
+    target)``.
+    """
+
+    head_name: str
+
+    def pipeline_inputs(self, batch) -> tuple:
+        ids = batch["input_ids"]
+        mask = batch.get("attention_mask")
+        tokentype_ids = batch.get("tokentype_ids")
+        return (
+            ids,
+            torch.ones_like(ids) if mask is None else mask,
+            torch.zeros_like(ids) if tokentype_ids is None else tokentype_ids,
+        )
+
+    def pipeline_forward(self, x, attention_mask, tokentype_ids=None):
+        """One stage: ids (or hidden states) in; ``(hidden, mask)`` or the head output out."""
+        hidden = self.backbone.stage_forward(x, attention_mask, tokentype_ids)
+        if getattr(self, self.head_name) is None:  # not the last stage
+            return hidden, attention_mask
+        return self.head_forward(hidden)
+
+
+def masked_lm_labels(lm_labels: torch.Tensor, loss_mask: torch.Tensor | None) -> torch.Tensor:
+    """``lm_labels`` with ``-100`` wherever ``loss_mask`` is 0 (when given)."""
+    if loss_mask is None:
+        return lm_labels
+    return lm_labels.masked_fill(loss_mask == 0, IGNORE_INDEX)
+
+
+class BertPreTrainingHeads(nn.Module):
+    """Masked-LM head (``predictions``) + sentence-pair head (``seq_relationship``)."""
+
+    def __init__(self, word_embeddings, hidden_size, init_method, activation, layernorm_eps):
+        super().__init__()
+        self.layer_idx = -1
+        self.predictions = BertLMHead(
+            word_embeddings, hidden_size, init_method, activation, layernorm_eps
+        )
+        # [S(0), B] x [B, B]^T -> [S(0), B]  (replicated, no comm)
+        self.seq_relationship = Linear(hidden_size, 2, True, "data", init_method, layer_idx=-1)
+
+    def forward(self, hidden_states, pooled):
+        return self.predictions(hidden_states), self.seq_relationship(pooled)
+
+
+class BertForPreTraining(BertPipelineMixin, nn.Module):
+    """BERT with masked-LM and next-sentence heads (transformers' ``BertForPreTraining``).
+
+    ``forward(input_ids, attention_mask, tokentype_ids, ns_labels, lm_labels, loss_mask)``:
+    in training ``{"lm_loss", "sop_loss"}`` (``sop_loss`` only with ``ns_labels``); in eval
+    also ``prediction_logits`` and ``seq_relationship_logits``; without labels only those.
+    """
+
+    head_name = "cls_head"
+
+    def __init__(self, cfg=None, **kwargs):
+        super().__init__()
+        self.bert = BertModel(cfg=cfg, **{**kwargs, "add_pooling_layer": True})
+        cfg = self.bert.libai_cfg
+        self.cls_head = BertPreTrainingHeads(
+            self.bert.embeddings.vocab_embeddings,
+            cfg["hidden_size"],
+            init_method_normal(cfg["initializer_range"]),
+            cfg["activation"],
+            cfg["layernorm_eps"],
+        )
+        self.loss_func = ParallelCrossEntropyLoss()
+
+    @property
+    def backbone(self) -> BertModel:
+        return self.bert
+
+    def head_forward(self, hidden):
+        return self.cls_head(hidden, self.bert.pooler(hidden))
+
+    def losses(self, prediction_scores, seq_relationship_score, lm_labels, ns_labels):
+        out = {"lm_loss": self.loss_func(prediction_scores, lm_labels)}
+        if ns_labels is not None and not bool((ns_labels == IGNORE_INDEX).all()):
+            out["sop_loss"] = F.cross_entropy(
+                seq_relationship_score.float(), ns_labels, ignore_index=IGNORE_INDEX
+            )
+        return out
+
+    def forward(
+        self,
+        input_ids,
+        attention_mask=None,
+        tokentype_ids=None,
+        ns_labels=None,
+        lm_labels=None,
+        loss_mask=None,
+    ):
+        hidden = self.bert(input_ids, attention_mask, tokentype_ids)["last_hidden_state"]
+        scores, seq_score = self.head_forward(hidden)
+        out = {}
+        if lm_labels is not None:
+            labels = masked_lm_labels(lm_labels, loss_mask)
+            out.update(self.losses(scores, seq_score, labels, ns_labels))
+        if lm_labels is None or not self.training:
+            out["prediction_logits"] = self.cls_head.predictions.lm_logits.gather(scores)
+            out["seq_relationship_logits"] = seq_score
+        return out
+
+    def pipeline_target(self, batch) -> torch.Tensor:
+        """``[batch, seq + 1]``: the masked-LM labels, then the next-sentence label."""
+        labels = masked_lm_labels(batch["lm_labels"], batch.get("loss_mask"))
+        ns = batch.get("ns_labels")
+        ns = torch.full_like(labels[:, 0], IGNORE_INDEX) if ns is None else ns
+        return torch.cat([labels, ns.reshape(-1, 1).to(labels.dtype)], dim=1)
+
+    def pipeline_loss(self, output, target) -> torch.Tensor:
+        scores, seq_score = output
+        losses = self.losses(scores, seq_score, target[:, :-1], target[:, -1])
+        return sum(losses.values())
+
+
+class BertForClassification(BertPipelineMixin, nn.Module):
+    """Pooled [CLS] -> dropout -> ``classifier`` (transformers' ``BertForSequenceClassification``).
+
+    ``forward(input_ids, attention_mask, tokentype_ids, labels)`` returns ``{"logits"}``, and
+    ``{"loss"}`` with labels (cross entropy; mean squared error when ``num_labels == 1``,
+    transformers' regression). ``num_labels`` and ``classifier_dropout`` (``None`` = the
+    hidden dropout) are head options next to the backbone's hyper-parameters.
+    """
+
+    head_name = "classifier"
+
+    def __init__(self, cfg=None, **kwargs):
+        super().__init__()
+        cfg = {**(cfg or {}), **kwargs}
+        self.num_labels = int(cfg.pop("num_labels", 2))
+        self.classifier_dropout = cfg.pop("classifier_dropout", None)
+        self.bert = BertModel(cfg={**cfg, "add_pooling_layer": True})
+        bert_cfg = self.bert.libai_cfg
+        p = self.classifier_dropout
+        self.dropout = nn.Dropout(bert_cfg["hidden_dropout_prob"] if p is None else p)
+        # [S(0), B] x [B, B]^T -> [S(0), B]  (replicated, no comm)
+        self.classifier = Linear(
+            bert_cfg["hidden_size"],
+            self.num_labels,
+            True,
+            "data",
+            init_method_normal(bert_cfg["initializer_range"]),
+            layer_idx=-1,
+        )
+
+    @property
+    def libai_cfg(self) -> dict:
+        """The backbone's hyper-parameters plus ``num_labels`` and ``classifier_dropout``."""
+        return {
+            **self.bert.libai_cfg,
+            "num_labels": self.num_labels,
+            "classifier_dropout": self.classifier_dropout,
+        }
+
+    @property
+    def backbone(self) -> BertModel:
+        return self.bert
+
+    def head_forward(self, hidden):
+        pooled = self.bert.pooler(hidden)
+        return self.classifier(self.dropout(pooled) if self.dropout.p > 0 else pooled)
+
+    def loss(self, logits, labels):
+        if self.num_labels == 1:
+            return F.mse_loss(logits.float().squeeze(-1), labels.float())
+        return F.cross_entropy(logits.float(), labels, ignore_index=IGNORE_INDEX)
+
+    def forward(self, input_ids, attention_mask=None, tokentype_ids=None, labels=None):
+        hidden = self.bert(input_ids, attention_mask, tokentype_ids)["last_hidden_state"]
+        logits = self.head_forward(hidden)
+        if labels is None:
+            return {"logits": logits}
+        out = {"loss": self.loss(logits, labels)}
+        if not self.training:
+            out["logits"] = logits
+        return out
+
+    def pipeline_target(self, batch) -> torch.Tensor:
+        return batch["labels"]
+
+    def pipeline_loss(self, logits, labels) -> torch.Tensor:
+        return self.loss(logits, labels)

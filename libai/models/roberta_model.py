@@ -1,0 +1,138 @@
+"""RoBERTa: BERT (:mod:`libai.models.bert_model`) with padding-aware positions and one
+token type, a masked-LM head and a causal-LM head.
+
+Positions start at ``pad_token_id + 1`` and skip padding tokens (padding gets position
+``pad_token_id``), as transformers' ``create_position_ids_from_input_ids``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from libai.layers import ParallelCrossEntropyLoss, init_method_normal
+from libai.models.bert_model import (
+    BertEmbeddings,
+    BertLMHead,
+    BertModel,
+    BertPipelineMixin,
+    masked_lm_labels,
+)
+
+#: RoBERTa's defaults where they differ from BERT's (roberta-base)
+ROBERTA_DEFAULTS = dict(
+    vocab_size=50265,
+    max_position_embeddings=514,
+    num_tokentypes=1,
+    layernorm_eps=1e-5,
+    pad_token_id=1,
+)
+
+
+def create_position_ids_from_input_ids(input_ids: torch.Tensor, padding_idx: int) -> torch.Tensor:
+    """``padding_idx + 1, padding_idx + 2, ...`` over real tokens; ``padding_idx`` on padding."""
+    mask = input_ids.ne(padding_idx).int()
+    return (torch.cumsum(mask, dim=1).type_as(mask) * mask).long() + padding_idx
+
+
+class RobertaEmbeddings(BertEmbeddings):
+    """BERT embeddings whose positions skip padding; the padding position gets no gradient."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.pad_token_id is None:
+            raise ValueError("RoBERTa needs pad_token_id (positions are counted past padding)")
+        self.position_padding_idx = self.pad_token_id
+        self.position_offset = self.pad_token_id + 1
+
+    def position_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return create_position_ids_from_input_ids(input_ids, self.pad_token_id)
+
+
+class RobertaModel(BertModel):
+    """The RoBERTa encoder: :class:`BertModel` with :data:`ROBERTA_DEFAULTS` and
+    :class:`RobertaEmbeddings`; same hyper-parameters and outputs."""
+
+    embeddings_class = RobertaEmbeddings
+
+    def __init__(self, cfg=None, **kwargs):
+        super().__init__(cfg={**ROBERTA_DEFAULTS, **(cfg or {})}, **kwargs)
+
+
+class RobertaForPreTraining(BertPipelineMixin, nn.Module):
+    """RoBERTa with the masked-LM head (transformers' ``RobertaForMaskedLM``).
+
+    ``forward(input_ids, attention_mask, tokentype_ids, lm_labels, loss_mask)``: in training
+    ``{"lm_loss"}``; in eval also ``logits``; without labels ``{"logits"}`` (full vocab).
+    """
+
+    head_name = "lm_head"
+    #: backbone settings the head imposes
+    backbone_overrides: dict = {"add_pooling_layer": False}
+
+    def __init__(self, cfg=None, **kwargs):
+        super().__init__()
+        self.roberta = RobertaModel(cfg=cfg, **{**kwargs, **self.backbone_overrides})
+        cfg = self.roberta.libai_cfg
+        self.lm_head = BertLMHead(
+            self.roberta.embeddings.vocab_embeddings,
+            cfg["hidden_size"],
+            init_method_normal(cfg["initializer_range"]),
+            cfg["activation"],
+            cfg["layernorm_eps"],
+        )
+        self.loss_func = ParallelCrossEntropyLoss()
+
+    @property
+    def backbone(self) -> RobertaModel:
+        return self.roberta
+
+    def head_forward(self, hidden):
+        return self.lm_head(hidden)
+
+    def lm_loss(self, logits, labels):
+        """Mean cross entropy over the positions whose label is not -100."""
+        return self.loss_func(logits, labels)
+
+    def _outputs(self, input_ids, attention_mask, tokentype_ids, labels):
+        hidden = self.roberta(input_ids, attention_mask, tokentype_ids)["last_hidden_state"]
+        logits = self.lm_head(hidden)
+        out = {}
+        if labels is not None:
+            out["lm_loss"] = self.lm_loss(logits, labels)
+        if labels is None or not self.training:
+            out["logits"] = self.lm_head.lm_logits.gather(logits)
+        return out
+
+    def forward(
+        self, input_ids, attention_mask=None, tokentype_ids=None, lm_labels=None, loss_mask=None
+    ):
+        labels = None if lm_labels is None else masked_lm_labels(lm_labels, loss_mask)
+        return self._outputs(input_ids, attention_mask, tokentype_ids, labels)
+
+    def pipeline_target(self, batch) -> torch.Tensor:
+        return masked_lm_labels(batch["lm_labels"], batch.get("loss_mask"))
+
+    def pipeline_loss(self, logits, labels) -> torch.Tensor:
+        return self.lm_loss(logits, labels)
+
+
+class RobertaForCausalLM(RobertaForPreTraining):
+    """RoBERTa as a causal LM (transformers' ``RobertaForCausalLM`` with ``is_decoder=True``).
+
+    ``forward(input_ids, attention_mask, tokentype_ids, labels)``: ``labels`` are NOT shifted
+    (``-100`` = no loss); the model predicts ``labels[t + 1]`` from position ``t``, as
+    transformers does. Returns ``{"lm_loss"}`` in training, plus ``logits`` in eval;
+    ``{"logits"}`` without labels.
+    """
+
+    backbone_overrides = {"add_pooling_layer": False, "attn_mask_type": "causal"}
+
+    def lm_loss(self, logits, labels):
+        return self.loss_func(logits[:, :-1], labels[:, 1:])
+
+    def forward(self, input_ids, attention_mask=None, tokentype_ids=None, labels=None):
+        return self._outputs(input_ids, attention_mask, tokentype_ids, labels)
+
+    def pipeline_target(self, batch) -> torch.Tensor:
+        return batch["labels"]
