@@ -231,3 +231,20 @@ def test_checkpoint_contradicting_config_is_a_clear_error(pretraining_case, tmp_
         CheckpointError, match=r"intermediate\.dense\.weight.*\[64, 32\].*\[48, 32\]"
     ):
         load_huggingface(str(tmp_path / "bad"))
+
+
+def test_classifier_fine_tuning_starts_from_a_pretraining_checkpoint(pretraining_case, caplog):
+    """As transformers does: the backbone is loaded, the missing classifier is initialized
+    (the same values as a freshly built model's) and named in a warning."""
+    root, _, state = pretraining_case
+    dist.setup_dist_util({})
+    with caplog.at_level("WARNING"):
+        torch.manual_seed(5)
+        model = load_huggingface(str(root / "hf"), BertForClassification, num_labels=3)
+    assert "newly initialized" in caplog.text and "classifier.weight" in caplog.text
+    torch.manual_seed(5)
+    fresh = BertForClassification(cfg={**model.libai_cfg})
+    assert torch.equal(model.classifier.weight, fresh.classifier.weight)
+    assert model.classifier.weight.shape == (3, 32) and model.classifier.weight.std() > 0
+    emb = state["bert.embeddings.word_embeddings.weight"]
+    assert torch.equal(model.bert.embeddings.vocab_embeddings.weight, emb)

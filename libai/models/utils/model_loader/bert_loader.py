@@ -90,6 +90,8 @@ class BertLoaderHuggerFace(ModelLoaderHuggerFace):
         r"embeddings\.token_type_ids$",
         r"predictions\.decoder\.(weight|bias)$",
     )
+    #: fine-tuning a classifier from a pretraining checkpoint: the head starts fresh
+    optional_missing = (r"^classifier\.",)
     #: ``config.json`` defaults of this model type (transformers' config class)
     hf_defaults = dict(
         type_vocab_size=2, layer_norm_eps=1e-12, pad_token_id=0, max_position_embeddings=512
