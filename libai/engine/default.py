@@ -26,7 +26,7 @@ from libai.config import (
 from libai.data.sample_corpus import prepare_sample_data
 from libai.engine import hooks
 from libai.engine.amp import DynamicLossScaler, resolve_amp_dtype
-from libai.engine.parallel import ModelRunner
+from libai.engine.parallel import ModelRunner, pipeline_target
 from libai.engine.trainer import EagerTrainer
 from libai.engine.zero import prepare_model, resolve_zero_stage, shard_optimizer
 from libai.optim import build_optimizer
@@ -74,11 +74,14 @@ def _seed_all(seed: int) -> None:
 
 
 def _fill_pipeline_num_layers(cfg) -> None:
-    """pp > 1 needs the layer count: take it from ``model.cfg.hidden_layers`` when unset."""
+    """pp > 1 needs the layer count: take it from ``model.cfg.hidden_layers`` (``depth`` for
+    ViT) when unset."""
     dist_cfg = cfg.train.dist
     pp = dist_cfg.get("pipeline_parallel_size", 1) or 1
     if pp > 1 and dist_cfg.get("pipeline_num_layers") is None:
         layers = try_get_key(cfg, "model.cfg.hidden_layers")
+        if layers is None:
+            layers = try_get_key(cfg, "model.cfg.depth")
         if layers is not None:
             dist_cfg.pipeline_num_layers = int(layers)
 
@@ -293,9 +296,15 @@ class DefaultTrainer(EagerTrainer):
         self.consumed_train_samples += self.global_batch_size
 
     def evaluate(self, loader=None) -> dict:
-        """Loss-based evaluation (perplexity) through the runner, so it works under pp too."""
+        """Evaluation through the runner, so it works under pp too.
+
+        Each batch gives the evaluator ``{"lm_loss": mean loss}`` (perplexity); an evaluator
+        with ``needs_predictions`` (accuracy) gets ``{"lm_loss", "logits"}`` from one forward,
+        on the last pipeline stage only (the evaluators sum their counts over stages).
+        """
         loader = loader if loader is not None else self.valid_loader
         evaluator = self.build_evaluator(self.cfg)
+        predictions = bool(getattr(evaluator, "needs_predictions", False))
         evaluator.reset()
         eval_iter = self.cfg.train.evaluation.eval_iter
         self.model.eval()
@@ -305,12 +314,18 @@ class DefaultTrainer(EagerTrainer):
             if eval_iter and i >= eval_iter:
                 break
             batch = {k: v.to(device) for k, v in batch.items()}
-            if self.runner.pipeline and len(batch["labels"]) != self.runner_batch_size:
-                logger.warning(
-                    "pipeline evaluation skips a last partial batch of %d", len(batch["labels"])
-                )
+            size = len(next(iter(batch.values())))
+            if self.runner.pipeline and size != self.runner_batch_size:
+                logger.warning("pipeline evaluation skips a last partial batch of %d", size)
                 continue
-            evaluator.process(batch, {"lm_loss": self.runner.eval_loss(batch)})
+            if not predictions:
+                evaluator.process(batch, {"lm_loss": self.runner.eval_loss(batch)})
+                continue
+            logits = self.runner.predict(batch)
+            if logits is not None:  # None on the other pipeline stages
+                model = self.runner.model
+                loss = model.pipeline_loss(logits, pipeline_target(model, batch))
+                evaluator.process(batch, {"lm_loss": loss, "logits": logits})
         results = evaluator.evaluate()
         self.model.train()
         logger.info("Evaluation (%.1fs): %s", time.perf_counter() - start, results)

@@ -141,7 +141,11 @@ class BestCheckpointer(HookBase):
         return value < self.best_value if self._mode == "min" else value > self.best_value
 
     def _maybe_save(self):
-        history = self.trainer.storage.histories().get(self._metric)
+        histories = self.trainer.storage.histories()
+        history = histories.get(self._metric)
+        if history is None:  # metric names match case-insensitively ("acc@1" names "Acc@1")
+            wanted = self._metric.lower()
+            history = next((h for k, h in histories.items() if k.lower() == wanted), None)
         if history is None or len(history) == 0:
             logger.warning("BestCheckpointer: metric %s not found; nothing saved", self._metric)
             return

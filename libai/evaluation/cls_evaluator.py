@@ -23,6 +23,8 @@ class AccEvaluator(DatasetEvaluator):
     e.g. ``{"Acc@1": 41.2, "Acc@5": 77.0}``.
     """
 
+    needs_predictions = True
+
     def __init__(
         self,
         topk: tuple[int, ...] = (1,),

@@ -33,6 +33,10 @@ class DatasetEvaluator:
     and :meth:`evaluate` at the end.
     """
 
+    #: reads the model's predictions (``outputs["logits"]``), not only its loss: the trainer
+    #: then runs a predicting forward for it
+    needs_predictions: bool = False
+
     def reset(self) -> None:
         """Forget everything processed so far (called before a round of evaluation)."""
 
@@ -59,6 +63,9 @@ class DatasetEvaluators(DatasetEvaluator):
     def __init__(self, evaluators: Sequence[DatasetEvaluator]):
         super().__init__()
         self._evaluators = list(evaluators)
+        self.needs_predictions = any(
+            getattr(e, "needs_predictions", False) for e in self._evaluators
+        )
 
     def reset(self) -> None:
         for evaluator in self._evaluators:
