@@ -77,14 +77,25 @@ def test_tp2_and_pp2(gpt2_case):
     assert_exported(root / "pp2", state)
 
 
-def test_dp2_tp2(gpt2_case):
+def test_dp2_tp2_and_tp2_pp2(gpt2_case):
     root, case, state = gpt2_case
     layouts = [
         {
             "name": "dp2xtp2",
             "dist": {"data_parallel_size": 2, "tensor_parallel_size": 2},
             "export_dir": str(root / "dp2tp2"),
-        }
+        },
+        {
+            "name": "tp2xpp2",
+            "dist": {
+                "tensor_parallel_size": 2,
+                "pipeline_parallel_size": 2,
+                "pipeline_num_layers": 2,
+            },
+            "microbatches": 2,
+            "export_dir": str(root / "tp2pp2"),
+        },
     ]
     check_layouts(case, str(root / "hf"), 4, layouts)
     assert_exported(root / "dp2tp2", state)
+    assert_exported(root / "tp2pp2", state)

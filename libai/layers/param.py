@@ -106,6 +106,7 @@ def create_parameter(
         local_shape[tp_split_dim] //= tp
     if not util.is_layer_local(layer_idx):
         param = nn.Parameter(torch.empty(local_shape, dtype=dtype, device="meta"))
+        param.libai_global_shape = tuple(shape)  # the meta tensor has the tp-local shape
     elif _SKIP_INIT:
         local = torch.empty(local_shape, dtype=dtype, device=util.device)
         param = nn.Parameter(_wrap(local, tp_split_dim))

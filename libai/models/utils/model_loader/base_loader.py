@@ -153,7 +153,12 @@ def _shard_spec(param: torch.Tensor) -> ShardSpec | None:
 
 
 def _logical_shape(param: torch.Tensor) -> tuple[int, ...]:
-    return tuple(getattr(param, "libai_logical_shape", None) or param.shape)
+    """The full, unpadded shape (a meta parameter of another stage records it)."""
+    for attr in ("libai_logical_shape", "libai_global_shape"):
+        shape = getattr(param, attr, None)
+        if shape is not None:
+            return tuple(shape)
+    return tuple(param.shape)
 
 
 def complete_rules(model: nn.Module, rules: list[Rule]) -> dict[str, Rule]:
