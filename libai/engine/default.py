@@ -75,15 +75,16 @@ def _seed_all(seed: int) -> None:
 
 def _fill_pipeline_num_layers(cfg) -> None:
     """pp > 1 needs the layer count: take it from ``model.cfg.hidden_layers`` (``depth`` for
-    ViT) when unset."""
+    ViT; plus ``num_decoder_layers`` for T5) when unset."""
     dist_cfg = cfg.train.dist
     pp = dist_cfg.get("pipeline_parallel_size", 1) or 1
     if pp > 1 and dist_cfg.get("pipeline_num_layers") is None:
         layers = try_get_key(cfg, "model.cfg.hidden_layers")
         if layers is None:
             layers = try_get_key(cfg, "model.cfg.depth")
+        decoder_layers = try_get_key(cfg, "model.cfg.num_decoder_layers")  # T5: E + D
         if layers is not None:
-            dist_cfg.pipeline_num_layers = int(layers)
+            dist_cfg.pipeline_num_layers = int(layers) + int(decoder_layers or 0)
 
 
 def default_setup(cfg, args) -> None:

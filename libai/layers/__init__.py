@@ -14,7 +14,8 @@ from libai.layers.param import (
     local_value,
     scaled_init_method_normal,
 )
-from libai.layers.rotary import RotaryEmbedding, apply_rotary_pos_emb
+from libai.layers.relative_position import RelativePositionBias, relative_position_bucket
+from libai.layers.rotary import RotaryEmbedding, apply_rotary_pos_emb, rope_inv_freq
 from libai.layers.transformer_layer import TransformerLayer, build_norm
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "MultiheadAttention",
     "ParallelCrossEntropyLoss",
     "RMSLayerNorm",
+    "RelativePositionBias",
     "RotaryEmbedding",
     "TransformerLayer",
     "VocabEmbedding",
@@ -37,6 +39,8 @@ __all__ = [
     "init_method_normal",
     "local_value",
     "reduce_from_tp",
+    "relative_position_bucket",
+    "rope_inv_freq",
     "scaled_init_method_normal",
     "scatter_to_tp",
 ]

@@ -30,6 +30,9 @@ class TransformerLayer(nn.Module):
     ``forward`` returns the hidden states, or ``(hidden_states, present)`` with
     ``use_cache=True``, where ``present`` is ``(self_kv, cross_kv)`` (``cross_kv`` is None
     for non-decoders).
+
+    ``bias`` sets the biases of the attention output and the MLP; ``qkv_bias`` /
+    ``mlp_bias`` override it for the q/k/v projections / the MLP (e.g. Qwen2: q/k/v only).
     """
 
     def __init__(
@@ -55,6 +58,7 @@ class TransformerLayer(nn.Module):
         attn_mask_type: str = "padding",
         *,
         layer_idx: int = 0,
+        mlp_bias: bool | None = None,
     ):
         super().__init__()
         self.layer_idx, self.pre_norm, self.is_decoder = layer_idx, pre_norm, is_decoder
@@ -95,7 +99,7 @@ class TransformerLayer(nn.Module):
             output_dropout_prob,
             activation,
             gated_mlp,
-            bias,
+            bias if mlp_bias is None else mlp_bias,
             init_method,
             output_layer_init_method,
             layer_idx=layer_idx,

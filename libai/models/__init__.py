@@ -1,5 +1,24 @@
 """Model zoo built from libai.layers."""
 
+from libai.models.bert_model import BertForClassification, BertForPreTraining, BertModel
 from libai.models.gpt_model import GPTForPreTraining, GPTModel
+from libai.models.llama_model import LlamaForCausalLM, LlamaModel
+from libai.models.roberta_model import RobertaForCausalLM, RobertaForPreTraining, RobertaModel
+from libai.models.t5_model import T5ForPreTraining, T5Model
+from libai.models.vit import VisionTransformer
 
-__all__ = ["GPTForPreTraining", "GPTModel"]
+__all__ = [
+    "BertForClassification",
+    "BertForPreTraining",
+    "BertModel",
+    "GPTForPreTraining",
+    "GPTModel",
+    "LlamaForCausalLM",
+    "LlamaModel",
+    "RobertaForCausalLM",
+    "RobertaForPreTraining",
+    "RobertaModel",
+    "T5ForPreTraining",
+    "T5Model",
+    "VisionTransformer",
+]

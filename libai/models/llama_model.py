@@ -1,0 +1,282 @@
+"""Llama 2 / Llama 3 / Qwen2: pre-RMSNorm blocks, SwiGLU MLP, grouped-query attention, RoPE.
+
+One pair of classes serves the family (``model_type`` ``llama`` and ``qwen2`` of Hugging Face
+checkpoints); they differ only in hyper-parameters: Qwen2 has biases on the q/k/v projections
+(``qkv_bias=True``), Llama 3 scales RoPE (``rope_scaling={"rope_type": "llama3", ...}``),
+small models tie the LM head to the word embedding (``tie_word_embeddings``).
+
+Labels are *not* shifted (``labels[t]`` is the token at ``input_ids[t]``, -100 = ignored), as in
+transformers and in the SFT dataset; the model shifts them inside, so the loss equals
+``transformers``' ``LlamaForCausalLM(labels=...)`` loss (mean over the non-ignored targets).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from libai.config import configurable
+from libai.layers import (
+    LMLogits,
+    ParallelCrossEntropyLoss,
+    RMSLayerNorm,
+    RotaryEmbedding,
+    TransformerLayer,
+    VocabEmbedding,
+    init_method_normal,
+)
+from libai.layers.rotary import rope_type
+from libai.utils import distributed as dist
+
+IGNORE_INDEX = -100
+MODEL_TYPES = ("llama", "qwen2")
+
+
+def shift_labels(labels: torch.Tensor, ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
+    """``labels[:, 1:]`` padded with ``ignore_index``: position t is scored on token t + 1
+    and the last position on nothing (transformers' shift, without copying the logits)."""
+    return F.pad(labels[:, 1:], (0, 1), value=ignore_index)
+
+
+def check_tensor_parallel(num_attention_heads: int, num_key_value_heads: int) -> None:
+    """Raise before anything is built if tp does not divide the (key/value) heads."""
+    tp = dist.get_tensor_parallel_size()
+    for name, value in (
+        ("num_attention_heads", num_attention_heads),
+        ("num_key_value_heads", num_key_value_heads),
+    ):
+        if value % tp:
+            raise ValueError(
+                f"{name}={value} is not divisible by tensor_parallel_size={tp}; use a "
+                f"tensor_parallel_size that divides {value} (grouped-query attention splits "
+                "whole key/value heads over tensor-parallel ranks)."
+            )
+
+
+class LlamaModel(nn.Module):
+    """The Llama / Qwen2 backbone: ``embed_tokens`` -> ``layers`` -> final RMSNorm ``norm``.
+
+    ``forward`` returns ``{"last_hidden_state"}`` (plus ``"past_key_values"`` with
+    ``use_cache=True``). As a pipeline stage, the parts of other stages are ``None``.
+
+    Args:
+        hidden_layers, vocab_size, hidden_size, intermediate_size, num_attention_heads:
+            the shapes (LiBai's / transformers' names).
+        num_key_value_heads: key/value heads of grouped-query attention (default: all).
+        head_dim: per-head size (default ``hidden_size // num_attention_heads``).
+        max_position_embeddings: the trained context (used by dynamic RoPE scaling).
+        rope_theta, rope_scaling: RoPE base and scaling dict (``rope_type`` in
+            ``"linear"``, ``"dynamic"``, ``"llama3"``), see :func:`libai.layers.rope_inv_freq`.
+        attention_bias: biases on q, k, v and o (transformers' Llama ``attention_bias``).
+        qkv_bias: biases on q, k, v only (Qwen2).
+        mlp_bias: biases in the MLP (transformers' Llama ``mlp_bias``).
+        tie_word_embeddings: read by :class:`LlamaForCausalLM` (and the Hugging Face export).
+        model_type: ``"llama"`` or ``"qwen2"``: which Hugging Face family an export writes.
+    """
+
+    @configurable
+    def __init__(
+        self,
+        hidden_layers: int,
+        vocab_size: int,
+        hidden_size: int,
+        intermediate_size: int,
+        num_attention_heads: int,
+        num_key_value_heads: int | None = None,
+        head_dim: int | None = None,
+        max_position_embeddings: int = 2048,
+        rms_norm_eps: float = 1e-6,
+        initializer_range: float = 0.02,
+        rope_theta: float = 10000.0,
+        rope_scaling: dict | None = None,
+        attention_bias: bool = False,
+        qkv_bias: bool = False,
+        mlp_bias: bool = False,
+        attention_dropout_prob: float = 0.0,
+        tie_word_embeddings: bool = False,
+        model_type: str = "llama",
+    ):
+        super().__init__()
+        if model_type not in MODEL_TYPES:
+            raise ValueError(f"model_type must be one of {MODEL_TYPES}, got {model_type!r}")
+        num_key_value_heads = num_key_value_heads or num_attention_heads
+        check_tensor_parallel(num_attention_heads, num_key_value_heads)
+        rope_type(rope_scaling)  # raises on an unsupported scaling type, before any build
+        layout = dist.get_dist_util().layout
+        if layout.layer_stage_ids and layout.pipeline_num_layers != hidden_layers:
+            raise ValueError(
+                f"train.dist.pipeline_num_layers={layout.pipeline_num_layers} but the model has "
+                f"hidden_layers={hidden_layers}; set pipeline_num_layers={hidden_layers}."
+            )
+        head_dim = head_dim or hidden_size // num_attention_heads
+        init_method = init_method_normal(initializer_range)
+        self.num_layers = hidden_layers
+        self.embed_tokens = VocabEmbedding(vocab_size, hidden_size, init_method, layer_idx=0)
+
+        def block(i):
+            return TransformerLayer(
+                hidden_size,
+                intermediate_size,
+                num_attention_heads,
+                num_key_value_heads=num_key_value_heads,
+                head_size=head_dim,
+                attention_dropout_prob=attention_dropout_prob,
+                layernorm_epsilon=rms_norm_eps,
+                norm_type="rmsnorm",
+                pre_norm=True,
+                activation="silu",
+                gated_mlp=True,  # SwiGLU: silu(gate(x)) * up(x)
+                bias=attention_bias,
+                qkv_bias=qkv_bias or attention_bias,
+                mlp_bias=mlp_bias,
+                init_method=init_method,
+                attn_mask_type="causal",
+                layer_idx=i,
+            )
+
+        # A ModuleDict keyed by layer index: a pipeline stage drops the others, names stay.
+        self.layers = nn.ModuleDict({str(i): block(i) for i in range(hidden_layers)})
+        self.norm = RMSLayerNorm(hidden_size, eps=rms_norm_eps, layer_idx=-1)
+        # no parameters, so no layer_idx: every stage keeps it
+        self.rotary_emb = RotaryEmbedding(
+            head_dim,
+            rope_theta,
+            scaling=rope_scaling,
+            max_position_embeddings=max_position_embeddings,
+        ).to(dist.get_dist_util().device)
+
+    def hidden_states(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        past_key_values=None,
+        use_cache: bool = False,
+    ):
+        """``(hidden_states, presents)``: token ids (hidden states on a later pipeline stage)
+        through this stage's layers; the final norm is applied on the last stage.
+
+        ``attention_mask`` is ``[batch, past + seq]`` with 1 for real tokens (left padding
+        allowed); ``position_ids`` default to ``past .. past + seq - 1`` (pass them, e.g.
+        ``attention_mask.cumsum(-1) - 1``, for left-padded batches). ``presents`` is the list
+        of per-layer caches with ``use_cache=True``, else None.
+        """
+        past_length = 0
+        if past_key_values is not None:
+            past_length = past_key_values[0][0][0].shape[2]
+        hidden = input_ids if self.embed_tokens is None else self.embed_tokens(input_ids)
+        if position_ids is None:
+            seq = hidden.shape[1]
+            position_ids = torch.arange(
+                past_length, past_length + seq, device=hidden.device
+            ).unsqueeze(0)
+        rotary = self.rotary_emb(position_ids, dtype=hidden.dtype)
+        mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
+        presents = [] if use_cache else None
+        for i, layer in enumerate(self.layers.values()):
+            past = None if past_key_values is None else past_key_values[i]
+            hidden = layer(
+                hidden,
+                attention_mask=mask,
+                past_key_value=past,
+                use_cache=use_cache,
+                rotary_pos_emb=rotary,
+            )
+            if use_cache:
+                hidden, present = hidden
+                presents.append(present)
+        if self.norm is not None:
+            hidden = self.norm(hidden)
+        return hidden, presents
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        past_key_values=None,
+        use_cache: bool = False,
+    ) -> dict:
+        """``{"last_hidden_state": [batch, seq, hidden]}`` (+ ``"past_key_values"``)."""
+        hidden, presents = self.hidden_states(
+            input_ids, attention_mask, position_ids, past_key_values, use_cache
+        )
+        out = {"last_hidden_state": hidden}
+        if use_cache:
+            out["past_key_values"] = presents
+        return out
+
+
+class LlamaForCausalLM(nn.Module):
+    """:class:`LlamaModel` + LM head (tied to ``embed_tokens`` or its own vocab-split weight)
+    with the causal-LM loss computed inside.
+
+    ``model(input_ids, attention_mask=None, position_ids=None, labels=None,
+    past_key_values=None, use_cache=False)`` returns ``{"lm_loss"}`` in training with labels;
+    otherwise ``{"logits"}`` (full vocabulary, plus ``"lm_loss"`` with labels and
+    ``"past_key_values"`` with ``use_cache=True``). Takes the same ``cfg`` / keyword
+    hyper-parameters as :class:`LlamaModel`.
+
+    Pipeline contract (:class:`libai.engine.parallel.ModelRunner`): the first stage takes
+    ``input_ids`` (and ``attention_mask`` when the batch has one, handed on to later stages),
+    the last returns vocab-split logits, and the loss shifts the unshifted ``labels``.
+    """
+
+    def __init__(self, cfg=None, **kwargs):
+        super().__init__()
+        self.model = LlamaModel(cfg=cfg, **kwargs)
+        c = self.model.libai_cfg
+        if c["tie_word_embeddings"]:
+            self.lm_head = LMLogits(self.model.embed_tokens, layer_idx=-1)
+        else:
+            self.lm_head = LMLogits(
+                None,
+                vocab_size=c["vocab_size"],
+                hidden_size=c["hidden_size"],
+                init_method=init_method_normal(c["initializer_range"]),
+                layer_idx=-1,
+            )
+        self.loss_func = ParallelCrossEntropyLoss(ignore_index=IGNORE_INDEX)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        past_key_values=None,
+        use_cache: bool = False,
+    ) -> dict:
+        hidden, presents = self.model.hidden_states(
+            input_ids, attention_mask, position_ids, past_key_values, use_cache
+        )
+        logits = self.lm_head(hidden)  # [S(0), S(-1)]: this rank's vocab shard
+        out = {}
+        if labels is not None:
+            out["lm_loss"] = self.loss_func(logits, shift_labels(labels))
+            if self.training and not use_cache:
+                return out
+        out["logits"] = self.lm_head.gather(logits)
+        if use_cache:
+            out["past_key_values"] = presents
+        return out
+
+    # ---- pipeline contract ------------------------------------------------------------------
+    def pipeline_inputs(self, batch) -> tuple:
+        mask = batch.get("attention_mask")
+        return (batch["input_ids"],) if mask is None else (batch["input_ids"], mask)
+
+    def pipeline_target(self, batch) -> torch.Tensor:
+        return batch["labels"]
+
+    def pipeline_forward(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None):
+        """One stage: ids or hidden states in; hidden states (with the mask, if any) to the
+        next stage, or vocab-split logits on the last."""
+        hidden, _ = self.model.hidden_states(x, attention_mask)
+        if self.lm_head is not None:
+            return self.lm_head(hidden)
+        return hidden if attention_mask is None else (hidden, attention_mask)
+
+    def pipeline_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return self.loss_func(logits, shift_labels(labels))

@@ -1,0 +1,145 @@
+"""configs/llama_sft.py through tools/train_net.py: a tiny Llama fine-tuned on SFT records with
+a tiny tokenizer.json (pipeline-parallel, the padding mask handed between stages), and the
+same config starting from a Hugging Face checkpoint (``LazyCall(load_huggingface)``)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+from libai.data.datasets.sft_dataset import (
+    DEFAULT_PROMPT_TEMPLATE,
+    DEFAULT_PROMPT_TEMPLATE_NO_INPUT,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = str(ROOT / "configs" / "llama_sft.py")
+WORDS = "add the numbers please answer with one word red green blue sum of two and three".split()
+
+
+@pytest.fixture(scope="module")
+def sft_data(tmp_path_factory):
+    """A byte-level BPE tokenizer.json with <pad> and </s>, and a JSON-lines SFT file."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    root = tmp_path_factory.mktemp("llama_sft")
+    g = torch.Generator().manual_seed(0)
+    rows = []
+    for _ in range(48):
+        a, b = (int(v) for v in torch.randint(0, 10, (2,), generator=g))
+        words = [WORDS[int(j)] for j in torch.randint(0, len(WORDS), (4,), generator=g)]
+        rows.append(
+            {"instruction": f"Add {a} and {b}.", "input": " ".join(words), "output": str(a + b)}
+        )
+    data = root / "sft.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=1000,
+        special_tokens=["<pad>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    corpus = [json.dumps(r) for r in rows] + [
+        DEFAULT_PROMPT_TEMPLATE,
+        DEFAULT_PROMPT_TEMPLATE_NO_INPUT,
+    ]
+    tok.train_from_iterator(corpus, trainer)
+    tok_dir = root / "tokenizer"
+    tok_dir.mkdir()
+    tok.save(str(tok_dir / "tokenizer.json"))
+    (tok_dir / "tokenizer_config.json").write_text(
+        json.dumps({"eos_token": "</s>", "pad_token": "<pad>"})
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PORT": str(20000 + os.getpid() % 20000)}
+    env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
+    common = [
+        f"tokenization.tokenizer.tokenizer_file={tok_dir}",
+        f"dataloader.train.dataset.0.data_path={data}",
+        "dataloader.train.dataset.0.max_seq_length=96",
+        "train.train_epoch=0",
+        "train.train_iter=6",
+        "train.train_micro_batch_size=4",
+        "train.log_period=1",
+        "train.checkpointer.period=100",
+    ]
+    return root, env, common, tok.get_vocab_size()
+
+
+def train_net(env, out_dir, overrides, nproc=1):
+    opts = [*overrides, f"train.output_dir={out_dir}"]
+    if nproc == 1:
+        cmd = [sys.executable, str(ROOT / "tools" / "train_net.py"), "--config-file", CONFIG, *opts]
+    else:
+        cmd = ["bash", str(ROOT / "tools" / "train.sh"), str(ROOT / "tools" / "train_net.py")]
+        cmd += [CONFIG, str(nproc), *opts]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+    assert proc.returncode == 0, (
+        f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    )
+    losses = {}
+    for line in Path(out_dir, "metrics.json").read_text().splitlines():
+        record = json.loads(line)
+        if "total_loss" in record:
+            losses[record["iteration"]] = record["total_loss"]
+    return losses, proc.stdout + proc.stderr
+
+
+def test_sft_trains_a_tiny_llama_on_two_pipeline_stages(sft_data, tmp_path):
+    root, env, common, _ = sft_data
+    tiny = [
+        "model.cfg.hidden_layers=2",
+        "model.cfg.hidden_size=32",
+        "model.cfg.intermediate_size=64",
+        "model.cfg.num_attention_heads=4",
+        "model.cfg.num_key_value_heads=2",
+        "model.cfg.max_position_embeddings=128",
+        "optim.lr=1e-2",
+    ]
+    layout = ["train.dist.pipeline_parallel_size=2", "train.num_accumulation_steps=2"]
+    losses, log = train_net(env, tmp_path / "pp2", [*common, *tiny, *layout], nproc=2)
+    assert sorted(losses) == list(range(6)), losses
+    assert all(math.isfinite(v) for v in losses.values())
+    assert losses[5] < losses[0] - 0.3, losses  # it learns the answers
+    assert "LlamaForCausalLM" in log
+
+
+def test_sft_starts_from_a_hugging_face_checkpoint(sft_data, tmp_path):
+    """``model = LazyCall(load_huggingface)(path=...)`` (here as overrides): the first loss is
+    that of the checkpoint's weights, whose zero final-norm makes every logit 0, so it is
+    exactly ln(vocab of config.json), not that of a random or tokenizer-sized model."""
+    _, env, common, vocab = sft_data
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        vocab_size=vocab,
+        max_position_embeddings=128,
+    )
+    hf = transformers.LlamaForCausalLM(config)
+    with torch.no_grad():
+        hf.model.norm.weight.zero_()
+    hf.save_pretrained(tmp_path / "hf")
+    pretrained = [
+        "model._target_=libai.models.utils.load_huggingface",
+        f"+model.path={tmp_path / 'hf'}",
+        "~model.cfg",
+        "tokenization.setup=False",
+        "train.train_iter=2",
+    ]
+    losses, log = train_net(env, tmp_path / "ft", [*common, *pretrained])
+    assert abs(losses[0] - math.log(vocab)) < 1e-5, (losses, vocab)
+    assert "LlamaForCausalLM" in log
