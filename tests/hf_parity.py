@@ -157,3 +157,38 @@ def check_layouts(case_path: str, hf_dir: str, nproc: int, layouts: list[dict]) 
             except AssertionError as exc:
                 raise AssertionError(f"layout {name}, rank {rank}: {exc}") from None
     return by_name
+
+
+def tp2_layout(root: Path) -> dict:
+    """tp2, exported to ``root / "tp2"``."""
+    return {"name": "tp2", "dist": {"tensor_parallel_size": 2}, "export_dir": str(root / "tp2")}
+
+
+def pp2_layout(root: Path, max_shard_size: int | None = 20_000) -> dict:
+    """pp2 over 2 layers with 2 microbatches, exported (sharded) to ``root / "pp2"``."""
+    layout = {
+        "name": "pp2",
+        "dist": {"pipeline_parallel_size": 2, "pipeline_num_layers": 2},
+        "microbatches": 2,
+        "export_dir": str(root / "pp2"),
+    }
+    if max_shard_size is not None:
+        layout["max_shard_size"] = max_shard_size
+    return layout
+
+
+def dp2_tp2_layout(root: Path) -> dict:
+    """dp2 x tp2, exported to ``root / "dp2tp2"``."""
+    return {
+        "name": "dp2xtp2",
+        "dist": {"data_parallel_size": 2, "tensor_parallel_size": 2},
+        "export_dir": str(root / "dp2tp2"),
+    }
+
+
+def assert_exported(path, hf_cls, want: dict) -> None:
+    """The checkpoint exported to ``path`` reloads with ``hf_cls`` to exactly ``want``."""
+    got = hf_cls.from_pretrained(path).state_dict()
+    assert set(got) == set(want)
+    for name, value in want.items():
+        assert torch.equal(got[name], value), name

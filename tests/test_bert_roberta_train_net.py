@@ -5,20 +5,16 @@ trains under pp2 through the multi-tensor pipeline contract."""
 
 from __future__ import annotations
 
-import json
-import os
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from train_net_helpers import ROOT, read_metrics, run_train_net
 
 from libai.config import LazyConfig
 from libai.data.data_utils import MMapIndexedDatasetBuilder
 
-ROOT = Path(__file__).resolve().parents[1]
 _WORDS = (
     "the quick brown fox jumps over a lazy dog while model training reads language data "
     "from many documents and every sentence ends here attention layers learn to predict"
@@ -102,26 +98,9 @@ TINY = [
 
 
 def train_net(config: str, out_dir, overrides, nproc=1):
-    config = str(ROOT / "configs" / config)
     opts = [*TINY, f"train.output_dir={out_dir}", *overrides]
-    if nproc == 1:
-        cmd = [sys.executable, str(ROOT / "tools" / "train_net.py"), "--config-file", config]
-        cmd += opts
-    else:
-        cmd = ["bash", str(ROOT / "tools" / "train.sh"), str(ROOT / "tools" / "train_net.py")]
-        cmd += [config, str(nproc), *opts]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PORT": str(20000 + os.getpid() % 20000)}
-    env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
-    assert proc.returncode == 0, (
-        f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-    )
-    metrics = {}
-    for line in Path(out_dir, "metrics.json").read_text().splitlines():
-        if line.strip():
-            record = json.loads(line)
-            metrics[record["iteration"]] = {**metrics.get(record["iteration"], {}), **record}
-    return metrics
+    run_train_net(ROOT / "configs" / config, opts, nproc=nproc)
+    return read_metrics(out_dir)
 
 
 def assert_learns(metrics: dict, iters: int) -> None:

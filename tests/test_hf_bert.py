@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 
+import hf_parity
 import pytest
 import torch
 import transformers
@@ -97,13 +98,6 @@ def pretraining_case(tmp_path_factory):
     return root, case, hf.state_dict()
 
 
-def assert_exported(path, cls, want: dict) -> None:
-    got = cls.from_pretrained(path).state_dict()
-    assert set(got) == set(want)
-    for name, value in want.items():
-        assert torch.equal(got[name], value), name
-
-
 def test_pretraining_single_process(pretraining_case):
     root, case, state = pretraining_case
     result = check_single_process(
@@ -112,38 +106,23 @@ def test_pretraining_single_process(pretraining_case):
     assert result["grads_checked"] >= 30  # every HF parameter (tied ones once)
     assert {"out_prediction_logits", "out_seq_relationship_logits"} <= set(result)
     assert (root / "out1" / "model.safetensors.index.json").exists()
-    assert_exported(root / "out1", transformers.BertForPreTraining, state)
+    hf_parity.assert_exported(root / "out1", transformers.BertForPreTraining, state)
 
 
 def test_pretraining_tp2_and_pp2(pretraining_case):
     root, case, state = pretraining_case
-    layouts = [
-        {"name": "tp2", "dist": {"tensor_parallel_size": 2}, "export_dir": str(root / "tp2")},
-        {
-            "name": "pp2",
-            "dist": {"pipeline_parallel_size": 2, "pipeline_num_layers": 2},
-            "microbatches": 2,
-            "export_dir": str(root / "pp2"),
-            "max_shard_size": 20_000,
-        },
-    ]
+    layouts = [hf_parity.tp2_layout(root), hf_parity.pp2_layout(root)]
     results = check_layouts(case, str(root / "hf"), 2, layouts)
     assert all("out_prediction_logits" in r for r in results["tp2"])
-    assert_exported(root / "tp2", transformers.BertForPreTraining, state)
-    assert_exported(root / "pp2", transformers.BertForPreTraining, state)
+    hf_parity.assert_exported(root / "tp2", transformers.BertForPreTraining, state)
+    hf_parity.assert_exported(root / "pp2", transformers.BertForPreTraining, state)
 
 
 def test_pretraining_dp2_tp2(pretraining_case):
     root, case, state = pretraining_case
-    layouts = [
-        {
-            "name": "dp2xtp2",
-            "dist": {"data_parallel_size": 2, "tensor_parallel_size": 2},
-            "export_dir": str(root / "dp2tp2"),
-        }
-    ]
+    layouts = [hf_parity.dp2_tp2_layout(root)]
     check_layouts(case, str(root / "hf"), 4, layouts)
-    assert_exported(root / "dp2tp2", transformers.BertForPreTraining, state)
+    hf_parity.assert_exported(root / "dp2tp2", transformers.BertForPreTraining, state)
 
 
 def test_sequence_classification_single_process(tmp_path):
@@ -175,7 +154,9 @@ def test_sequence_classification_single_process(tmp_path):
     exported = json.loads((tmp_path / "o" / "config.json").read_text())
     assert exported["architectures"] == ["BertForSequenceClassification"]
     assert len(exported["id2label"]) == 3
-    assert_exported(tmp_path / "o", transformers.BertForSequenceClassification, hf.state_dict())
+    hf_parity.assert_exported(
+        tmp_path / "o", transformers.BertForSequenceClassification, hf.state_dict()
+    )
 
 
 def test_base_model_from_a_head_checkpoint(pretraining_case, tmp_path):
@@ -194,7 +175,7 @@ def test_base_model_from_a_head_checkpoint(pretraining_case, tmp_path):
         assert (got[key] - getattr(want, key)).abs().max() < 1e-5, key
     save_huggingface(model, str(tmp_path / "base"))
     backbone = {k[len("bert.") :]: v for k, v in state.items() if k.startswith("bert.")}
-    assert_exported(tmp_path / "base", transformers.BertModel, backbone)
+    hf_parity.assert_exported(tmp_path / "base", transformers.BertModel, backbone)
 
 
 def test_built_from_cfg_records_hyper_parameters():

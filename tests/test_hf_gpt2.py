@@ -3,6 +3,7 @@ transformers (logits, loss, every gradient), and exports back bitwise."""
 
 from __future__ import annotations
 
+import hf_parity
 import pytest
 import torch
 import torch.nn.functional as F
@@ -44,47 +45,27 @@ def gpt2_case(tmp_path_factory):
     return root, case, hf.state_dict()
 
 
-def assert_exported(path, want: dict) -> None:
-    got = transformers.GPT2LMHeadModel.from_pretrained(path).state_dict()
-    assert set(got) == set(want)
-    for name, value in want.items():
-        assert torch.equal(got[name], value), name
-
-
 def test_single_process(gpt2_case):
     root, case, state = gpt2_case
     check_single_process(
         case, str(root / "hf"), {"export_dir": str(root / "out1"), "max_shard_size": 20_000}
     )
     assert (root / "out1" / "model.safetensors.index.json").exists()
-    assert_exported(root / "out1", state)
+    hf_parity.assert_exported(root / "out1", transformers.GPT2LMHeadModel, state)
 
 
 def test_tp2_and_pp2(gpt2_case):
     root, case, state = gpt2_case
-    layouts = [
-        {"name": "tp2", "dist": {"tensor_parallel_size": 2}, "export_dir": str(root / "tp2")},
-        {
-            "name": "pp2",
-            "dist": {"pipeline_parallel_size": 2, "pipeline_num_layers": 2},
-            "microbatches": 2,
-            "export_dir": str(root / "pp2"),
-            "max_shard_size": 20_000,
-        },
-    ]
+    layouts = [hf_parity.tp2_layout(root), hf_parity.pp2_layout(root)]
     check_layouts(case, str(root / "hf"), 2, layouts)
-    assert_exported(root / "tp2", state)
-    assert_exported(root / "pp2", state)
+    hf_parity.assert_exported(root / "tp2", transformers.GPT2LMHeadModel, state)
+    hf_parity.assert_exported(root / "pp2", transformers.GPT2LMHeadModel, state)
 
 
 def test_dp2_tp2_and_tp2_pp2(gpt2_case):
     root, case, state = gpt2_case
     layouts = [
-        {
-            "name": "dp2xtp2",
-            "dist": {"data_parallel_size": 2, "tensor_parallel_size": 2},
-            "export_dir": str(root / "dp2tp2"),
-        },
+        hf_parity.dp2_tp2_layout(root),
         {
             "name": "tp2xpp2",
             "dist": {
@@ -97,5 +78,5 @@ def test_dp2_tp2_and_tp2_pp2(gpt2_case):
         },
     ]
     check_layouts(case, str(root / "hf"), 4, layouts)
-    assert_exported(root / "dp2tp2", state)
-    assert_exported(root / "tp2pp2", state)
+    hf_parity.assert_exported(root / "dp2tp2", transformers.GPT2LMHeadModel, state)
+    hf_parity.assert_exported(root / "tp2pp2", transformers.GPT2LMHeadModel, state)

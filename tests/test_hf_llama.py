@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import shutil
 
+import hf_parity
 import pytest
 import torch
 import transformers
@@ -85,13 +86,6 @@ def cases(tmp_path_factory):
     return get
 
 
-def assert_exported(path, hf_cls, want: dict) -> None:
-    got = hf_cls.from_pretrained(path).state_dict()
-    assert set(got) == set(want)
-    for name, value in want.items():
-        assert torch.equal(got[name], value), name
-
-
 @pytest.mark.parametrize("kind", ["llama", "llama3", "qwen2"])
 def test_single_process_parity_and_export(cases, kind):
     root, case_path, hf_cls, state = cases(kind)
@@ -104,7 +98,7 @@ def test_single_process_parity_and_export(cases, kind):
     assert config["model_type"] == ("qwen2" if kind == "qwen2" else "llama")
     assert config["architectures"] == [hf_cls.__name__]
     assert (out / "model.safetensors.index.json").exists()
-    assert_exported(out, hf_cls, state)
+    hf_parity.assert_exported(out, hf_cls, state)
 
 
 def test_padded_batch_with_ignored_labels(tmp_path):
@@ -117,35 +111,20 @@ def test_padded_batch_with_ignored_labels(tmp_path):
 def test_tp2_and_pp2(cases):
     """One 2-process launch, on Llama 3: its tied head is a copy on the last pp stage."""
     root, case_path, hf_cls, state = cases("llama3")
-    layouts = [
-        {"name": "tp2", "dist": {"tensor_parallel_size": 2}, "export_dir": str(root / "tp2")},
-        {
-            "name": "pp2",
-            "dist": {"pipeline_parallel_size": 2, "pipeline_num_layers": 2},
-            "microbatches": 2,
-            "export_dir": str(root / "pp2"),
-            "max_shard_size": 20_000,
-        },
-    ]
+    layouts = [hf_parity.tp2_layout(root), hf_parity.pp2_layout(root)]
     results = check_layouts(case_path, str(root / "hf"), 2, layouts)
     # pp: each stage checks only its own parameters' gradients, the two stages together all
     assert sum(r["grads_checked"] for r in results["pp2"]) >= results["tp2"][0]["grads_checked"]
-    assert_exported(root / "tp2", hf_cls, state)
-    assert_exported(root / "pp2", hf_cls, state)
+    hf_parity.assert_exported(root / "tp2", hf_cls, state)
+    hf_parity.assert_exported(root / "pp2", hf_cls, state)
 
 
 def test_dp2_tp2(cases):
     """One 4-process launch, on Qwen2: its q/k/v biases are split over tp too."""
     root, case_path, hf_cls, state = cases("qwen2")
-    layouts = [
-        {
-            "name": "dp2xtp2",
-            "dist": {"data_parallel_size": 2, "tensor_parallel_size": 2},
-            "export_dir": str(root / "dp2tp2"),
-        }
-    ]
+    layouts = [hf_parity.dp2_tp2_layout(root)]
     check_layouts(case_path, str(root / "hf"), 4, layouts)
-    assert_exported(root / "dp2tp2", hf_cls, state)
+    hf_parity.assert_exported(root / "dp2tp2", hf_cls, state)
 
 
 # ---- generation with a KV cache ---------------------------------------------------------------

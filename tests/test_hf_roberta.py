@@ -4,6 +4,7 @@ RobertaModel; every layout exports back bitwise."""
 
 from __future__ import annotations
 
+import hf_parity
 import pytest
 import torch
 import transformers
@@ -101,13 +102,6 @@ def causal_case(tmp_path_factory):
     return root, case, hf.state_dict()
 
 
-def assert_exported(path, cls, want: dict) -> None:
-    got = cls.from_pretrained(path).state_dict()
-    assert set(got) == set(want)
-    for name, value in want.items():
-        assert torch.equal(got[name], value), name
-
-
 def test_position_ids_skip_padding():
     ids = torch.tensor([[0, 5, 1, 6, 2, 1, 1]])
     want = transformers.models.roberta.modeling_roberta.RobertaEmbeddings
@@ -120,23 +114,15 @@ def test_masked_lm_single_process(mlm_case):
     root, case, state = mlm_case
     result = check_single_process(case, str(root / "hf"), {"export_dir": str(root / "out1")})
     assert "out_logits" in result and result["grads_checked"] >= 30
-    assert_exported(root / "out1", transformers.RobertaForMaskedLM, state)
+    hf_parity.assert_exported(root / "out1", transformers.RobertaForMaskedLM, state)
 
 
 def test_masked_lm_tp2_and_pp2(mlm_case):
     root, case, state = mlm_case
-    layouts = [
-        {"name": "tp2", "dist": {"tensor_parallel_size": 2}, "export_dir": str(root / "tp2")},
-        {
-            "name": "pp2",
-            "dist": {"pipeline_parallel_size": 2, "pipeline_num_layers": 2},
-            "microbatches": 2,
-            "export_dir": str(root / "pp2"),
-        },
-    ]
+    layouts = [hf_parity.tp2_layout(root), hf_parity.pp2_layout(root, max_shard_size=None)]
     check_layouts(case, str(root / "hf"), 2, layouts)
-    assert_exported(root / "tp2", transformers.RobertaForMaskedLM, state)
-    assert_exported(root / "pp2", transformers.RobertaForMaskedLM, state)
+    hf_parity.assert_exported(root / "tp2", transformers.RobertaForMaskedLM, state)
+    hf_parity.assert_exported(root / "pp2", transformers.RobertaForMaskedLM, state)
 
 
 def test_causal_lm_single_process(causal_case):
@@ -146,20 +132,14 @@ def test_causal_lm_single_process(causal_case):
         case, str(root / "hf"), {"model": model_path, "export_dir": str(root / "out1")}
     )
     assert "out_logits" in result
-    assert_exported(root / "out1", transformers.RobertaForCausalLM, state)
+    hf_parity.assert_exported(root / "out1", transformers.RobertaForCausalLM, state)
 
 
 def test_causal_lm_dp2_tp2(causal_case):
     root, case, state = causal_case
-    layouts = [
-        {
-            "name": "dp2xtp2",
-            "dist": {"data_parallel_size": 2, "tensor_parallel_size": 2},
-            "export_dir": str(root / "dp2tp2"),
-        }
-    ]
+    layouts = [hf_parity.dp2_tp2_layout(root)]
     check_layouts(case, str(root / "hf"), 4, layouts)
-    assert_exported(root / "dp2tp2", transformers.RobertaForCausalLM, state)
+    hf_parity.assert_exported(root / "dp2tp2", transformers.RobertaForCausalLM, state)
 
 
 def test_causal_lm_is_causal_and_picked_from_config(causal_case):

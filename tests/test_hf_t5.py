@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 
+import hf_parity
 import pytest
 import torch
 import transformers
@@ -142,10 +143,7 @@ def test_single_process_equals_transformers_and_exports_bitwise(cases, kind):
 def test_t5_tp2_and_three_pp2_splits(cases):
     """v1.0 (tied head: its copy on the last stage) on tp2 and on each kind of pp2 split."""
     root, case, hf = cases["t5"]
-    layouts = [
-        {"name": "tp2", "dist": {"tensor_parallel_size": 2}, "export_dir": str(root / "tp2")},
-        *PP_LAYOUTS,
-    ]
+    layouts = [hf_parity.tp2_layout(root), *PP_LAYOUTS]
     layouts[2] = {**layouts[2], "export_dir": str(root / "pp2")}  # the mid-encoder split
     results = check_layouts(case, str(root / "hf"), 2, layouts)
     assert set(results) == {layout["name"] for layout in layouts}
@@ -157,11 +155,7 @@ def test_mt5_dp2_tp2_and_dp2_pp2(cases):
     """mT5 (gated MLP, untied vocab-split head) on dp2 x tp2 and dp2 x pp2 (one launch)."""
     root, case, hf = cases["mt5"]
     layouts = [
-        {
-            "name": "dp2xtp2",
-            "dist": {"data_parallel_size": 2, "tensor_parallel_size": 2},
-            "export_dir": str(root / "dp2tp2"),
-        },
+        hf_parity.dp2_tp2_layout(root),
         {
             "name": "dp2xpp2-0001",
             "dist": {**PP, "data_parallel_size": 2, "custom_pipeline_stage_id": [0, 0, 0, 1]},

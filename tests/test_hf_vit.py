@@ -7,6 +7,7 @@ import copy
 import json
 import shutil
 
+import hf_parity
 import pytest
 import torch
 import torch.nn.functional as F
@@ -68,13 +69,10 @@ def vit_case(tmp_path_factory):
     return root, case, hf.state_dict()
 
 
-def assert_exported(path, want: dict) -> None:
+def assert_vit_exported(path, want: dict) -> None:
     config = json.loads((path / "config.json").read_text())
     assert config["architectures"] == ["ViTForImageClassification"]
-    got = transformers.ViTForImageClassification.from_pretrained(path).state_dict()
-    assert set(got) == set(want)
-    for name, value in want.items():
-        assert torch.equal(got[name], value), name
+    hf_parity.assert_exported(path, transformers.ViTForImageClassification, want)
 
 
 def test_single_process(vit_case):
@@ -85,39 +83,24 @@ def test_single_process(vit_case):
     # every HF tensor's gradient was compared (2 layers x 16 + 8 outside the blocks)
     assert result["grads_checked"] == 40, result
     assert (root / "out1" / "model.safetensors.index.json").exists()
-    assert_exported(root / "out1", state)
+    assert_vit_exported(root / "out1", state)
 
 
 def test_tp2_and_pp2(vit_case):
     root, case, state = vit_case
-    layouts = [
-        {"name": "tp2", "dist": {"tensor_parallel_size": 2}, "export_dir": str(root / "tp2")},
-        {
-            "name": "pp2",
-            "dist": {"pipeline_parallel_size": 2, "pipeline_num_layers": 2},
-            "microbatches": 2,
-            "export_dir": str(root / "pp2"),
-            "max_shard_size": 20_000,
-        },
-    ]
+    layouts = [hf_parity.tp2_layout(root), hf_parity.pp2_layout(root)]
     results = check_layouts(case, str(root / "hf"), 2, layouts)
     # pp2: each stage checked only its own parameters (embeddings + block 0 / block 1 + head)
     assert sum(r["grads_checked"] for r in results["pp2"]) == 40, results["pp2"]
-    assert_exported(root / "tp2", state)
-    assert_exported(root / "pp2", state)
+    assert_vit_exported(root / "tp2", state)
+    assert_vit_exported(root / "pp2", state)
 
 
 def test_dp2_tp2(vit_case):
     root, case, state = vit_case
-    layouts = [
-        {
-            "name": "dp2xtp2",
-            "dist": {"data_parallel_size": 2, "tensor_parallel_size": 2},
-            "export_dir": str(root / "dp2tp2"),
-        }
-    ]
+    layouts = [hf_parity.dp2_tp2_layout(root)]
     check_layouts(case, str(root / "hf"), 4, layouts)
-    assert_exported(root / "dp2tp2", state)
+    assert_vit_exported(root / "dp2tp2", state)
 
 
 def test_images_of_the_wrong_size_are_a_clear_error(vit_case):

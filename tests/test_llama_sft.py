@@ -6,21 +6,17 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 import transformers
+from train_net_helpers import ROOT, read_metrics, run_train_net, train_env
 
 from libai.data.datasets.sft_dataset import (
     DEFAULT_PROMPT_TEMPLATE,
     DEFAULT_PROMPT_TEMPLATE_NO_INPUT,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
 CONFIG = str(ROOT / "configs" / "llama_sft.py")
 WORDS = "add the numbers please answer with one word red green blue sum of two and three".split()
 
@@ -61,8 +57,7 @@ def sft_data(tmp_path_factory):
     (tok_dir / "tokenizer_config.json").write_text(
         json.dumps({"eos_token": "</s>", "pad_token": "<pad>"})
     )
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PORT": str(20000 + os.getpid() % 20000)}
-    env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
+    env = train_env()
     common = [
         f"tokenization.tokenizer.tokenizer_file={tok_dir}",
         f"dataloader.train.dataset.0.data_path={data}",
@@ -77,21 +72,8 @@ def sft_data(tmp_path_factory):
 
 
 def train_net(env, out_dir, overrides, nproc=1):
-    opts = [*overrides, f"train.output_dir={out_dir}"]
-    if nproc == 1:
-        cmd = [sys.executable, str(ROOT / "tools" / "train_net.py"), "--config-file", CONFIG, *opts]
-    else:
-        cmd = ["bash", str(ROOT / "tools" / "train.sh"), str(ROOT / "tools" / "train_net.py")]
-        cmd += [CONFIG, str(nproc), *opts]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
-    assert proc.returncode == 0, (
-        f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-    )
-    losses = {}
-    for line in Path(out_dir, "metrics.json").read_text().splitlines():
-        record = json.loads(line)
-        if "total_loss" in record:
-            losses[record["iteration"]] = record["total_loss"]
+    proc = run_train_net(CONFIG, [*overrides, f"train.output_dir={out_dir}"], nproc=nproc, env=env)
+    losses = {i: r["total_loss"] for i, r in read_metrics(out_dir).items() if "total_loss" in r}
     return losses, proc.stdout + proc.stderr
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import os
 import signal
 import subprocess
 import sys
@@ -11,11 +9,11 @@ import time
 from pathlib import Path
 
 import pytest
+from train_net_helpers import ROOT, TRAIN_NET, read_metrics, run_train_net, train_env
 
 from libai.config import LazyConfig
 from libai.data.sample_corpus import ensure_sample_dataset
 
-ROOT = Path(__file__).resolve().parents[1]
 CONFIG = str(ROOT / "configs" / "gpt2_pretrain.py")
 TINY = [
     "model.cfg.hidden_layers=2",
@@ -36,35 +34,14 @@ def sample_env(tmp_path_factory):
     """A small sample dataset built once; the default config finds it through the env var."""
     data_dir = tmp_path_factory.mktemp("sample_data")
     ensure_sample_dataset(str(data_dir), max_bytes=300_000, vocab_size=1000)
-    env = {**os.environ, "LIBAI_SAMPLE_DATA_DIR": str(data_dir), "OMP_NUM_THREADS": "1"}
-    env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
-    return env
+    return train_env(LIBAI_SAMPLE_DATA_DIR=str(data_dir))
 
 
 def train_net(env, out_dir, *overrides, nproc=1, check=True, timeout=300, extra_args=()):
     opts = [*TINY, f"train.output_dir={out_dir}", *overrides]
-    if nproc == 1:
-        cmd = [sys.executable, str(ROOT / "tools" / "train_net.py"), "--config-file", CONFIG]
-        cmd += [*extra_args, *opts]
-    else:
-        cmd = ["bash", str(ROOT / "tools" / "train.sh"), str(ROOT / "tools" / "train_net.py")]
-        cmd += [CONFIG, str(nproc), *extra_args, *opts]
-    env = {**env, "PORT": str(20000 + os.getpid() % 20000)}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
-    if check:
-        assert proc.returncode == 0, (
-            f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-        )
-    return proc
-
-
-def read_metrics(out_dir) -> dict[int, dict]:
-    by_iter = {}
-    for line in Path(out_dir, "metrics.json").read_text().splitlines():
-        if line.strip():
-            record = json.loads(line)
-            by_iter[record["iteration"]] = {**by_iter.get(record["iteration"], {}), **record}
-    return by_iter
+    return run_train_net(
+        CONFIG, opts, nproc=nproc, env=env, check=check, timeout=timeout, extra_args=extra_args
+    )
 
 
 def test_training_writes_every_output_and_perplexity_falls(sample_env, tmp_path):
@@ -102,7 +79,7 @@ def test_resume_after_a_kill_continues_bitwise(sample_env, tmp_path):
     train_net(sample_env, straight, *common)
     # the same run, killed once the iteration-5 checkpoint exists, then resumed
     killed = tmp_path / "killed"
-    cmd = [sys.executable, str(ROOT / "tools" / "train_net.py"), "--config-file", CONFIG]
+    cmd = [sys.executable, str(TRAIN_NET), "--config-file", CONFIG]
     cmd += [*TINY, f"train.output_dir={killed}", *common]
     cmd += ["train.checkpointer.period=3"]
     proc = subprocess.Popen(

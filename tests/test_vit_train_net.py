@@ -3,18 +3,15 @@ loss falls, evaluation reports accuracy (also under pp2), and model_best tracks 
 
 from __future__ import annotations
 
-import json
-import os
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
+from train_net_helpers import ROOT, read_metrics, run_train_net
 
 from libai.config import LazyConfig
 
-ROOT = Path(__file__).resolve().parents[1]
 CONFIG = str(ROOT / "configs" / "vit_imagenet.py")
 COLORS = [(220, 30, 30), (30, 200, 40), (40, 60, 230)]  # one class per dominant colour
 
@@ -65,31 +62,9 @@ def tiny(root) -> list[str]:
 
 
 def train_net(root, out_dir, *overrides, nproc=1):
-    import subprocess
-
-    opts = [*tiny(root), f"train.output_dir={out_dir}", *overrides]
-    if nproc == 1:
-        cmd = [sys.executable, str(ROOT / "tools" / "train_net.py"), "--config-file", CONFIG]
-        cmd += opts
-    else:
-        cmd = ["bash", str(ROOT / "tools" / "train.sh"), str(ROOT / "tools" / "train_net.py")]
-        cmd += [CONFIG, str(nproc), *opts]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PORT": str(20000 + os.getpid() % 20000)}
-    env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
-    assert proc.returncode == 0, (
-        f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    return run_train_net(
+        CONFIG, [*tiny(root), f"train.output_dir={out_dir}", *overrides], nproc=nproc
     )
-    return proc
-
-
-def read_metrics(out_dir) -> dict[int, dict]:
-    by_iter = {}
-    for line in Path(out_dir, "metrics.json").read_text().splitlines():
-        if line.strip():
-            record = json.loads(line)
-            by_iter[record["iteration"]] = {**by_iter.get(record["iteration"], {}), **record}
-    return by_iter
 
 
 def test_vit_trains_and_reports_accuracy(image_folder, tmp_path):

@@ -22,10 +22,11 @@ import torch
 
 from libai.data.datasets.lm_utils import (
     IndexedDocumentDataset,
+    check_mask_lm_prob,
     epochs_until,
     masked_lm_sample,
     sentence_bounds,
-    token_id,
+    set_masked_lm_token_ids,
 )
 
 
@@ -91,8 +92,7 @@ class BertDataset(IndexedDocumentDataset):
                 f"{self.owner}: max_seq_length must be >= {special + 2} ({special} special "
                 f"tokens + 2), got {max_seq_length}."
             )
-        if not 0.0 < float(mask_lm_prob) < 1.0:
-            raise ValueError(f"{self.owner}: mask_lm_prob must be in (0, 1), got {mask_lm_prob}.")
+        mask_lm_prob = check_mask_lm_prob(self.owner, mask_lm_prob)
         if not 0.0 <= float(short_seq_prob) <= 1.0:
             raise ValueError(
                 f"{self.owner}: short_seq_prob must be in [0, 1], got {short_seq_prob}."
@@ -101,11 +101,7 @@ class BertDataset(IndexedDocumentDataset):
         self.max_num_tokens = self.max_seq_length - special
         self.mask_lm_prob = float(mask_lm_prob)
         self.short_seq_prob = float(short_seq_prob)
-        self.cls_id = token_id(tokenizer, "cls", self.owner)
-        self.sep_id = token_id(tokenizer, "sep", self.owner)
-        self.mask_id = token_id(tokenizer, "mask", self.owner)
-        self.pad_id = token_id(tokenizer, "pad", self.owner)
-        self.vocab_size = token_id(tokenizer, "vocab_size", self.owner)
+        set_masked_lm_token_ids(self, tokenizer)
 
     def _init_kwargs(self) -> dict:
         return dict(

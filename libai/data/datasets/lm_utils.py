@@ -56,6 +56,21 @@ def token_id(tokenizer, attr: str, owner: str) -> int:
     return int(value)
 
 
+def check_mask_lm_prob(owner: str, mask_lm_prob) -> float:
+    """``mask_lm_prob`` as a float in (0, 1), or a ValueError naming ``owner``."""
+    if not 0.0 < float(mask_lm_prob) < 1.0:
+        raise ValueError(f"{owner}: mask_lm_prob must be in (0, 1), got {mask_lm_prob}.")
+    return float(mask_lm_prob)
+
+
+def set_masked_lm_token_ids(dataset, tokenizer) -> None:
+    """``dataset.cls_id``, ``sep_id``, ``mask_id``, ``pad_id`` and ``vocab_size`` from
+    ``tokenizer`` (see :func:`token_id`), for a masked-LM dataset."""
+    for attr in ("cls", "sep", "mask", "pad"):
+        setattr(dataset, f"{attr}_id", token_id(tokenizer, attr, dataset.owner))
+    dataset.vocab_size = token_id(tokenizer, "vocab_size", dataset.owner)
+
+
 def open_indexed(owner: str, data_prefix, indexed_dataset) -> MMapIndexedDataset:
     if indexed_dataset is not None:
         return indexed_dataset
@@ -226,6 +241,11 @@ class IndexedDocumentDataset(torch.utils.data.Dataset):
                 time.perf_counter() - start,
             )
         return self._mapping
+
+    def _built(self, attr: str):
+        """``self.<attr>``, set by :meth:`_build_mapping` (builds the index first)."""
+        _ = self.samples_mapping
+        return getattr(self, attr)
 
     def __len__(self) -> int:
         return len(self.samples_mapping)

@@ -20,10 +20,11 @@ import torch
 
 from libai.data.datasets.lm_utils import (
     IndexedDocumentDataset,
+    check_mask_lm_prob,
     epochs_until,
     masked_lm_sample,
     sentence_bounds,
-    token_id,
+    set_masked_lm_token_ids,
 )
 
 
@@ -77,15 +78,10 @@ class RobertaDataset(IndexedDocumentDataset):
         )
         if int(max_seq_length) < 3:
             raise ValueError(f"{self.owner}: max_seq_length must be >= 3, got {max_seq_length}.")
-        if not 0.0 < float(mask_lm_prob) < 1.0:
-            raise ValueError(f"{self.owner}: mask_lm_prob must be in (0, 1), got {mask_lm_prob}.")
+        mask_lm_prob = check_mask_lm_prob(self.owner, mask_lm_prob)
         self.max_seq_length = int(max_seq_length)
         self.mask_lm_prob = float(mask_lm_prob)
-        self.cls_id = token_id(tokenizer, "cls", self.owner)
-        self.sep_id = token_id(tokenizer, "sep", self.owner)
-        self.mask_id = token_id(tokenizer, "mask", self.owner)
-        self.pad_id = token_id(tokenizer, "pad", self.owner)
-        self.vocab_size = token_id(tokenizer, "vocab_size", self.owner)
+        set_masked_lm_token_ids(self, tokenizer)
         self._stream = self._stream_new_doc = None
 
     def _init_kwargs(self) -> dict:
@@ -131,14 +127,12 @@ class RobertaDataset(IndexedDocumentDataset):
     @property
     def stream(self) -> np.ndarray:
         """Sentence ids of all epochs, laid end to end (documents shuffled per epoch)."""
-        _ = self.samples_mapping  # builds the index
-        return self._stream
+        return self._built("_stream")
 
     @property
     def stream_new_doc(self) -> np.ndarray:
         """True where a document's text starts in :attr:`stream`."""
-        _ = self.samples_mapping
-        return self._stream_new_doc
+        return self._built("_stream_new_doc")
 
     def get_segments(self, idx: int) -> list[np.ndarray]:
         """The token ids of sample ``idx``, one array per document part (before specials)."""

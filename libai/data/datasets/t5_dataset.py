@@ -275,14 +275,12 @@ class T5Dataset(IndexedDocumentDataset):
     @property
     def doc_order(self) -> np.ndarray:
         """The split's documents, shuffled and repeated per epoch, in stream order."""
-        _ = self.samples_mapping  # builds the index
-        return self._doc_order
+        return self._built("_doc_order")
 
     @property
     def sample_idx(self) -> np.ndarray:
         """``[n + 1, 2]`` (position in :attr:`doc_order`, token offset) of each chunk start."""
-        _ = self.samples_mapping
-        return self._sample_idx
+        return self._built("_sample_idx")
 
     def get_tokens(self, idx: int) -> np.ndarray:
         """The ``tokens_length`` uncorrupted token ids of sample ``idx``."""
