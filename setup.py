@@ -24,9 +24,10 @@ setup(
         "tqdm",
         "tensorboard",
         "matplotlib",
+        "pillow",  # image datasets (ViT)
     ],
     extras_require={
-        # transformers: tokenizer parity tests and the benchmark's baseline
+        # transformers: the reference models of the parity tests and the benchmarks' baseline
         "test": ["pytest>=7", "ruff", "transformers"],
     },
 )
