@@ -19,11 +19,9 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from libai.models.utils.hf_io import CONFIG, SAFE_INDEX, SAFE_WEIGHTS
-from libai.models.utils.model_loader.base_loader import complete_rules
+from libai.models.utils.model_loader.base_loader import complete_rules, logical_shape
 from libai.models.utils.weight_mapping import Rule
 from libai.utils import distributed as dist
-
-_DTYPE_BYTES = {torch.float32: 4, torch.float16: 2, torch.bfloat16: 2, torch.float64: 8}
 
 
 def model_libai_cfg(model: nn.Module) -> dict:
@@ -35,8 +33,9 @@ def model_libai_cfg(model: nn.Module) -> dict:
     raise TypeError(f"{type(model).__name__} records no libai_cfg (is __init__ @configurable?)")
 
 
-def _is_local(p: torch.Tensor) -> bool:
-    return not p.is_meta
+def _written_here(p: torch.Tensor | None) -> bool:
+    """Whether this rank's stage holds ``p`` and exports it (a tied copy is not exported)."""
+    return p is not None and not p.is_meta and not getattr(p, "libai_tied_copy", False)
 
 
 def _stage_leader() -> bool:
@@ -51,14 +50,11 @@ def _plan(model, rules: dict[str, Rule], dtype, max_shard_bytes: int):
     if _stage_leader():
         for name, rule in rules.items():
             p = params.get(name)
-            if p is None or not _is_local(p) or getattr(p, "libai_tied_copy", False):
+            if not _written_here(p):
                 continue
-            shape = getattr(p, "libai_logical_shape", None) or tuple(p.shape)
-            meta = torch.empty(tuple(shape), device="meta")
-            sizes = {
-                k: t.numel() * _DTYPE_BYTES.get(dtype or p.dtype, 4)
-                for k, t in rule.export(meta).items()
-            }
+            meta = torch.empty(logical_shape(p), device="meta")
+            itemsize = (dtype or p.dtype).itemsize
+            sizes = {k: t.numel() * itemsize for k, t in rule.export(meta).items()}
             mine.append((name, sizes))
     world = dist.get_world_size()
     plans = [mine]
@@ -97,8 +93,9 @@ def _full_value(p: torch.Tensor) -> torch.Tensor:
 
 def export_weights(
     model: nn.Module, rules: list[Rule], path: str, dtype=None, max_shard_size: int = 5 * 2**30
-) -> dict[str, str]:
-    """Write ``model``'s weights as Hugging Face safetensors shards; returns the weight map.
+) -> tuple[dict[str, str], int]:
+    """Write ``model``'s weights as Hugging Face safetensors shards; returns the weight map
+    and the tensors' total bytes.
 
     Collective: every rank must call it.
     """
@@ -107,13 +104,14 @@ def export_weights(
     files = _plan(model, by_name, dtype, max_shard_size)
     names = _file_names(len(files))
     weight_map = {hf: names[i] for i, f in enumerate(files) for _, _, s in f for hf in s}
+    total_size = sum(n for f in files for _, _, s in f for n in s.values())
     rank = dist.get_rank()
     for file, entries in zip(names, files):
         tensors = {}
         # every rank of a stage gathers its stage's parameters in table order
         for owner, name, _ in entries:
             p = params.get(name)
-            if p is None or not _is_local(p) or getattr(p, "libai_tied_copy", False):
+            if not _written_here(p):
                 continue
             full = _full_value(p)
             if owner == rank:
@@ -122,7 +120,7 @@ def export_weights(
                     tensors[hf_name] = t
         if tensors:
             save_file(tensors, os.path.join(path, file), metadata={"format": "pt"})
-    return weight_map
+    return weight_map, total_size
 
 
 def save_huggingface(
@@ -139,7 +137,9 @@ def save_huggingface(
     if dist.is_main_process():
         os.makedirs(path, exist_ok=True)
     dist.synchronize()
-    weight_map = export_weights(model, loader.rules(cfg, type(model)), path, dtype, max_shard_size)
+    weight_map, total_size = export_weights(
+        model, loader.rules(cfg, type(model)), path, dtype, max_shard_size
+    )
     dist.synchronize()
     if dist.is_main_process():
         hf_config = loader.hf_config(cfg, model)
@@ -149,9 +149,8 @@ def save_huggingface(
             json.dump(hf_config, f, indent=2, sort_keys=True)
         files = sorted(set(weight_map.values()))
         if files != [SAFE_WEIGHTS]:
-            total = sum(os.path.getsize(os.path.join(path, f)) for f in files)
             index = {
-                "metadata": {"total_size": total},
+                "metadata": {"total_size": total_size},
                 "weight_map": dict(sorted(weight_map.items())),
             }
             with open(os.path.join(path, SAFE_INDEX), "w", encoding="utf-8") as f:

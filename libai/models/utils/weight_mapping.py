@@ -17,7 +17,7 @@ how mismatches against ``config.json`` are found before anything is loaded.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 import torch
 
@@ -226,6 +226,4 @@ def expand(table: list[Rule], num_layers: int) -> list[Rule]:
 
 
 def _fields(rule: Rule) -> list[str]:
-    from dataclasses import fields
-
     return [f.name for f in fields(rule)]

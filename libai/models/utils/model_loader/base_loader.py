@@ -119,7 +119,6 @@ class ModelLoaderHuggerFace:
             self.base_model_prefix,
             self.optional_missing,
         )
-        model.libai_hf_config = cfg
         return model
 
     def _default_class(self, hf_config: dict) -> type:
@@ -152,7 +151,7 @@ def _shard_spec(param: torch.Tensor) -> ShardSpec | None:
     return None
 
 
-def _logical_shape(param: torch.Tensor) -> tuple[int, ...]:
+def logical_shape(param: torch.Tensor) -> tuple[int, ...]:
     """The full, unpadded shape (a meta parameter of another stage records it)."""
     for attr in ("libai_logical_shape", "libai_global_shape"):
         shape = getattr(param, attr, None)
@@ -198,7 +197,7 @@ class _PrefixedReader:
     """A reader whose names may carry or lack the backbone prefix (base vs head checkpoints)."""
 
     def __init__(self, reader: CheckpointReader, prefix: str):
-        self.reader, self.prefix, self.used = reader, prefix, set()
+        self.reader, self.prefix = reader, prefix
 
     def resolve(self, name: str) -> str | None:
         return _strip_or_add_prefix(name, self.reader.weight_map, self.prefix)
@@ -207,7 +206,6 @@ class _PrefixedReader:
         real = self.resolve(name)
         if real is None:
             raise CheckpointError(f"tensor {name!r} is not in {self.reader.path}")
-        self.used.add(real)
         return real
 
     def read(self, name, dim=None, start=0, stop=None):
@@ -238,7 +236,7 @@ def load_weights(
     params = dict(model.named_parameters(remove_duplicate=False))
     missing, mismatched, used, fresh = [], [], set(), []
     for name, rule in list(by_name.items()):
-        for hf_name, shape in expected_shapes(rule, _logical_shape(params[name])).items():
+        for hf_name, shape in expected_shapes(rule, logical_shape(params[name])).items():
             real = prefixed.resolve(hf_name)
             if real is None and any(re.search(p, hf_name) for p in optional_missing):
                 fresh.append(name)
@@ -278,7 +276,7 @@ def load_weights(
             if p.is_meta:  # another pipeline stage's layer
                 continue
             local = p.to_local() if isinstance(p, DTensor) else p
-            value = rule.load(prefixed, tuple(p.shape), _logical_shape(p), _shard_spec(p))
+            value = rule.load(prefixed, tuple(p.shape), logical_shape(p), _shard_spec(p))
             if tuple(value.shape) != tuple(local.shape):
                 raise RuntimeError(
                     f"{name}: loaded shard {list(value.shape)} vs parameter {list(local.shape)}"
