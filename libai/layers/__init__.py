@@ -4,6 +4,7 @@ from libai.layers.attention import MultiheadAttention
 from libai.layers.collectives import copy_to_tp, gather_from_tp, reduce_from_tp, scatter_to_tp
 from libai.layers.cross_entropy import ParallelCrossEntropyLoss
 from libai.layers.embedding import Embedding, VocabEmbedding
+from libai.layers.kv_cache import KVCache, LayerKVCache
 from libai.layers.layer_norm import LayerNorm, RMSLayerNorm
 from libai.layers.linear import Linear
 from libai.layers.lm_logits import LMLogits
@@ -20,7 +21,9 @@ from libai.layers.transformer_layer import TransformerLayer, build_norm
 
 __all__ = [
     "Embedding",
+    "KVCache",
     "LMLogits",
+    "LayerKVCache",
     "LayerNorm",
     "Linear",
     "MLP",

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from libai.layers.kv_cache import LayerKVCache
 from libai.layers.linear import Linear
 from libai.layers.param import InitMethod, default_init_method
 from libai.layers.rotary import apply_rotary_pos_emb
@@ -30,9 +31,10 @@ class MultiheadAttention(nn.Module):
     contiguous tp shard holds whole groups. Cross-attention uses ``query`` and ``key_value``.
     The output projection ``dense`` is row-parallel.
 
-    ``forward`` takes an explicit KV cache (``past_key_value`` = ``(k, v)`` of this layer,
-    each ``[batch, local_kv_heads, past_len, head_size]``) and, with ``use_cache=True``,
-    returns ``(output, present_key_value)``; the module itself keeps no state.
+    ``forward`` takes an explicit KV cache, ``past_key_value``: this layer's
+    :class:`~libai.layers.kv_cache.LayerKVCache` (extended in place), or a legacy pair
+    ``(k, v)``, each ``[batch, local_kv_heads, past_len, head_size]``; with ``use_cache=True``
+    it returns ``(output, present_key_value)``. The module itself keeps no state.
     """
 
     def __init__(
@@ -121,11 +123,16 @@ class MultiheadAttention(nn.Module):
                 q, k, v = q.reshape(b, s, kvh * g, hd), k.squeeze(3), v.squeeze(3)
             return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         q = self.query(hidden_states).view(b, s, kvh * g, hd).transpose(1, 2)
-        if past_key_value is not None:  # encoder keys/values were computed on the first step
-            return q, past_key_value[0], past_key_value[1]
+        cache = past_key_value if isinstance(past_key_value, LayerKVCache) else None
+        cached = cache.cross if cache is not None else past_key_value
+        if cached is not None:  # encoder keys/values were computed on the first step
+            return q, cached[0], cached[1]
         kv = self.key_value(encoder_states).view(b, encoder_states.shape[1], kvh, 2, hd)
         k, v = kv.unbind(dim=3)
-        return q, k.transpose(1, 2), v.transpose(1, 2)
+        k, v = k.transpose(1, 2), v.transpose(1, 2)
+        if cache is not None:
+            cache.cross = (k, v)
+        return q, k, v
 
     def forward(
         self,
@@ -146,19 +153,19 @@ class MultiheadAttention(nn.Module):
         rotary_pos_emb: ``(cos, sin)`` for the query positions (keys share them).
         position_bias: additive bias for this rank's heads, e.g. T5's relative positions.
         """
-        if self.is_cross_attention and encoder_states is None and past_key_value is None:
+        if self.is_cross_attention and encoder_states is None and not _has_cross(past_key_value):
             raise ValueError("cross-attention needs encoder_states (or a cached past_key_value)")
         q, k, v = self._project(hidden_states, encoder_states, past_key_value)
         if rotary_pos_emb is not None:
             q = apply_rotary_pos_emb(q, *rotary_pos_emb)
             k = apply_rotary_pos_emb(k, *rotary_pos_emb)
         if past_key_value is not None and not self.is_cross_attention:
-            k = torch.cat((past_key_value[0], k), dim=2)
-            v = torch.cat((past_key_value[1], v), dim=2)
+            if isinstance(past_key_value, LayerKVCache):
+                k, v = past_key_value.update(k, v)
+            else:
+                k = torch.cat((past_key_value[0], k), dim=2)
+                v = torch.cat((past_key_value[1], v), dim=2)
         present = (k, v) if use_cache else None
-        if self.group_size > 1:
-            k = k.repeat_interleave(self.group_size, dim=1)
-            v = v.repeat_interleave(self.group_size, dim=1)
         mask, is_causal = self._attention_bias(q, k, attention_mask, position_bias)
         # [S(0), S(heads)] per rank: attention is local to this rank's heads
         context = F.scaled_dot_product_attention(
@@ -169,6 +176,7 @@ class MultiheadAttention(nn.Module):
             dropout_p=self.attention_dropout_prob if self.training else 0.0,
             is_causal=is_causal,
             scale=self.scale,
+            enable_gqa=self.group_size > 1,  # kv heads shared by query groups, no copies
         )
         b, _, s, _ = context.shape
         context = context.transpose(1, 2).reshape(b, s, -1)
@@ -205,3 +213,9 @@ class MultiheadAttention(nn.Module):
         base = torch.zeros((), dtype=q.dtype, device=q.device) if bias is None else bias
         masked = torch.tensor(torch.finfo(q.dtype).min, dtype=q.dtype, device=q.device)
         return torch.where(keep, base, masked), False
+
+
+def _has_cross(past_key_value) -> bool:
+    if isinstance(past_key_value, LayerKVCache):
+        return past_key_value.cross is not None
+    return past_key_value is not None

@@ -7,6 +7,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from libai.layers.attention import KVPair, MultiheadAttention
+from libai.layers.kv_cache import LayerKVCache
 from libai.layers.layer_norm import LayerNorm, RMSLayerNorm
 from libai.layers.mlp import MLP
 from libai.layers.param import InitMethod, default_init_method
@@ -123,13 +124,16 @@ class TransformerLayer(nn.Module):
         attention_mask: torch.Tensor | None = None,
         encoder_states: torch.Tensor | None = None,
         encoder_attention_mask: torch.Tensor | None = None,
-        past_key_value: tuple[KVPair | None, KVPair | None] | None = None,
+        past_key_value: LayerKVCache | tuple[KVPair | None, KVPair | None] | None = None,
         use_cache: bool = False,
         rotary_pos_emb=None,
         position_bias: torch.Tensor | None = None,
         encoder_position_bias: torch.Tensor | None = None,
     ):
-        self_past, cross_past = past_key_value if past_key_value is not None else (None, None)
+        if isinstance(past_key_value, LayerKVCache):  # one object serves both attentions
+            self_past = cross_past = past_key_value
+        else:
+            self_past, cross_past = past_key_value if past_key_value is not None else (None, None)
         h, self_present = self._residual(
             hidden_states,
             self.input_layernorm,

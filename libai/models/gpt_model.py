@@ -20,6 +20,7 @@ from libai.layers import (
     init_method_normal,
     scaled_init_method_normal,
 )
+from libai.layers.kv_cache import layer_past, past_length
 from libai.utils import distributed as dist
 
 
@@ -121,31 +122,33 @@ class GPTModel(nn.Module):
         position_ids: torch.Tensor | None = None,
         past_key_values=None,
         use_cache: bool = False,
+        logits_to_keep: int = 0,
     ):
         """Args:
         input_ids: ``[batch, seq]`` token ids (hidden states on a later pipeline stage).
         attention_mask: ``[batch, kv_len]`` with 1 for real tokens (left padding allowed).
-        past_key_values: per-layer caches from a previous call (with ``use_cache=True``).
+        past_key_values: a :class:`~libai.layers.KVCache` (extended in place), or the legacy
+            per-layer pairs of a previous call with ``use_cache=True``.
+        logits_to_keep: compute the head for the last this many positions only (0 = all).
 
         Returns the vocab-split logits (hidden states on a non-last stage), and with
         ``use_cache=True`` a tuple ``(logits, presents)``.
         """
-        past_length = 0
-        if past_key_values is not None:
-            past_length = past_key_values[0][0][0].shape[2]
         hidden = input_ids
         if self.embeddings is not None:
-            hidden = self.embeddings(input_ids, position_ids, past_length)
+            hidden = self.embeddings(input_ids, position_ids, past_length(past_key_values))
         mask = None
         if attention_mask is not None:
             mask = attention_mask.bool()[:, None, None, :]
         presents = []
         for i, layer in enumerate(self.transformer.layers.values()):
-            past = None if past_key_values is None else past_key_values[i]
+            past = layer_past(past_key_values, i, layer)
             hidden = layer(hidden, attention_mask=mask, past_key_value=past, use_cache=use_cache)
             if use_cache:
                 hidden, present = hidden
                 presents.append(present)
+        if self.lm_head is not None and logits_to_keep:
+            hidden = hidden[:, -logits_to_keep:]
         if self.transformer.layernorm_f is not None:
             hidden = self.transformer.layernorm_f(hidden)
         if self.lm_head is not None:
@@ -185,3 +188,13 @@ class GPTForPreTraining(nn.Module):
 
     def pipeline_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return self.loss_func(logits, labels)
+
+    # ---- generation (libai.inference.generation) ---------------------------------------------
+    def decode_stage(self, x, attention_mask=None, position_ids=None, cache=None):
+        """One pipeline stage of a decoding step with the KV cache ``cache``: token ids or
+        hidden states in; hidden states out, or on the last stage the full-vocab logits of
+        the last position ``[batch, vocab]``."""
+        out = self.GPT_model(x, attention_mask, position_ids, cache, logits_to_keep=1)
+        if self.GPT_model.lm_head is None:
+            return out
+        return self.GPT_model.lm_head.gather(out)[:, -1]

@@ -26,6 +26,7 @@ from libai.layers import (
     VocabEmbedding,
     init_method_normal,
 )
+from libai.layers.kv_cache import layer_past, past_length
 from libai.layers.rotary import rope_type
 from libai.utils import distributed as dist
 
@@ -162,20 +163,15 @@ class LlamaModel(nn.Module):
         ``attention_mask.cumsum(-1) - 1``, for left-padded batches). ``presents`` is the list
         of per-layer caches with ``use_cache=True``, else None.
         """
-        past_length = 0
-        if past_key_values is not None:
-            past_length = past_key_values[0][0][0].shape[2]
         hidden = input_ids if self.embed_tokens is None else self.embed_tokens(input_ids)
         if position_ids is None:
-            seq = hidden.shape[1]
-            position_ids = torch.arange(
-                past_length, past_length + seq, device=hidden.device
-            ).unsqueeze(0)
+            seq, past = hidden.shape[1], past_length(past_key_values)
+            position_ids = torch.arange(past, past + seq, device=hidden.device).unsqueeze(0)
         rotary = self.rotary_emb(position_ids, dtype=hidden.dtype)
         mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
         presents = [] if use_cache else None
         for i, layer in enumerate(self.layers.values()):
-            past = None if past_key_values is None else past_key_values[i]
+            past = layer_past(past_key_values, i, layer)
             hidden = layer(
                 hidden,
                 attention_mask=mask,
@@ -280,3 +276,13 @@ class LlamaForCausalLM(nn.Module):
 
     def pipeline_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return self.loss_func(logits, shift_labels(labels))
+
+    # ---- generation (libai.inference.generation) ---------------------------------------------
+    def decode_stage(self, x, attention_mask=None, position_ids=None, cache=None):
+        """One pipeline stage of a decoding step with the KV cache ``cache``: token ids or
+        hidden states in; hidden states out, or on the last stage the full-vocab logits of
+        the last position ``[batch, vocab]``."""
+        hidden, _ = self.model.hidden_states(x, attention_mask, position_ids, cache)
+        if self.lm_head is None:
+            return hidden
+        return self.lm_head.gather(self.lm_head(hidden[:, -1:]))[:, -1]

@@ -37,6 +37,7 @@ from libai.layers import (
     init_method_normal,
     local_value,
 )
+from libai.layers.kv_cache import layer_past, past_length
 from libai.layers.relative_position import RelativePositionBias
 from libai.utils import distributed as dist
 
@@ -97,10 +98,9 @@ class T5Stack(nn.Module):
         """Run this stage's blocks. Returns ``(hidden, position_bias, presents)``; ``hidden``
         is normalized if the final norm is here. ``position_bias`` is computed when the first
         block is here (else it must be given)."""
-        past_length = 0 if past_key_values is None else past_key_values[0][0][0].shape[2]
         if self.relative_attention_bias is not None:
-            q_len = hidden_states.shape[1]
-            position_bias = self.relative_attention_bias(q_len, past_length + q_len, past_length)
+            q_len, past = hidden_states.shape[1], past_length(past_key_values)
+            position_bias = self.relative_attention_bias(q_len, past + q_len, past)
         presents = []
         for key, layer in self.layers.items():
             out = layer(
@@ -108,7 +108,7 @@ class T5Stack(nn.Module):
                 attention_mask=attention_mask,
                 encoder_states=encoder_states,
                 encoder_attention_mask=encoder_attention_mask,
-                past_key_value=None if past_key_values is None else past_key_values[int(key)],
+                past_key_value=layer_past(past_key_values, int(key), layer),
                 use_cache=use_cache,
                 position_bias=position_bias,
             )
@@ -424,3 +424,37 @@ class T5ForPreTraining(nn.Module):
 
     def pipeline_loss(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return self.loss_func(logits, target)
+
+    # ---- generation (libai.inference.generation) ---------------------------------------------
+    def encode_stage(self, x, encoder_mask, position_bias=None):
+        """One pipeline stage of the encoder pass: token ids (first stage) or hidden states in,
+        ``(hidden, encoder_mask, position_bias)`` out; stages past the encoder hand the
+        finished output on unchanged. The last stage returns the encoder output."""
+        t5 = self.t5_model
+        if t5.word_embeddings is not None:
+            x = t5.embed(x)
+        hidden, position_bias, _ = t5.encoder(x, _padding_mask(encoder_mask), position_bias)
+        if t5.encoder.final_layernorm is not None:
+            hidden, position_bias = t5._finish(hidden), None
+        return hidden if self.lm_head is not None else (hidden, encoder_mask, position_bias)
+
+    def decode_stage(self, x, position_bias=None, *, cache, encoder_states, encoder_mask):
+        """One pipeline stage of a decoding step with the KV cache ``cache`` (self- and
+        cross-attention keys/values): decoder token ids (first stage) or hidden states in;
+        ``(hidden, position_bias)`` out, or on the last stage the full-vocab logits of the
+        last position ``[batch, vocab]``."""
+        t5 = self.t5_model
+        if t5.word_embeddings is not None:
+            x = t5.embed(x)
+        hidden, position_bias, _ = t5.decoder(
+            x,
+            None,
+            position_bias=position_bias,
+            encoder_states=encoder_states,
+            encoder_attention_mask=_padding_mask(encoder_mask),
+            past_key_values=cache,
+        )
+        if self.lm_head is None:
+            return hidden, position_bias
+        hidden = t5._finish(hidden[:, -1:])
+        return self.lm_head.gather(self._logits(hidden))[:, -1]

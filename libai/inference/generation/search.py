@@ -1,0 +1,195 @@
+"""The decoding loops: greedy / multinomial sampling and beam search.
+
+Both drive a *stepper* (see :mod:`libai.inference.generation.stepper`), which owns the model
+and its KV cache and answers "the next-token logits after these sequences". The loops run on
+every rank: only the last pipeline stage has logits, so it picks the tokens and
+``stepper.share`` hands them to the other stages, which keep the same sequences.
+
+The semantics follow transformers' ``generate`` (processor order, eos padding, beam scoring
+with ``length_penalty`` over the generated length, ``early_stopping``), so greedy and beam
+outputs match it token for token on the same weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from libai.inference.generation.config import GenerationConfig
+from libai.inference.generation.logits_process import apply_processors, build_processors
+
+_NEG = -1e9  # transformers' "impossible" score in beam search
+
+
+class _StopStrings:
+    """Ends a sequence once its generated text holds a stop string that ends in (or runs
+    through) the newest token."""
+
+    def __init__(self, stop_strings: list[str], tokenizer, prompt_len: int):
+        if stop_strings and tokenizer is None:
+            raise ValueError("stop_strings needs the tokenizer: pass tokenizer= to generate")
+        self.stop_strings, self.tokenizer, self.prompt_len = stop_strings, tokenizer, prompt_len
+
+    def __call__(self, sequences: torch.Tensor) -> torch.Tensor:
+        hit = torch.zeros(sequences.shape[0], dtype=torch.bool, device=sequences.device)
+        if not self.stop_strings:
+            return hit
+        for row, ids in enumerate(sequences[:, self.prompt_len :].tolist()):
+            before = self.tokenizer.decode(ids[:-1])
+            text = self.tokenizer.decode(ids)
+            for stop in self.stop_strings:
+                if text.find(stop, max(0, len(before) - len(stop) + 1)) != -1:
+                    hit[row] = True
+        return hit
+
+
+def _eos_hit(last_tokens: torch.Tensor, eos_ids: list[int]) -> torch.Tensor:
+    if not eos_ids:
+        return torch.zeros_like(last_tokens, dtype=torch.bool)
+    return torch.isin(last_tokens, torch.tensor(eos_ids, device=last_tokens.device))
+
+
+def _left_pad_counts(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """Per row, the number of leading padding tokens (None without padding)."""
+    if attention_mask is None or bool(attention_mask.all()):
+        return None
+    return (attention_mask != 0).int().argmax(dim=1)
+
+
+def sample_search(
+    stepper,
+    sequences: torch.Tensor,
+    attention_mask: torch.Tensor,
+    config: GenerationConfig,
+    *,
+    generator: torch.Generator | None = None,
+    tokenizer=None,
+    streamer: Callable[[torch.Tensor], None] | None = None,
+) -> torch.Tensor:
+    """Greedy (``do_sample=False``) or multinomial decoding; returns ``[B, prompt + new]``."""
+    prompt_len = sequences.shape[1]
+    eos = config.eos_token_ids
+    pad = config.pad_token_id if config.pad_token_id is not None else (eos[0] if eos else 0)
+    processors = build_processors(config, prompt_len, _left_pad_counts(attention_mask))
+    stop = _StopStrings(config.stop_string_list, tokenizer, prompt_len)
+    unfinished = torch.ones(sequences.shape[0], dtype=torch.bool, device=sequences.device)
+    for _ in range(config.max_new_tokens):
+        logits = stepper.next_logits(sequences, attention_mask)
+        tokens = None
+        if stepper.is_last:
+            scores = apply_processors(processors, sequences, logits.float())
+            if config.do_sample:
+                probs = scores.softmax(dim=-1)
+                tokens = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+            else:
+                tokens = scores.argmax(dim=-1)
+            if eos:
+                tokens = torch.where(unfinished, tokens, torch.full_like(tokens, pad))
+        (tokens,) = stepper.share((tokens,))
+        sequences = torch.cat((sequences, tokens[:, None]), dim=1)
+        attention_mask = torch.cat((attention_mask, attention_mask.new_ones(len(tokens), 1)), 1)
+        if streamer is not None:
+            streamer(tokens)
+        unfinished &= ~(_eos_hit(tokens, eos) | stop(sequences))
+        if not bool(unfinished.any()):
+            break
+    return sequences
+
+
+def beam_search(
+    stepper,
+    sequences: torch.Tensor,
+    attention_mask: torch.Tensor,
+    config: GenerationConfig,
+    *,
+    tokenizer=None,
+) -> torch.Tensor:
+    """Beam search over ``sequences`` already expanded to ``[B * num_beams, len]`` (rows of
+    one input adjacent). Returns ``[B * num_return_sequences, len + generated]``."""
+    k, device = config.num_beams, sequences.device
+    total, prompt_len = sequences.shape
+    batch = total // k
+    max_length = prompt_len + config.max_new_tokens
+    eos = config.eos_token_ids
+    keep = max(2, 1 + len(eos)) * k
+    fill = config.pad_token_id if config.pad_token_id else (eos[0] if eos else -1)
+    processors = build_processors(config, prompt_len, _left_pad_counts(attention_mask))
+    stop = _StopStrings(config.stop_string_list, tokenizer, prompt_len)
+    top_rank = torch.arange(keep, device=device) < k  # only the top k candidates may finish
+
+    running = torch.full((batch, k, max_length), fill, dtype=torch.long, device=device)
+    running[:, :, :prompt_len] = sequences.view(batch, k, prompt_len)
+    finished = running.clone()
+    running_scores = torch.zeros(batch, k, device=device)
+    running_scores[:, 1:] = _NEG  # identical beams at the start: only the first one expands
+    finished_scores = torch.full((batch, k), _NEG, device=device)
+    is_finished = torch.zeros(batch, k, dtype=torch.bool, device=device)
+    finished_lengths = torch.zeros(batch, k, dtype=torch.long, device=device)
+    unsatisfied = torch.ones(batch, 1, dtype=torch.bool, device=device)
+    offsets = (torch.arange(batch, device=device) * k)[:, None]
+    cur_len = prompt_len
+    lp = config.length_penalty
+    while cur_len < max_length:
+        grown = attention_mask.new_ones(total, cur_len - prompt_len)
+        logits = stepper.next_logits(
+            running[:, :, :cur_len].reshape(total, cur_len), torch.cat((attention_mask, grown), 1)
+        )
+        cand_scores = cand_index = None
+        if stepper.is_last:
+            vocab = logits.shape[-1]
+            logp = logits.float().log_softmax(dim=-1)  # transformers: before the processors
+            logp = apply_processors(processors, running[:, :, :cur_len].reshape(total, -1), logp)
+            accumulated = (logp.view(batch, k, vocab) + running_scores[:, :, None]).view(batch, -1)
+            cand_scores, cand_index = torch.topk(accumulated, keep)
+        cand_scores, cand_index = stepper.share((cand_scores, cand_index))
+        vocab_size = int(stepper.vocab_size)
+        source, tokens = cand_index // vocab_size, cand_index % vocab_size
+        cand = running.gather(1, source[:, :, None].expand(-1, -1, max_length)).clone()
+        cand[:, :, cur_len] = tokens
+        flat = cand[:, :, : cur_len + 1].reshape(batch * keep, -1)
+        hit = (_eos_hit(flat[:, -1], eos) | stop(flat)).view(batch, keep)
+        if cur_len + 1 >= max_length:
+            hit[:] = True
+        # the next running beams: the best k candidates that did not end
+        alive = cand_scores + hit.float() * _NEG
+        best = torch.topk(alive, k).indices
+        running = cand.gather(1, best[:, :, None].expand(-1, -1, max_length))
+        running_scores = alive.gather(1, best)
+        beam_index = source.gather(1, best) + offsets
+        # finished hypotheses: top-k candidates that ended, scored over the generated length
+        generated = cur_len + 1 - prompt_len
+        scores = cand_scores / (generated**lp)
+        full = is_finished.all(-1, keepdim=True) & (config.early_stopping is True)
+        scores = scores + (full | ~unsatisfied).float() * _NEG + (~(hit & top_rank)).float() * _NEG
+        merged_scores = torch.cat((finished_scores, scores), 1)
+        chosen = torch.topk(merged_scores, k).indices
+        merged = torch.cat((finished, cand), 1)
+        finished = merged.gather(1, chosen[:, :, None].expand(-1, -1, max_length))
+        finished_scores = merged_scores.gather(1, chosen)
+        is_finished = torch.cat((is_finished, hit & top_rank), 1).gather(1, chosen)
+        lengths = torch.cat(
+            (finished_lengths, torch.full_like(hit, generated, dtype=torch.long)), 1
+        )
+        finished_lengths = lengths.gather(1, chosen)
+        cur_len += 1
+        if cur_len >= max_length:
+            break
+        stepper.reorder(beam_index.flatten())
+        # may a running beam still beat the worst finished one? (transformers' heuristic)
+        never = config.early_stopping == "never" and lp > 0
+        length = (max_length - prompt_len) if never else (cur_len - prompt_len)
+        best_running = running_scores[:, :1] / (length**lp)
+        worst = torch.where(
+            is_finished,
+            finished_scores.min(1, keepdim=True).values,
+            torch.full_like(finished_scores, _NEG),
+        )
+        unsatisfied = unsatisfied & (best_running > worst).any(-1, keepdim=True)
+        all_full = bool(is_finished.all()) and config.early_stopping is True
+        if not bool(unsatisfied.any()) or all_full or bool(hit.all()):
+            break
+    n = config.num_return_sequences
+    out = finished[:, :n].reshape(batch * n, max_length)
+    generated = int(finished_lengths[:, :n].max())
+    return out[:, : prompt_len + generated]
