@@ -39,7 +39,10 @@ class LayerKVCache:
         return self._keys[:, :, :end], self._values[:, :, :end]
 
     def _grow(self, keys: torch.Tensor, values: torch.Tensor, needed: int) -> None:
-        capacity = max(needed, self.max_length or 0, 2 * (self.length or needed))
+        if self.max_length is not None and needed <= self.max_length:
+            capacity = self.max_length
+        else:  # unknown or exceeded: double
+            capacity = max(needed, 2 * self.length)
         b, h, _, d = keys.shape
         new_k = keys.new_empty(b, h, capacity, d)
         new_v = values.new_empty(b, h, capacity, values.shape[-1])

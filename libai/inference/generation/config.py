@@ -12,7 +12,8 @@ class GenerationConfig:
 
     Length: ``max_new_tokens`` (default 20) and ``min_new_tokens`` (eos is masked until that
     many tokens exist). Search: greedy (default), multinomial sampling (``do_sample``, with
-    ``temperature``, ``top_k``, ``top_p``; ``seed`` makes it reproducible), or beam search
+    ``temperature``, ``top_k``, ``top_p``; with a ``seed`` each prompt's samples depend only
+    on the prompt and the seed, not on the batch or the layout), or beam search
     (``num_beams > 1``, ``length_penalty``, ``early_stopping`` = True / False / "never").
     Penalties: ``repetition_penalty`` (> 1 discourages tokens already present),
     ``no_repeat_ngram_size``. Stopping: ``eos_token_id`` (one id or a list), ``stop_strings``

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 
 import torch
@@ -76,15 +77,29 @@ def generate(
     stepper.start(input_ids, attention_mask, expand, max_length)
     if config.num_beams > 1:
         return beam_search(stepper, sequences, mask, config, tokenizer=tokenizer)
-    generator = None
+    generators = None
     if config.do_sample and config.seed is not None:
-        generator = torch.Generator(device=input_ids.device).manual_seed(config.seed)
+        generators = row_generators(config.seed, input_ids, attention_mask, expand)
     return sample_search(
         stepper,
         sequences,
         mask,
         config,
-        generator=generator,
+        generators=generators,
         tokenizer=tokenizer,
         streamer=streamer,
     )
+
+
+def row_generators(seed: int, input_ids, attention_mask, copies: int) -> list[torch.Generator]:
+    """One generator per output row, seeded from ``seed``, the row's prompt tokens and its
+    copy index: a prompt's sampled continuation does not depend on the other prompts of the
+    batch, its padding, or how the batch is split over data-parallel replicas."""
+    out = []
+    for ids, keep in zip(input_ids.tolist(), attention_mask.tolist()):
+        prompt = [t for t, k in zip(ids, keep) if k]
+        for copy in range(copies):
+            digest = hashlib.sha256(f"{seed}/{copy}/{prompt}".encode()).digest()
+            generator = torch.Generator(device=input_ids.device)
+            out.append(generator.manual_seed(int.from_bytes(digest[:8], "little") >> 1))
+    return out

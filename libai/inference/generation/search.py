@@ -63,11 +63,12 @@ def sample_search(
     attention_mask: torch.Tensor,
     config: GenerationConfig,
     *,
-    generator: torch.Generator | None = None,
+    generators: list[torch.Generator] | None = None,
     tokenizer=None,
     streamer: Callable[[torch.Tensor], None] | None = None,
 ) -> torch.Tensor:
-    """Greedy (``do_sample=False``) or multinomial decoding; returns ``[B, prompt + new]``."""
+    """Greedy (``do_sample=False``) or multinomial decoding; returns ``[B, prompt + new]``.
+    ``generators``: one random generator per row (seeded sampling), else the global RNG."""
     prompt_len = sequences.shape[1]
     eos = config.eos_token_ids
     pad = config.pad_token_id if config.pad_token_id is not None else (eos[0] if eos else 0)
@@ -81,7 +82,12 @@ def sample_search(
             scores = apply_processors(processors, sequences, logits.float())
             if config.do_sample:
                 probs = scores.softmax(dim=-1)
-                tokens = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+                if generators is None:
+                    tokens = torch.multinomial(probs, 1).squeeze(1)
+                else:
+                    tokens = torch.cat(
+                        [torch.multinomial(p, 1, generator=g) for p, g in zip(probs, generators)]
+                    )
             else:
                 tokens = scores.argmax(dim=-1)
             if eos:
