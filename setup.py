@@ -25,6 +25,9 @@ setup(
         "tensorboard",
         "matplotlib",
         "pillow",  # image datasets (ViT)
+        "onnx",  # tools/export_onnx.py
+        "onnxruntime",  # verifies exported graphs; the onnxruntime generator
+        "onnxscript",  # torch.onnx's dynamo exporter
     ],
     extras_require={
         # transformers: the reference models of the parity tests and the benchmarks' baseline

@@ -1,0 +1,136 @@
+"""Load the model to export, in one process: a Hugging Face directory, or a libai training
+checkpoint (DCP, any training layout) plus the LazyConfig that built the model."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+from torch import nn
+
+from libai.onnx_export.wrappers import SUPPORTED_MODEL_TYPES, UnsupportedModelError, model_family
+
+logger = logging.getLogger(__name__)
+
+
+def _single_process_mesh() -> None:
+    from libai.utils import distributed as dist
+
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise RuntimeError(
+            "ONNX export runs in one process; a checkpoint trained on any layout loads into it "
+            "(run it with python, not torchrun)"
+        )
+    dist.setup_dist_util({})
+
+
+def load_hf_model(path: str | os.PathLike) -> nn.Module:
+    """The libai model of the Hugging Face directory ``path`` (config.json + safetensors).
+    An unsupported ``model_type`` raises :class:`UnsupportedModelError` before loading."""
+    from libai.models.utils import load_huggingface
+
+    config = Path(path) / "config.json"
+    if not config.is_file():
+        raise FileNotFoundError(
+            f"{config} not found: --model-path must be a Hugging Face directory, or a libai "
+            "checkpoint together with --config-file"
+        )
+    model_type = json.loads(config.read_text()).get("model_type")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise UnsupportedModelError(
+            f"model_type {model_type!r} is not supported for ONNX export; supported: "
+            f"{', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
+    _single_process_mesh()
+    return load_huggingface(str(path))
+
+
+def resolve_checkpoint(path: str | os.PathLike) -> str:
+    """A checkpoint directory (with DCP ``.metadata``), or the newest one named by
+    ``last_checkpoint`` in a training output directory."""
+    path = Path(path)
+    if (path / ".metadata").is_file():
+        return str(path)
+    last = path / "last_checkpoint"
+    if last.is_file():
+        name = last.read_text().strip()
+        if name and (path / name / ".metadata").is_file():
+            return str(path / name)
+    raise FileNotFoundError(
+        f"{path} is neither a libai checkpoint (no .metadata) nor a training output directory "
+        "with a last_checkpoint"
+    )
+
+
+def _checkpoint_shapes(checkpoint: str) -> dict[str, tuple[int, ...]]:
+    import torch.distributed.checkpoint as dcp
+
+    meta = dcp.FileSystemReader(checkpoint).read_metadata().state_dict_metadata
+    return {k: tuple(v.size) for k, v in meta.items() if hasattr(v, "size")}
+
+
+def _checkpoint_vocab_size(model: nn.Module, checkpoint: str, vocab_size: int) -> int | None:
+    """The vocabulary size the checkpoint was trained with, where it differs from the config's
+    (the trainer sets ``model.cfg.vocab_size`` from the tokenizer, padded for the training's
+    tensor-parallel size, after saving ``config.yaml``); None if the shapes agree."""
+    shapes = _checkpoint_shapes(checkpoint)
+    for name, param in model.state_dict().items():
+        for key, shape in shapes.items():
+            if not (key == name or key.endswith("." + name)) or len(shape) != param.dim():
+                continue
+            for want, got in zip(shape, param.shape, strict=True):
+                if want != got and got == vocab_size:
+                    return want
+    return None
+
+
+def load_checkpoint_model(
+    checkpoint: str | os.PathLike, config_file: str, opts: list[str] | None = None
+) -> nn.Module:
+    """Build ``model`` of the LazyConfig ``config_file`` (with Hydra-style ``opts`` overrides)
+    in one process and load the DCP checkpoint ``checkpoint`` (a checkpoint directory or a
+    training output directory) into it, whatever layout it was trained on."""
+    from libai.config import LazyConfig, instantiate, try_get_key
+    from libai.utils.checkpoint import Checkpointer
+
+    cfg = LazyConfig.load(config_file)
+    if opts:
+        cfg = LazyConfig.apply_overrides(cfg, list(opts))
+    if try_get_key(cfg, "model") is None:
+        raise ValueError(f"{config_file} defines no `model`")
+    path = resolve_checkpoint(checkpoint)
+    _single_process_mesh()
+    model = instantiate(cfg.model)
+    model_family(model)  # unsupported models fail before the checkpoint is read
+    vocab = try_get_key(cfg, "model.cfg.vocab_size")
+    if vocab is not None:
+        trained = _checkpoint_vocab_size(model, path, vocab)
+        if trained is not None:
+            logger.warning(
+                "vocab_size %d in the checkpoint (the config says %d): using %d",
+                trained,
+                vocab,
+                trained,
+            )
+            cfg.model.cfg.vocab_size = trained
+            model = instantiate(cfg.model)
+    Checkpointer(model).load(path, checkpointables=[])
+    return model
+
+
+def load_model(
+    model_path: str | os.PathLike, config_file: str | None = None, opts: list[str] | None = None
+) -> nn.Module:
+    """:func:`load_hf_model` without ``config_file``, else :func:`load_checkpoint_model`.
+    Raises :class:`UnsupportedModelError` for models that cannot be exported."""
+    if config_file is None:
+        model = load_hf_model(model_path)
+    else:
+        model = load_checkpoint_model(model_path, config_file, opts)
+    model_family(model)
+    return model.eval()
+
+
+__all__ = ["UnsupportedModelError", "load_model", "load_hf_model", "load_checkpoint_model"]
