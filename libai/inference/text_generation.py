@@ -61,7 +61,7 @@ class TextGenerationPipeline(BasePipeline):
             raise ValueError(
                 "text generation needs a tokenizer (config `tokenization` or model dir)"
             )
-        self.stepper = ModelStepper(self.model, self.pipe)
+        self.stepper = ModelStepper(self.model, self.pipe, decode_layout=True)
         self.generation_config = self.default_generation_config()
 
     # ---- defaults -----------------------------------------------------------------------------

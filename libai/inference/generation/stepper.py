@@ -32,6 +32,25 @@ def model_hparams(model: nn.Module) -> dict:
     raise TypeError(f"{type(model).__name__} records no hyper-parameters (libai_cfg)")
 
 
+@torch.no_grad()
+def use_decode_layout(model: nn.Module) -> int:
+    """Store every 2-D weight of ``model`` column-major (``W.t()`` contiguous), in place.
+
+    ``F.linear(x, W)`` multiplies by ``W.t()``; with that contiguous the GEMM streams the
+    weight in its natural order, which on CPU makes the skinny products of decoding (a few
+    rows times a large weight) up to ~2x faster (the tied GPT-2 head at batch 8: 23 -> 13 ms)
+    at no memory cost: same values, same shapes, other strides. Parameters that are
+    DTensors (tensor-parallel stages) are left as they are. Returns the number of weights
+    changed.
+    """
+    changed = 0
+    for param in model.parameters():
+        if param.dim() == 2 and type(param.data) is torch.Tensor and param.is_contiguous():
+            param.data = param.data.t().contiguous().t()
+            changed += 1
+    return changed
+
+
 class ModelStepper:
     """Step a libai model through generation on this rank's pipeline stage.
 
@@ -39,15 +58,25 @@ class ModelStepper:
         model: a generative libai model, already pruned to this rank's stage under pp.
         pipe: the stage messenger (a single stage by default).
         amp_dtype: run the forward under ``torch.autocast`` with this dtype (e.g. bf16).
+        decode_layout: store the weights column-major first (:func:`use_decode_layout`; it
+            changes the model's parameter strides in place, not their values).
     """
 
-    def __init__(self, model: nn.Module, pipe: StagePipe | None = None, amp_dtype=None):
+    def __init__(
+        self,
+        model: nn.Module,
+        pipe: StagePipe | None = None,
+        amp_dtype=None,
+        decode_layout: bool = False,
+    ):
         if not hasattr(model, "decode_stage"):
             raise TypeError(
                 f"{type(model).__name__} cannot generate text: text generation supports "
                 "decoder-only (GPT-2, Llama, Qwen2) and encoder-decoder (T5, mT5) models"
             )
         self.model, self.pipe, self.amp_dtype = model, pipe or StagePipe(), amp_dtype
+        if decode_layout:
+            use_decode_layout(model)
         self.is_encoder_decoder = hasattr(model, "encode_stage")
         self.is_last = self.pipe.is_last
         hparams = model_hparams(model)
