@@ -1,5 +1,8 @@
-"""Run a fill-mask, text- or image-classification pipeline on any layout; rank 0 prints.
+"""Run a text-generation, fill-mask, text- or image-classification pipeline on any layout;
+rank 0 prints.
 
+    bash tools/infer.sh tools/infer_demo.py 4 --task text-generation --model-path hf_llama \
+        --tp 2 --pp 2 --max-new-tokens 32 "Once upon a time"
     bash tools/infer.sh tools/infer_demo.py 2 --task fill-mask --model-path path/to/hf_bert \\
         --tp 2 "paris is the [MASK] of france."
     bash tools/infer.sh tools/infer_demo.py 2 --task image-classification \\
@@ -17,6 +20,7 @@ from libai.inference import (
     FillMaskPipeline,
     ImageClassificationPipeline,
     TextClassificationPipeline,
+    TextGenerationPipeline,
 )
 from libai.utils import distributed as dist
 
@@ -24,6 +28,7 @@ TASKS = {
     "fill-mask": FillMaskPipeline,
     "text-classification": TextClassificationPipeline,
     "image-classification": ImageClassificationPipeline,
+    "text-generation": TextGenerationPipeline,
 }
 
 
@@ -38,6 +43,8 @@ def main() -> None:
     parser.add_argument("--pp", type=int, default=1)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--top-k", type=int, default=None)
+    parser.add_argument("--max-new-tokens", type=int, default=None, help="text-generation")
+    parser.add_argument("--num-beams", type=int, default=None, help="text-generation")
     parser.add_argument("inputs", nargs="+", help="texts, or image files")
     args = parser.parse_args()
 
@@ -50,7 +57,15 @@ def main() -> None:
         mode=args.mode,
         device=args.device,
     )
-    params = {} if args.top_k is None else {"top_k": args.top_k}
+    params = {
+        k: v
+        for k, v in (
+            ("top_k", args.top_k),
+            ("max_new_tokens", args.max_new_tokens),
+            ("num_beams", args.num_beams),
+        )
+        if v is not None
+    }
     results = pipeline(args.inputs, **params)
     if dist.is_main_process():
         print(json.dumps(results, indent=2, ensure_ascii=False))
