@@ -1,0 +1,315 @@
+"""Generation tokens/s: libai's ``generate`` against transformers' ``generate``, same weights.
+
+Greedy decoding of ``--new-tokens`` (128) tokens after a prompt of ``--prompt-len`` (16)
+random tokens, one process, for two random models: GPT-2 small (``GPT2Config()`` defaults,
+124M) and a ~100M Llama (hidden 768, ffn 2048, 10 layers, 12 heads / 4 kv heads, vocab 32000),
+at batch 1 and 8. The target: tokens/s libai / HF >= 1.2.
+
+Each HF model is built with a fixed seed, saved to a temporary directory and loaded into libai
+with ``load_huggingface`` (the path users take), so both hold the same weights. libai runs
+``generate(ModelStepper(model, decode_layout=True), ...)``; HF runs ``model.generate(...,
+do_sample=False)`` under ``torch.no_grad()``; neither stops early (no eos). The new tokens of
+the two are compared (random models can have near-ties, so a mismatch is reported, not fatal).
+
+The two are timed in interleaved runs (A B, B A, ...; benchmarks/harness.py) after one warm-up
+each; the figure is the median wall time of a ``generate`` call. Peak memory is the peak
+increase of memory during one ``generate`` call with the model already loaded: on CPU the peak
+RSS (VmHWM, reset through /proc/self/clear_refs) of a fresh subprocess per contender
+(this script with ``--memory-only``), on CUDA ``torch.cuda.max_memory_allocated``.
+
+    python benchmarks/bench_generation.py                   # the four cases, CPU
+    python benchmarks/bench_generation.py --tiny            # seconds, a smoke test
+    python benchmarks/bench_generation.py --models llama --batches 8 --threads 2
+    python benchmarks/bench_generation.py --device cuda --amp bf16
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import json
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+from harness import Contender, run_interleaved
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import transformers  # noqa: E402
+
+from libai.inference.generation import ModelStepper, generate  # noqa: E402
+from libai.models.utils import load_huggingface  # noqa: E402
+from libai.utils import distributed as dist  # noqa: E402
+
+TARGET_RATIO = 1.2  # tokens/s libai / HF
+MODELS = ("gpt2", "llama")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", default="gpt2,llama", help="comma-separated: gpt2, llama")
+    p.add_argument("--batches", default="1,8", help="comma-separated batch sizes")
+    p.add_argument("--prompt-len", type=int, default=16)
+    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--tiny", action="store_true", help="tiny models: a smoke test in seconds")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--amp", default="none", choices=["none", "bf16"], help="autocast dtype")
+    p.add_argument("--repeats", type=int, default=3, help="timed runs per contender")
+    p.add_argument("--warmup", type=int, default=1, help="untimed runs per contender")
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--no-memory", action="store_true", help="skip the peak-memory runs")
+    p.add_argument("--strict", action="store_true", help="exit 1 if the target is missed")
+    # internal: measure one contender's peak memory in this (fresh) process
+    p.add_argument("--memory-only", choices=["libai", "hf"], help=argparse.SUPPRESS)
+    p.add_argument("--weights", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.tiny:
+        args.new_tokens, args.repeats = 16, 2
+    args.models = [m for m in args.models.split(",") if m]
+    assert all(m in MODELS for m in args.models), f"--models: choose from {MODELS}"
+    args.batches = [int(b) for b in args.batches.split(",") if b]
+    return args
+
+
+LLAMA = dict(hidden_size=768, intermediate_size=2048, num_hidden_layers=10, vocab_size=32000)
+LLAMA_TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, vocab_size=1000)
+
+
+def hf_config(name: str, tiny: bool):
+    if name == "gpt2":
+        tiny_shape = dict(n_embd=64, n_layer=2, n_head=4, vocab_size=1000)
+        return transformers.GPT2Config(**(tiny_shape if tiny else {}))
+    heads = dict(num_attention_heads=4, num_key_value_heads=2) if tiny else {}
+    heads = heads or dict(num_attention_heads=12, num_key_value_heads=4)
+    return transformers.LlamaConfig(**heads, **(LLAMA_TINY if tiny else LLAMA))
+
+
+def build_hf(name: str, args):
+    torch.manual_seed(args.seed)
+    config = hf_config(name, args.tiny)
+    cls = transformers.GPT2LMHeadModel if name == "gpt2" else transformers.LlamaForCausalLM
+    return cls(config).eval()
+
+
+def make_prompt(vocab: int, batch: int, args, device):
+    g = torch.Generator().manual_seed(args.seed + batch)
+    ids = torch.randint(1, vocab, (batch, args.prompt_len), generator=g).to(device)
+    return ids, torch.ones_like(ids)
+
+
+def amp_context(args):
+    if args.amp == "none":
+        return contextlib.nullcontext()
+    return torch.autocast(args.device, dtype=torch.bfloat16)
+
+
+def hf_generate_fn(hf, args):
+    hf.generation_config.eos_token_id = None
+    hf.generation_config.pad_token_id = 0
+
+    def run(ids, mask):
+        with torch.no_grad(), amp_context(args):
+            return hf.generate(
+                ids, attention_mask=mask, max_new_tokens=args.new_tokens, do_sample=False
+            )
+
+    return run
+
+
+def libai_generate_fn(model, args):
+    amp_dtype = torch.bfloat16 if args.amp == "bf16" else None
+    stepper = ModelStepper(model.eval(), amp_dtype=amp_dtype, decode_layout=True)
+
+    def run(ids, mask):
+        return generate(
+            stepper, ids, mask, max_new_tokens=args.new_tokens, eos_token_id=None, pad_token_id=0
+        )
+
+    return run
+
+
+def _reset_peak_rss() -> bool:
+    """Reset the process's peak RSS (VmHWM) to its current RSS (Linux >= 4.0)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_extra_mb(run, ids, mask, device: str) -> float:
+    """Peak memory increase (MB) during one ``run(ids, mask)`` call."""
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        run(ids, mask)
+        torch.cuda.synchronize()
+        return (torch.cuda.max_memory_allocated() - before) / 2**20
+    # VmHWM, not ru_maxrss: the latter also keeps the peak of exited threads (loading)
+    if not _reset_peak_rss():  # the loading peak may then hide the call's
+        print("warning: cannot reset the peak RSS; peak memory may be understated")
+    before = _vm_hwm_kib()
+    run(ids, mask)
+    return (_vm_hwm_kib() - before) / 1024
+
+
+def _vm_hwm_kib() -> int:
+    """Peak RSS (KiB) of this process's memory: VmHWM, or ``ru_maxrss`` without /proc."""
+    with contextlib.suppress(OSError), open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+
+
+def memory_only(args) -> None:
+    """Subprocess: load one contender from ``--weights``, print its peak extra memory."""
+    device = dist.get_dist_util().device
+    if args.memory_only == "libai":
+        model = load_huggingface(args.weights)
+        run = libai_generate_fn(model, args)
+    else:
+        model = transformers.AutoModelForCausalLM.from_pretrained(args.weights).to(device).eval()
+        run = hf_generate_fn(model, args)
+    with torch.no_grad():  # fault in weights loaded by mmap, or their pages count as extra
+        sum(float(p.sum()) for p in model.parameters())
+    vocab = transformers.AutoConfig.from_pretrained(args.weights).vocab_size
+    ids, mask = make_prompt(vocab, args.batches[0], args, device)
+    print(json.dumps({"peak_mb": peak_extra_mb(run, ids, mask, args.device)}))
+
+
+def subprocess_peak(which: str, weights: str, batch: int, args) -> float:
+    cmd = [sys.executable, __file__, "--memory-only", which, "--weights", weights]
+    cmd += ["--batches", str(batch), "--prompt-len", str(args.prompt_len)]
+    cmd += ["--new-tokens", str(args.new_tokens), "--seed", str(args.seed), "--amp", args.amp]
+    cmd += ["--threads", str(args.threads)] if args.threads else []
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])["peak_mb"]
+
+
+def bench_case(name: str, batch: int, hf, libai_model, weights: str, args, device) -> dict:
+    vocab = hf.config.vocab_size
+    ids, mask = make_prompt(vocab, batch, args, device)
+    outputs: dict[str, torch.Tensor] = {}
+
+    def step_fn(label, run):
+        def step(prompt, optimizer):
+            outputs[label] = run(*prompt)
+            return 0.0
+
+        return step
+
+    runs = {"libai": libai_generate_fn(libai_model, args), "HF": hf_generate_fn(hf, args)}
+    contenders = [Contender(k, step_fn(k, fn), None) for k, fn in runs.items()]
+    run_interleaved(contenders, [(ids, mask)], args.warmup, args.repeats, 1)
+
+    a, b = (outputs[k][:, args.prompt_len :] for k in ("libai", "HF"))
+    assert a.shape == b.shape == (batch, args.new_tokens), (a.shape, b.shape)
+    agree = int((a == b).sum())
+    if agree != a.numel():
+        first = [int((r != 0).nonzero()[0]) if r.any() else None for r in (a != b)]
+        print(
+            f"  {name} batch {batch}: tokens agree at {agree}/{a.numel()} positions "
+            f"(first difference per row: {first})"
+        )
+    wall = {c.name: sorted(c.wall)[len(c.wall) // 2] for c in contenders}
+    tps = {k: batch * args.new_tokens / t for k, t in wall.items()}
+    row = dict(
+        model=name,
+        batch=batch,
+        libai=tps["libai"],
+        hf=tps["HF"],
+        agree=agree,
+        total=a.numel(),
+        ratio=tps["libai"] / tps["HF"],
+    )
+    if args.no_memory:
+        row["mem_libai"] = row["mem_hf"] = float("nan")
+    elif args.device == "cuda":
+        row["mem_libai"] = peak_extra_mb(runs["libai"], ids, mask, "cuda")
+        row["mem_hf"] = peak_extra_mb(runs["HF"], ids, mask, "cuda")
+    else:
+        row["mem_libai"] = subprocess_peak("libai", weights, batch, args)
+        row["mem_hf"] = subprocess_peak("hf", weights, batch, args)
+    print(
+        f"  {name} batch {batch}: libai {tps['libai']:.1f} tok/s ({wall['libai']:.2f} s), "
+        f"HF {tps['HF']:.1f} tok/s ({wall['HF']:.2f} s), ratio {row['ratio']:.3f}; "
+        f"tokens agree {agree}/{a.numel()}",
+        flush=True,
+    )
+    return row
+
+
+def main(args: argparse.Namespace) -> list[dict]:
+    device = dist.get_dist_util().device
+    device_name = (
+        torch.cuda.get_device_name() if args.device == "cuda" else platform.processor()
+    ) or platform.machine()
+    print(
+        f"torch {torch.__version__}, transformers {transformers.__version__}, {args.device} "
+        f"({device_name}), {torch.get_num_threads()} threads, amp {args.amp}; greedy, prompt "
+        f"{args.prompt_len} random tokens, {args.new_tokens} new tokens; {args.warmup} warm-up "
+        f"+ {args.repeats} interleaved timed runs each (median)",
+        flush=True,
+    )
+    rows = []
+    for name in args.models:
+        hf = build_hf(name, args)
+        print(f"{name}: {sum(p.numel() for p in hf.parameters()) / 1e6:.1f}M params", flush=True)
+        with tempfile.TemporaryDirectory() as tmp:
+            hf.save_pretrained(tmp)
+            libai_model = load_huggingface(tmp)
+            hf.to(device)
+            for batch in args.batches:
+                rows.append(bench_case(name, batch, hf, libai_model, tmp, args, device))
+        del hf, libai_model
+        gc.collect()
+
+    print()
+    print(
+        "| model | batch | libai tok/s | HF tok/s | ratio | libai peak extra MB "
+        "| HF peak extra MB | tokens agree |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(
+            f"| {r['model']} | {r['batch']} | {r['libai']:.1f} | {r['hf']:.1f} "
+            f"| {r['ratio']:.3f} | {r['mem_libai']:.1f} | {r['mem_hf']:.1f} "
+            f"| {r['agree']}/{r['total']} |"
+        )
+    worst = min(r["ratio"] for r in rows)
+    print()
+    print(
+        f"target ratio >= {TARGET_RATIO:.2f}: {'MET' if worst >= TARGET_RATIO else 'MISSED'}"
+        f" (lowest ratio {worst:.3f})"
+    )
+    return rows
+
+
+if __name__ == "__main__":
+    cli_args = parse_args()
+    if cli_args.threads:
+        torch.set_num_threads(cli_args.threads)
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    dist.setup_dist_util({"device_type": cli_args.device})  # one process: tp = dp = pp = 1
+    try:
+        if cli_args.memory_only:
+            memory_only(cli_args)
+            sys.exit(0)
+        result = main(cli_args)
+    finally:
+        dist.destroy_dist()
+    missed = min(r["ratio"] for r in result) < TARGET_RATIO
+    sys.exit(1 if cli_args.strict and missed else 0)
