@@ -44,6 +44,12 @@ def _header(tensors: Sequence[torch.Tensor | None], device) -> torch.Tensor:
     return torch.tensor(rows, dtype=torch.int64, device=device).flatten()
 
 
+def _empty(row: list[int], device) -> torch.Tensor | None:
+    """An uninitialized tensor for one header row (``None`` for a ``None`` entry)."""
+    dtype_code, ndim, *shape = row
+    return None if ndim < 0 else torch.empty(shape[:ndim], dtype=_DTYPES[dtype_code], device=device)
+
+
 class StagePipe:
     """This rank's place in the inference pipeline and the messages between stages.
 
@@ -82,24 +88,17 @@ class StagePipe:
 
     def recv(self) -> tuple[torch.Tensor | None, ...]:
         """Receive the tuple the previous stage sent."""
-        return self._recv_from(self.ranks[self.stage - 1])
-
-    def _recv_from(self, src: int) -> tuple[torch.Tensor | None, ...]:
+        src = self.ranks[self.stage - 1]
         first = torch.empty(_MAX_DIMS + 2, dtype=torch.int64, device=self.device)
         torch_dist.recv(first, src=src)
         n = int(first[0])
         meta = torch.empty(n * (_MAX_DIMS + 2), dtype=torch.int64, device=self.device)
         if n:
             torch_dist.recv(meta, src=src)
-        out = []
-        for row in meta.view(n, _MAX_DIMS + 2).tolist():
-            dtype_code, ndim, *shape = row
-            if ndim < 0:
-                out.append(None)
-                continue
-            t = torch.empty(shape[:ndim], dtype=_DTYPES[dtype_code], device=self.device)
-            torch_dist.recv(t, src=src)
-            out.append(t)
+        out = [_empty(row, self.device) for row in meta.view(n, _MAX_DIMS + 2).tolist()]
+        for t in out:
+            if t is not None:
+                torch_dist.recv(t, src=src)
         return tuple(out)
 
     def run(self, stage_fn: Callable[..., object], *first_inputs) -> object | None:
@@ -130,18 +129,14 @@ class StagePipe:
         if not self.is_last:
             header = torch.empty(int(size), dtype=torch.int64, device=self.device)
         torch_dist.broadcast(header, src=src, group=self.group)
-        rows = header.view(-1, _MAX_DIMS + 2).tolist()[1:]
-        out = []
-        for i, (dtype_code, ndim, *shape) in enumerate(rows):
-            if ndim < 0:
-                out.append(None)
-                continue
-            if self.is_last:
-                t = tensors[i].detach().contiguous()
-            else:
-                t = torch.empty(shape[:ndim], dtype=_DTYPES[dtype_code], device=self.device)
-            torch_dist.broadcast(t, src=src, group=self.group)
-            out.append(t)
+        if self.is_last:
+            out = [None if t is None else t.detach().contiguous() for t in tensors]
+        else:
+            rows = header.view(-1, _MAX_DIMS + 2).tolist()[1:]
+            out = [_empty(row, self.device) for row in rows]
+        for t in out:
+            if t is not None:
+                torch_dist.broadcast(t, src=src, group=self.group)
         return tuple(out)
 
     def broadcast_object_from_last(self, obj):

@@ -154,8 +154,5 @@ class TextGenerationPipeline(BasePipeline):
             results.append(texts)
         return results
 
-    def _unbatch(self, results: list, single: bool, **call_params):
-        return results[0] if single else results
-
 
 __all__ = ["TextGenerationPipeline"]

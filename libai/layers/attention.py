@@ -123,15 +123,14 @@ class MultiheadAttention(nn.Module):
                 q, k, v = q.reshape(b, s, kvh * g, hd), k.squeeze(3), v.squeeze(3)
             return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         q = self.query(hidden_states).view(b, s, kvh * g, hd).transpose(1, 2)
-        cache = past_key_value if isinstance(past_key_value, LayerKVCache) else None
-        cached = cache.cross if cache is not None else past_key_value
+        cached = _cached_cross(past_key_value)
         if cached is not None:  # encoder keys/values were computed on the first step
             return q, cached[0], cached[1]
         kv = self.key_value(encoder_states).view(b, encoder_states.shape[1], kvh, 2, hd)
         k, v = kv.unbind(dim=3)
         k, v = k.transpose(1, 2), v.transpose(1, 2)
-        if cache is not None:
-            cache.cross = (k, v)
+        if isinstance(past_key_value, LayerKVCache):
+            past_key_value.cross = (k, v)
         return q, k, v
 
     def forward(
@@ -153,7 +152,11 @@ class MultiheadAttention(nn.Module):
         rotary_pos_emb: ``(cos, sin)`` for the query positions (keys share them).
         position_bias: additive bias for this rank's heads, e.g. T5's relative positions.
         """
-        if self.is_cross_attention and encoder_states is None and not _has_cross(past_key_value):
+        if (
+            self.is_cross_attention
+            and encoder_states is None
+            and _cached_cross(past_key_value) is None
+        ):
             raise ValueError("cross-attention needs encoder_states (or a cached past_key_value)")
         q, k, v = self._project(hidden_states, encoder_states, past_key_value)
         if rotary_pos_emb is not None:
@@ -215,7 +218,8 @@ class MultiheadAttention(nn.Module):
         return torch.where(keep, base, masked), False
 
 
-def _has_cross(past_key_value) -> bool:
+def _cached_cross(past_key_value) -> KVPair | None:
+    """Cross-attention keys/values already computed: a cache's ``cross`` or a legacy pair."""
     if isinstance(past_key_value, LayerKVCache):
-        return past_key_value.cross is not None
-    return past_key_value is not None
+        return past_key_value.cross
+    return past_key_value

@@ -95,10 +95,6 @@ class KVCache:
         for cache in self.layers.values():
             cache.reorder(index)
 
-    def to_legacy(self) -> list[tuple[KVPair | None, KVPair | None]]:
-        """``[(self_kv, cross_kv)]`` per cached layer in layer order (for export/inspection)."""
-        return [(self.layers[i].get(), self.layers[i].cross) for i in sorted(self.layers)]
-
 
 def layer_past(past_key_values, position: int, layer):
     """The past of one layer from either a :class:`KVCache` (by the layer's global

@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from libai.layers import MultiheadAttention
+from libai.models.utils.hf_export import model_libai_cfg
 from libai.onnx_export.wrappers import (
     CausalLMGraph,
     EncoderGraph,
@@ -107,11 +108,7 @@ def _cache_shape(model: nn.Module) -> tuple[int, int, int]:
 
 
 def _vocab_size(model) -> int:
-    for sub in (model, *model.children()):
-        cfg = getattr(sub, "libai_cfg", None)
-        if cfg is not None:
-            return cfg["vocab_size"]
-    raise ValueError(f"cannot find vocab_size of {type(model).__name__}")
+    return model_libai_cfg(model)["vocab_size"]
 
 
 def _causal_lm_specs(model, paths, with_past) -> list[GraphSpec]:

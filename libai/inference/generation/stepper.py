@@ -21,15 +21,7 @@ from torch import nn
 
 from libai.inference.stage_comm import StagePipe
 from libai.layers.kv_cache import KVCache
-
-
-def model_hparams(model: nn.Module) -> dict:
-    """The resolved hyper-parameters (``libai_cfg``) of the model's configurable backbone."""
-    for module in model.modules():
-        cfg = getattr(module, "libai_cfg", None)
-        if isinstance(cfg, dict):
-            return cfg
-    raise TypeError(f"{type(model).__name__} records no hyper-parameters (libai_cfg)")
+from libai.models.utils.hf_export import model_libai_cfg
 
 
 @torch.no_grad()
@@ -79,7 +71,7 @@ class ModelStepper:
             use_decode_layout(model)
         self.is_encoder_decoder = hasattr(model, "encode_stage")
         self.is_last = self.pipe.is_last
-        hparams = model_hparams(model)
+        hparams = model_libai_cfg(model)
         self.vocab_size = hparams["vocab_size"]
         #: longest sequence the model can position (None: relative positions, no limit)
         self.max_positions = hparams.get("max_seq_length") or hparams.get("max_position_embeddings")
