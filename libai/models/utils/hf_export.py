@@ -83,9 +83,11 @@ def _file_names(n: int) -> list[str]:
     return [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
 
 
-def _full_value(p: torch.Tensor) -> torch.Tensor:
-    full = p.full_tensor() if isinstance(p, DTensor) else p
-    logical = getattr(p, "libai_logical_shape", None)
+def full_value(t: torch.Tensor, param: torch.Tensor | None = None) -> torch.Tensor:
+    """``t`` (a parameter, or ``param``'s gradient) whole: a DTensor is gathered (a
+    collective of its mesh) and vocabulary padding is cut to the parameter's logical shape."""
+    full = t.full_tensor() if isinstance(t, DTensor) else t
+    logical = getattr(t if param is None else param, "libai_logical_shape", None)
     if logical is not None:
         full = full[tuple(slice(0, s) for s in logical)]
     return full.detach()
@@ -113,7 +115,7 @@ def export_weights(
             p = params.get(name)
             if not _written_here(p):
                 continue
-            full = _full_value(p)
+            full = full_value(p)
             if owner == rank:
                 for hf_name, t in by_name[name].export(full).items():
                     t = t.to("cpu", dtype or t.dtype).contiguous()
