@@ -298,16 +298,18 @@ def test_pipeline_ranks_merge_against_single_process(tmp_path):
     assert line.strip().startswith("head (call 0)")
 
 
-def test_pipeline_ranks_that_both_record_the_root_keep_the_tree(tmp_path):
+def test_container_split_over_pipeline_stages_is_transparent(tmp_path):
+    # the root runs on both stages (a different part on each): no stage has its output
     full = tiny_nodes()
+    stage0 = [dict(full[0], outputs=[torch.zeros(2, 4)]), *full[1:4]]
     stage1 = [full[0], dict(full[4], parent=0)]
-    write_report(step_dir(str(tmp_path), "pp", 0, 0), full[:4], pp_rank=0)
+    write_report(step_dir(str(tmp_path), "pp", 0, 0), stage0, pp_rank=0)
     write_report(step_dir(str(tmp_path), "pp", 0, 1), stage1, pp_rank=1, rank=1)
     single = model(tmp_path, "single", [full])
     assert check_report(str(tmp_path / "pp"), single) is True
     text = log_text(tmp_path, "report_forward_step_0_rank_0.log")
-    assert "\n  head (call 0)  A: head Linear" in text  # under the root of rank 0
-    assert "unmatched nodes" not in text
+    assert "\nhead (call 0)  A: head Linear" in text  # a top pair now
+    assert "<root> (Tiny, key '', call 0)  [transparent" in text
 
 
 def test_tensor_parallel_duplicates_merge(tmp_path):

@@ -125,7 +125,7 @@ def auto_diff(
                 loss_fns,
                 optimizers or (None, None),
             ):
-                _run_step(rec, kwargs, loss_fn, opt, root, backward)
+                _run_step(rec, kwargs, loss_fn, opt, root, backward, single_step)
             for rec in (base, raw):
                 rec.clear_report()
                 rec.step += 1
@@ -146,13 +146,23 @@ def auto_diff(
     return ok
 
 
-def _run_step(rec: ModelRecorder, kwargs, loss_fn, optimizer, root: str, backward: bool) -> None:
+def _run_step(
+    rec: ModelRecorder,
+    kwargs,
+    loss_fn,
+    optimizer,
+    root: str,
+    backward: bool,
+    single_step: bool = False,
+) -> None:
     """One recorded step of one model: forward, loss, backward, dumps, optimizer step."""
     if optimizer is not None:
         optimizer.zero_grad(set_to_none=True)
     else:
         rec.model.zero_grad(set_to_none=True)
-    with torch.set_grad_enabled(backward):
+    # single_step feeds the base inputs through the differentiable-input taps, so the
+    # forward runs with autograd on even when no backward follows
+    with torch.set_grad_enabled(backward or single_step):
         output = rec(**kwargs)
         loss = loss_fn(output)
     if backward:

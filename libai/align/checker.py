@@ -166,6 +166,23 @@ def _config(cfg: dict | None, path_b: str) -> CheckConfig:
 # ------------------------------------------------------------------------------- reports
 
 
+def _drop_split_containers(kept: dict, parent_of: dict, stages: dict[tuple, set[int]]) -> None:
+    """Drop calls recorded on several pipeline stages (a container such as ``GPT_model``
+    whose forward runs a different part on each stage: no stage holds its whole output);
+    their children hang from the dropped call's parent instead."""
+    split = {ident for ident, seen in stages.items() if len(seen) > 1}
+    for ident in split:
+        kept.pop(ident, None)
+
+    def surviving(ident):
+        while ident in split:
+            ident = parent_of.get(ident)
+        return ident
+
+    for ident in list(parent_of):
+        parent_of[ident] = surviving(parent_of[ident])
+
+
 def load_report(name: str, path: str, rank_dirs: list[str]) -> ReportSide:
     """Read ``report.json`` of ``rank_dirs`` and merge them into one side.
 
@@ -175,6 +192,7 @@ def load_report(name: str, path: str, rank_dirs: list[str]) -> ReportSide:
     """
     kept: dict[tuple, Node] = {}
     parent_of: dict[tuple, tuple | None] = {}
+    stages: dict[tuple, set[int]] = {}
     rename = False
     for rank_index, rank_dir in enumerate(rank_dirs):
         report = read_json(os.path.join(rank_dir, REPORT))
@@ -185,6 +203,7 @@ def load_report(name: str, path: str, rank_dirs: list[str]) -> ReportSide:
         by_id = {n["id"]: n for n in report.get("nodes", [])}
         for info in report.get("nodes", []):
             node = Node(-1, info, store)
+            stages.setdefault(node.ident, set()).add(stage)
             if node.ident in kept:
                 continue
             bwd = info.get("bwd_order")
@@ -193,6 +212,7 @@ def load_report(name: str, path: str, rank_dirs: list[str]) -> ReportSide:
             parent = by_id.get(info.get("parent"))
             kept[node.ident] = node
             parent_of[node.ident] = parent and (parent["key"], parent.get("call", 0))
+    _drop_split_containers(kept, parent_of, stages)
     nodes = sorted(kept.values(), key=lambda n: n.fwd_pos)
     for uid, node in enumerate(nodes):
         node.uid = uid

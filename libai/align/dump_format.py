@@ -30,7 +30,7 @@
 
     tensor = {"tensor": "fwd.<id>.<j>" | "bwd.<id>.<j>",  # key in tensors.safetensors
               "shape": [...], "dtype": "float32", "stats": {...},
-              "placements": ["Shard(dim=-1)"] | null,      # the layout it was gathered from
+              "placements": ["S(-1)"] | null,  # the layout it was gathered from (DTensor notation)
               "mesh": {"dim_names": ["tp"], "shape": [2]} | null}
 
 ``params.json``: ``{"format", "model", "model_class", "step", "rank", "world_size", "layout",

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 
 import torch
+
+#: ``torch.distributed.pipelining`` runs each stage once on its first step to learn shapes
+_PIPELINE_INFERENCE = frozenset({"_forward_metadata_inference", "_backward_metadata_inference"})
 
 
 class GradTap(torch.autograd.Function):
@@ -74,3 +78,17 @@ def is_differentiable(t: torch.Tensor) -> bool:
 def any_meta(obj) -> bool:
     """Whether ``obj`` holds a ``meta`` tensor (shape inference, not a real call)."""
     return any(t.is_meta for t in flatten_tensors(obj))
+
+
+def in_pipeline_metadata_inference(max_depth: int = 64) -> bool:
+    """Whether the caller runs inside a pipeline stage's shape-inference pass (a forward on
+    placeholder tensors that is not part of the step, so it must not be recorded)."""
+    frame = sys._getframe(1)
+    for _ in range(max_depth):
+        if frame is None:
+            return False
+        code = frame.f_code
+        if code.co_name in _PIPELINE_INFERENCE and "pipelining" in code.co_filename:
+            return True
+        frame = frame.f_back
+    return False

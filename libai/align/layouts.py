@@ -35,7 +35,7 @@ class Layout:
     def describe(self) -> tuple[list[str], dict]:
         """``(placements, mesh)`` as written in report.json."""
         tp = dist.get_tensor_parallel_size()
-        return [f"Shard(dim={self.dim})"], {"dim_names": ["tp"], "shape": [tp]}
+        return [f"S({self.dim})"], {"dim_names": ["tp"], "shape": [tp]}
 
 
 def tp_size() -> int:

@@ -52,11 +52,14 @@ def _depth_below(route: str, ancestor: str) -> int | None:
     return None
 
 
-def leaf_pairs(rules: dict[str, Rule]) -> dict[str, str]:
-    """libai module -> Hugging Face module, from the 1:1 ``Copy`` rules (see module doc)."""
+def leaf_pairs(rules: dict[str, Rule], skip: frozenset[str] = frozenset()) -> dict[str, str]:
+    """libai module -> Hugging Face module, from the 1:1 ``Copy`` rules (see module doc);
+    rules of the parameters in ``skip`` (tied copies) are ignored."""
     pairs: dict[str, str] = {}
     conflicted: set[str] = set()
     for rule in rules.values():
+        if rule.libai_name in skip:
+            continue
         if not isinstance(rule, Copy):
             ours = _parent(rule.libai_name)
             conflicted.add(ours)  # a fused projection: this module has no counterpart
@@ -100,7 +103,13 @@ def container_pairs(routes: Sequence[str], leaves: dict[str, str]) -> dict[str, 
 
 def loader_module_keys(model: nn.Module, rules: dict[str, Rule]) -> dict[str, str]:
     """Route -> Hugging Face module name for every module of ``model`` that has one."""
-    leaves = leaf_pairs(rules)
+    # a pipeline-parallel model holds the tied head as a copy of the embedding: not a pair
+    tied = frozenset(
+        n
+        for n, p in model.named_parameters(remove_duplicate=False)
+        if getattr(p, "libai_tied_copy", False)
+    )
+    leaves = leaf_pairs(rules, tied)
     routes = [name for name, _ in model.named_modules()]
     pairs = {**leaves, **container_pairs(routes, leaves)}
     return _drop_claimed_twice(pairs)

@@ -43,6 +43,7 @@ from libai.align.hooks import (
     Inject,
     any_meta,
     flatten_tensors,
+    in_pipeline_metadata_inference,
     is_differentiable,
     map_tensors,
 )
@@ -267,8 +268,12 @@ class ModelRecorder:
 
     # ---- hooks ----------------------------------------------------------------------------
     def _pre_hook(self, route, module, args, kwargs):
-        if not (self.recording and route in self._modules and self._recorded(route)) or any_meta(
-            (args, kwargs)
+        if not self._stack:  # an outermost call: is it a pipeline's shape inference?
+            self._skipping = in_pipeline_metadata_inference()
+        if (
+            self._skipping
+            or not (self.recording and route in self._modules and self._recorded(route))
+            or any_meta((args, kwargs))
         ):
             self._stack.append(None)
             return None
@@ -349,6 +354,7 @@ class ModelRecorder:
         self._sharded: dict[int, tuple[torch.Tensor, layouts.Layout]] = {}
         self._live: dict[tuple[str, int], _Call] = {}
         self._bwd_counter = 0
+        self._skipping = False
 
     def try_dump(self, path: str | None = None) -> bool:
         """End a step: every ``dump_freq`` steps dump the report and the parameters (values and

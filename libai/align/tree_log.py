@@ -75,9 +75,16 @@ def compare_phase(matching: Matching, phase: str, cfg: CheckConfig) -> PhaseResu
     }
     result = PhaseResult(phase, results, order)
     found = _descend(phase_children(matching.tops, phase), result)
-    if found is None:
+    if found is None:  # e.g. a loss within tolerance over a module that is not
         late = next((p for p in order if results[p].differs), None)
-        found = (late, ENCLOSING_AGREE) if late is not None else (None, "")
+        found = (None, "")
+        if late is not None:  # descend from the first difference whose enclosing agree
+            pair, reason = _descend([late], result)
+            if pair is late:
+                reason = ENCLOSING_AGREE
+            else:
+                reason = f"{reason}; under {late.a.route}, which {ENCLOSING_AGREE}"
+            found = (pair, reason)
     result.first, result.reason = found
     return result
 
