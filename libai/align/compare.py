@@ -446,10 +446,12 @@ def _build_tree(side_a: ReportSide, pairs: dict[int, Pair]) -> list[Pair]:
 
 
 def cross_model(side_a, side_b) -> bool:
-    """Two different model classes keyed by rename rules (a libai port against the
-    transformers original): modules or parameters without a counterpart are expected."""
+    """Two different models keyed by rename rules (a libai port against the transformers
+    original): modules or parameters without a counterpart are expected. The class names
+    alone do not tell (libai's and transformers' ``LlamaForCausalLM``): a side keyed by
+    rules against one keyed by its own names is a cross-model comparison too."""
     renamed = side_a.rename or side_b.rename
-    return renamed and side_a.model_class != side_b.model_class
+    return renamed and (side_a.model_class != side_b.model_class or side_a.rename != side_b.rename)
 
 
 def match_nodes(side_a: ReportSide, side_b: ReportSide) -> Matching:
