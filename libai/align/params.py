@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor
 
 from libai.align import dump_format as fmt
+from libai.align import layouts
 from libai.align.name_map import RenameRules, apply_rename
 from libai.models.utils.hf_export import full_value
 from libai.models.utils.weight_mapping import Rule
@@ -46,16 +46,6 @@ class ParamEntry:
         }
 
 
-def _layout(p: torch.Tensor) -> tuple[list[str] | None, dict | None]:
-    if not isinstance(p, DTensor):
-        return None, None
-    mesh = p.device_mesh
-    return [str(x) for x in p.placements], {
-        "dim_names": list(mesh.mesh_dim_names or ()),
-        "shape": list(mesh.shape),
-    }
-
-
 def _cpu(t: torch.Tensor) -> torch.Tensor:
     return t.detach().to("cpu").contiguous().clone()
 
@@ -68,7 +58,7 @@ def param_entries(
     for name, p in model.named_parameters(remove_duplicate=rules is None):
         if p.is_meta or getattr(p, "libai_tied_copy", False):
             continue
-        placements, mesh = _layout(p)
+        placements, mesh = layouts.describe(p, None)
         value = full_value(p)
         grad = None if p.grad is None else full_value(p.grad, p)
         if rules is not None:
