@@ -71,7 +71,7 @@ def _checkpoint_shapes(checkpoint: str) -> dict[str, tuple[int, ...]]:
     return {k: tuple(v.size) for k, v in meta.items() if hasattr(v, "size")}
 
 
-def _checkpoint_vocab_size(model: nn.Module, checkpoint: str, vocab_size: int) -> int | None:
+def checkpoint_vocab_size(model: nn.Module, checkpoint: str, vocab_size: int) -> int | None:
     """The vocabulary size the checkpoint was trained with, where it differs from the config's
     (the trainer sets ``model.cfg.vocab_size`` from the tokenizer, padded for the training's
     tensor-parallel size, after saving ``config.yaml``); None if the shapes agree."""
@@ -106,7 +106,7 @@ def load_checkpoint_model(
     model_family(model)  # unsupported models fail before the checkpoint is read
     vocab = try_get_key(cfg, "model.cfg.vocab_size")
     if vocab is not None:
-        trained = _checkpoint_vocab_size(model, path, vocab)
+        trained = checkpoint_vocab_size(model, path, vocab)
         if trained is not None:
             logger.warning(
                 "vocab_size %d in the checkpoint (the config says %d): using %d",
