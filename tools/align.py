@@ -30,6 +30,9 @@ from dataclasses import dataclass
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir)))
 
+from libai.align.auto_diff import PHASES  # noqa: E402
+from libai.align.compare import COMPARE_MODES  # noqa: E402
+
 #: config.json ``model_type`` -> the causal-LM architectures supported on each side
 HF_CAUSAL_LMS = {
     "gpt2": ("GPT2LMHeadModel",),
@@ -41,8 +44,6 @@ SUPPORTED_TEXT = (
     "(LlamaForCausalLM) and Qwen2 (Qwen2ForCausalLM)"
 )
 CONFIG_SUFFIXES = (".py", ".yaml", ".yml")
-COMPARE_MODES = ("strict", "mean", "cosine")  # libai.align.compare.COMPARE_MODES
-PHASES = ("both", "forward", "backward")  # libai.align.auto_diff.PHASES
 
 
 class UsageError(ValueError):
@@ -60,6 +61,7 @@ class Side:
     config_file: str | None = None  # libai-checkpoint: its config.yaml
     vocab_size: int | None = None  # from config.json / model.cfg, when known
     max_positions: int | None = None
+    architecture: str | None = None  # config.json's transformers class (hf / libai-hf)
 
     @property
     def gets_weights(self) -> bool:
@@ -132,6 +134,7 @@ def _check_hf_config(side: Side, config: dict) -> None:
             f"of model_type {model_type!r}; expected {list(HF_CAUSAL_LMS[model_type])} "
             f"({SUPPORTED_TEXT})"
         )
+    side.architecture = arch
     side.vocab_size = config.get("vocab_size")
     side.max_positions = config.get("n_positions") or config.get("max_position_embeddings")
 
@@ -234,12 +237,10 @@ def _checkpoint_side(flag: str, spec: str, path: str) -> Side:
 def _check_transformers_class(side: Side) -> None:
     import transformers
 
-    arch = _read_json(os.path.join(side.path, "config.json"), side.flag, side.spec)[
-        "architectures"
-    ][0]
-    if not hasattr(transformers, arch):
+    if not hasattr(transformers, side.architecture):
         raise UsageError(
-            f"{side.flag} {side.spec}: transformers {transformers.__version__} has no {arch}"
+            f"{side.flag} {side.spec}: transformers {transformers.__version__} has no "
+            f"{side.architecture}"
         )
 
 
@@ -297,8 +298,7 @@ def load_side(side: Side, seed: int):
     if side.kind == "hf":
         import transformers
 
-        config = _read_json(os.path.join(side.path, "config.json"), side.flag, side.spec)
-        cls = getattr(transformers, config["architectures"][0])
+        cls = getattr(transformers, side.architecture)
         model = cls.from_pretrained(side.path, dtype=torch.float32)
     elif side.kind == "libai-hf":
         from libai.models.utils import load_huggingface

@@ -155,7 +155,8 @@ def _run_step(
     backward: bool,
     single_step: bool = False,
 ) -> None:
-    """One recorded step of one model: forward, loss, backward, dumps, optimizer step."""
+    """One recorded step of one model: forward, loss, backward, optimizer step, dumps (the
+    step's gradients, which the optimizer step leaves in place, and the updated weights)."""
     if optimizer is not None:
         optimizer.zero_grad(set_to_none=True)
     else:
@@ -169,7 +170,8 @@ def _run_step(
         rec.backward(loss)
     rec.dump_report(root)
     if backward:
-        rec.dump_grads(root)
-    if optimizer is not None and backward:
-        optimizer.step()
-    rec.dump_weights(root)
+        if optimizer is not None:
+            optimizer.step()
+        rec.dump_params(root)
+    else:
+        rec.dump_weights(root)

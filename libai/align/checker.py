@@ -276,10 +276,9 @@ def _report_header(
     ]
 
 
-def _check_report_unit(unit: Unit, path_a: str, path_b: str, conf: CheckConfig) -> bool:
-    side_a = load_report("A", path_a, unit.dirs_a)
-    side_b = load_report("B", path_b, unit.dirs_b)
-    matching = match_nodes(side_a, side_b)
+def _check_report_unit(
+    unit: Unit, side_a: ReportSide, side_b: ReportSide, matching: Matching, conf: CheckConfig
+) -> bool:
     phases = ["forward", "backward"] if conf.diff_phase == "both" else [conf.diff_phase]
     ok = True
     lines = []
@@ -311,9 +310,12 @@ def check_report(path_a: str, path_b: str, cfg: dict | None = None) -> bool:
     units = _units(path_a, path_b)
     for unit in units:
         _require(unit.dirs_a + unit.dirs_b, [REPORT, TENSORS])
+    matched = []
     for unit in units:  # structural errors before any tensor is compared
-        match_nodes(load_report("A", path_a, unit.dirs_a), load_report("B", path_b, unit.dirs_b))
-    results = [_check_report_unit(unit, path_a, path_b, conf) for unit in units]
+        side_a = load_report("A", path_a, unit.dirs_a)
+        side_b = load_report("B", path_b, unit.dirs_b)
+        matched.append((unit, side_a, side_b, match_nodes(side_a, side_b)))
+    results = [_check_report_unit(*args, conf) for args in matched]
     return all(results)
 
 
