@@ -44,6 +44,41 @@ def full_state(model, with_grads=False) -> dict[str, torch.Tensor]:
     return out
 
 
+#: Gradients, losses and grad norms of two layouts agree to fp32 rounding at their scale: a
+#: layout only re-splits sums (tp matmul K-splits, the dp all-reduce, micro-batches).
+GRAD_TOL = 1e-5
+
+
+def max_diff(got: dict, want: dict) -> tuple[float, str]:
+    """The largest absolute difference between same-named tensors, and that name."""
+    worst, name = 0.0, ""
+    for key, value in got.items():
+        diff = (value - want[key]).abs().max().item()
+        if diff > worst:
+            worst, name = diff, key
+    return worst, name
+
+
+def adam_param_tol(lr: float, steps: int) -> float:
+    """Tolerance for parameters after ``steps`` Adam(W) steps of two runs whose gradients
+    agree only to fp32 rounding (two layouts, or two CPUs whose kernels round differently).
+
+    Adam moves an entry by ``lr * m / (sqrt(v) + eps)`` per step: at most about ``lr``
+    whatever the gradient's size, and with slope ``lr / eps`` for gradients near zero. So a
+    last-bit difference ``dg`` in a near-zero gradient moves that entry by up to
+    ``lr * dg / eps``: with eps=1e-6 and dg of 1e-9..1e-8 that is 1e-5..1e-4 of lr per step,
+    seen as 1.1e-5 after 3 steps at lr=0.01 (AMD EPYC, tp2-split matmuls). No tolerance
+    tighter than a fraction of ``lr * steps`` survives another machine's kernels.
+
+    A layout bug changes the gradient itself, not its last bits, and Adam turns that into
+    O(lr) moves per step: a missing dp all-reduce (each rank stepping on its half batch)
+    moves parameters by ~2 * lr * steps (0.06 here). One percent of ``lr * steps`` sits
+    ~30x above rounding and ~200x below that; ``test_zero.py`` checks both sides. Gradients
+    and norms (where Adam's scale invariance would hide a wrong factor) stay at GRAD_TOL.
+    """
+    return 1e-2 * lr * steps
+
+
 def make_optimizer(model):
     """SGD with momentum: linear in the gradients, so layouts agree to fp32 rounding.
 

@@ -37,13 +37,19 @@ def torchrun(script: str, nproc: int, *args: str, timeout: float = 600) -> list[
         ]
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(SCRIPTS.parent)}
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-        results = []
-        for rank in range(nproc):
-            path = Path(out_dir) / f"rank{rank}.json"
-            if not path.exists():
-                raise AssertionError(
-                    f"rank {rank} of {script} wrote no result (exit {proc.returncode}).\n"
-                    f"--- stdout ---\n{proc.stdout[-4000:]}\n--- stderr ---\n{proc.stderr[-8000:]}"
-                )
-            results.append(json.loads(path.read_text()))
-        return results
+        paths = [Path(out_dir) / f"rank{rank}.json" for rank in range(nproc)]
+        written = {r: json.loads(p.read_text()) for r, p in enumerate(paths) if p.exists()}
+        missing = [r for r in range(nproc) if r not in written]
+        if missing:
+            # a failing rank exits at once and torchrun stops its peers: show its own error
+            errors = "".join(
+                f"--- rank {r}: {res['error']} ---\n{res.get('trace', '')}\n"
+                for r, res in written.items()
+                if not res.get("ok", True)
+            )
+            raise AssertionError(
+                f"ranks {missing} of {script} wrote no result (exit {proc.returncode}).\n"
+                f"{errors}--- stdout ---\n{proc.stdout[-4000:]}\n"
+                f"--- stderr ---\n{proc.stderr[-8000:]}"
+            )
+        return [written[r] for r in range(nproc)]

@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from gpt_reference import TINY_GPT, reference_run
+from gpt_reference import GRAD_TOL, TINY_GPT, reference_run
 from launch import torchrun
 
 PP = {"pipeline_parallel_size": 2, "pipeline_num_layers": TINY_GPT["hidden_layers"]}
@@ -61,13 +61,15 @@ def run_layouts(reference, nproc, layouts):
 
 
 def check_numbers(items):
+    """fp32 rounding tolerances throughout: the optimizer is SGD with momentum, linear in the
+    gradients, so parameters after it do not amplify last-bit differences (gpt_reference)."""
     for item in items:
         assert item["init_diff"] == 0.0
-        assert item["loss_diff"] <= 1e-5, item
-        assert item["grad_diff"] <= 1e-5, (item["grad_worst"], item["grad_diff"])
-        assert item["final_diff"] <= 1e-5, (item["final_worst"], item["final_diff"])
+        assert item["loss_diff"] <= GRAD_TOL, item
+        assert item["grad_diff"] <= GRAD_TOL, (item["grad_worst"], item["grad_diff"])
+        assert item["final_diff"] <= GRAD_TOL, (item["final_worst"], item["final_diff"])
         # clipping uses the global norm of the whole model, not of this rank's shard
-        assert item["grad_norm_diff"] <= 1e-5, item["grad_norm_diff"]
+        assert item["grad_norm_diff"] <= GRAD_TOL, item["grad_norm_diff"]
         # every rank reports the same loss
         assert item["losses"] == items[0]["losses"]
 
@@ -113,7 +115,7 @@ def test_layouts_on_2_ranks(reference):
         by_layout[n][0]["losses"] for n in ("pp2-1F1B", "pp2-GPipe", "pp2-interleaved")
     ]
     for losses in schedule_losses:
-        assert losses == pytest.approx(ref["losses"], abs=1e-5)
+        assert losses == pytest.approx(ref["losses"], abs=GRAD_TOL)
 
 
 def test_layouts_on_4_ranks(reference):

@@ -3,7 +3,8 @@
 For every layout and stage: 3 AdamW steps with global-norm clipping give the parameters of
 the run without ZeRO (and of the single-process AdamW run); each rank's optimizer state is
 its share; stage 2 leaves a rank only the gradients it owns; a save -> load -> continue on the
-same layout equals the uninterrupted run.
+same layout equals the uninterrupted run. The script records the differences; the test
+(tests/test_zero.py) judges them, with the tolerances of ``gpt_reference``.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import json
 
 import torch
 from common import parse_out_dir, run_checks
-from gpt_reference import MAX_GRAD_NORM, STEPS, build_model, full_state, make_batch
+from gpt_reference import MAX_GRAD_NORM, STEPS, build_model, full_state, make_batch, max_diff
 
 from libai.engine.parallel import ModelRunner
 from libai.engine.zero import (
@@ -26,15 +27,6 @@ from libai.utils import distributed as dist
 from libai.utils.checkpoint import Checkpointer
 
 ADAMW = dict(lr=0.01, weight_decay=0.1, eps=1e-6)
-
-
-def max_diff(got: dict, want: dict) -> tuple[float, str]:
-    worst, name = 0.0, ""
-    for key, value in got.items():
-        diff = (value - want[key]).abs().max().item()
-        if diff > worst:
-            worst, name = diff, key
-    return worst, name
 
 
 def make_run(stage, num_microbatches=1):
@@ -71,7 +63,9 @@ def check_layout(layout: dict, ref: dict, out_dir) -> dict:
         model, runner, optimizer = make_run(stage, num_microbatches)
         grads_held = {}
 
-        def on_synced(step, model=model, optimizer=optimizer, grads_held=grads_held):
+        def on_synced(step, model=model, optimizer=optimizer, grads_held=grads_held, stage=stage):
+            if step == 0 and stage is None:  # the synced gradients of the first step
+                grads_held["grads"] = full_state(model, with_grads=True)
             if step == 0 and isinstance(optimizer, ZeroOptimizer):
                 names = {id(p): n for n, p in model.named_parameters()}
                 grads_held["with_grad"] = sorted(
@@ -97,17 +91,16 @@ def check_layout(layout: dict, ref: dict, out_dir) -> dict:
         "position": [util.pipeline_rank, util.tensor_parallel_rank],
     }
     base = runs[None]
-    ref_diff, ref_name = max_diff(base["final"], ref["final"])
-    result["base_ref_diff"] = ref_diff
+    result["base_ref_diff"] = max_diff(base["final"], ref["final"])
+    result["base_grad_diff"] = max_diff(base.pop("grads"), ref["grads"])
+    result["base_norm_diff"] = max(abs(a - b) for a, b in zip(base["norms"], ref["grad_norms"]))
     result["base_state_bytes"] = base["state_bytes"]
     result["base_param_numel"] = base["local_param_numel"]
-    assert ref_diff <= 1e-5, f"{layout['name']}: without ZeRO differs from reference ({ref_name})"
     for stage in stages:
         run = runs[stage]
-        diff, name = max_diff(run["final"], base["final"])
         item = {
-            "final_diff": diff,
-            "ref_diff": max_diff(run["final"], ref["final"])[0],
+            "final_diff": max_diff(run["final"], base["final"]),
+            "ref_diff": max_diff(run["final"], ref["final"]),
             "loss_diff": max(abs(a - b) for a, b in zip(run["losses"], base["losses"])),
             "norm_diff": max(abs(a - b) for a, b in zip(run["norms"], ref["grad_norms"])),
             "state_bytes": run["state_bytes"],
@@ -116,7 +109,6 @@ def check_layout(layout: dict, ref: dict, out_dir) -> dict:
             "with_grad": run.get("with_grad"),
             "owned": run.get("owned"),
         }
-        assert diff <= 1e-6, f"{layout['name']} stage {stage}: params differ ({name}: {diff})"
         result["stages"][str(stage)] = item
 
     # save after 2 steps, load into a fresh model and optimizer, continue: equals 3 straight
@@ -130,9 +122,7 @@ def check_layout(layout: dict, ref: dict, out_dir) -> dict:
         assert optimizer_state_bytes(optimizer2) == optimizer_state_bytes(optimizer)
         train(runner2, optimizer2, range(STEPS - 1, STEPS))
         resumed = full_state(model2)
-        diff, name = max_diff(resumed, runs[stage]["final"])
-        result["stages"][str(stage)]["resume_diff"] = diff
-        assert diff == 0.0, f"{layout['name']} stage {stage}: resumed run differs ({name})"
+        result["stages"][str(stage)]["resume_diff"] = max_diff(resumed, runs[stage]["final"])
     return result
 
 
