@@ -239,7 +239,7 @@ def test_packaged_configs_have_libai_shape():
         "activation_checkpoint zero_optimization checkpointer evaluation scheduler dist"
     ).split():
         assert key in train, key
-    assert dict(train.amp) == {"enabled": False, "dtype": "bf16"}
+    assert dict(train.amp) == {"enabled": False, "dtype": "bf16", "init_scale": 65536.0}
     assert train.activation_checkpoint.enabled is False
     assert dict(train.zero_optimization) == {"enabled": False, "stage": 1}
     assert set(train.checkpointer) == {"period", "max_to_keep"}

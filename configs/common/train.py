@@ -42,8 +42,8 @@ train = dict(
     resume=False,
 
     # Automatic mixed precision: torch.autocast with dtype "bf16", or "fp16" with a dynamic
-    # loss scaler (ours: dtype)
-    amp=dict(enabled=False, dtype="bf16"),
+    # loss scaler starting at init_scale (ours: dtype, init_scale)
+    amp=dict(enabled=False, dtype="bf16", init_scale=65536.0),
     # Recompute each TransformerLayer in backward instead of storing its activations
     activation_checkpoint=dict(enabled=False),
     # ZeRO: stage 1 shards optimizer states, 2 also gradients, 3 also parameters (FSDP2)

@@ -217,6 +217,13 @@ def build_train_valid_test_datasets(
 
 
 # ---- loaders ----------------------------------------------------------------------------------
+def loader_generator(seed: int) -> torch.Generator:
+    """A DataLoader's own generator: starting an iterator (which draws the workers' base
+    seed) then leaves the global RNG alone, so a resumed run's dropout masks are the ones
+    of the uninterrupted run."""
+    return torch.Generator().manual_seed(int(seed))
+
+
 def _make_sampler(sampler, default_cls, default_kwargs: dict, **kwargs):
     if sampler is None:
         return default_cls(**default_kwargs, **kwargs)
@@ -284,7 +291,7 @@ def build_nlp_train_loader(
         num_workers=num_workers,
         persistent_workers=num_workers > 0,
         collate_fn=trivial_batch_collator if collate_fn is None else collate_fn,
-        **kwargs,
+        **{"generator": loader_generator(seed), **kwargs},
     )
     return loader, valid_loader, None
 
@@ -316,7 +323,7 @@ def build_nlp_test_loader(
         num_workers=num_workers,
         persistent_workers=num_workers > 0,
         collate_fn=trivial_batch_collator if collate_fn is None else collate_fn,
-        **kwargs,
+        **{"generator": loader_generator(seed), **kwargs},
     )
 
 

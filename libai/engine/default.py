@@ -9,12 +9,8 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import random
 import sys
 import time
-
-import numpy as np
-import torch
 
 from libai.config import (
     LazyConfig,
@@ -24,17 +20,20 @@ from libai.config import (
     try_get_key,
 )
 from libai.data.sample_corpus import prepare_sample_data
-from libai.engine import hooks
-from libai.engine.amp import DynamicLossScaler, resolve_amp_dtype
-from libai.engine.parallel import ModelRunner, pipeline_target
+from libai.engine.core import (
+    build_checkpointer,
+    build_hooks,
+    build_runner,
+    build_writers,
+    seed_all,
+    shard_optimizer_for,
+)
+from libai.engine.parallel import pipeline_target
 from libai.engine.trainer import EagerTrainer
-from libai.engine.zero import prepare_model, resolve_zero_stage, shard_optimizer
-from libai.optim import build_optimizer
+from libai.optim import build_optimizer, get_clip_grad_settings
 from libai.scheduler import build_lr_scheduler
 from libai.tokenizer import build_tokenizer
 from libai.utils import distributed as dist
-from libai.utils.checkpoint import Checkpointer
-from libai.utils.events import CommonMetricPrinter, JSONWriter, TensorboardXWriter
 from libai.utils.logger import setup_logger
 
 logger = logging.getLogger(__name__)
@@ -65,12 +64,6 @@ def default_argument_parser(epilog: str | None = None) -> argparse.ArgumentParse
         help="config overrides in Hydra's grammar, e.g. train.train_iter=100",
     )
     return parser
-
-
-def _seed_all(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
 
 
 def _fill_pipeline_num_layers(cfg) -> None:
@@ -119,7 +112,7 @@ def default_setup(cfg, args) -> None:
         path = os.path.join(output_dir, "config.yaml")
         LazyConfig.save(cfg, path)
         logger.info("Full config saved to %s", path)
-    _seed_all(cfg.train.seed)
+    seed_all(cfg.train.seed)
 
 
 class DefaultTrainer(EagerTrainer):
@@ -140,40 +133,32 @@ class DefaultTrainer(EagerTrainer):
         iters = resolve_train_iters(train, self._train_samples_per_epoch(), train.global_batch_size)
         train.train_iter, train.warmup_iter = iters.train_iter, iters.warmup_iter
         # identical weights on every rank and layout, then dropout seeds per dp/pp rank
-        _seed_all(train.seed)
+        seed_all(train.seed)
         model = self.build_model(cfg)
-        _seed_all(train.seed + 1000 * util.data_parallel_rank + util.pipeline_rank)
-        amp_dtype = resolve_amp_dtype(train.amp.dtype) if train.amp.enabled else None
-        self.grad_scaler = DynamicLossScaler() if amp_dtype == torch.float16 else None
-        zero_stage = resolve_zero_stage(train.zero_optimization, util.layout)  # may raise
-        runner = ModelRunner(
-            model,
-            num_microbatches=train.num_accumulation_steps,
-            schedule=train.dist.get("pipeline_schedule"),
-            amp_dtype=amp_dtype,
-            loss_scaler=self.grad_scaler,
-            activation_checkpointing=train.activation_checkpoint.enabled,
-            compile=bool(try_get_key(cfg, "graph.enabled", default=False)),
+        seed_all(train.seed + 1000 * util.data_parallel_rank + util.pipeline_rank)
+        parts = build_runner(
+            model, train, compile=bool(try_get_key(cfg, "graph.enabled", default=False))
         )
-        prepare_model(runner, zero_stage)  # ZeRO stage 3: fully_shard (before the optimizer)
-        optimizer = self.build_optimizer(cfg, runner.model)
-        if zero_stage is not None:  # before the LR scheduler, which holds the optimizer
-            optimizer = shard_optimizer(runner, optimizer, zero_stage)
-            logger.info(
-                "ZeRO stage %d over %d dp ranks", zero_stage, util.layout.data_parallel_size
-            )
-        clip = self._clip_settings(optimizer)
-        super().__init__(runner, self.train_loader, optimizer, max_grad_norm=clip[0])
-        self.norm_type = clip[1]
-        self.lr_scheduler = self.build_lr_scheduler(cfg, optimizer)
-        checkpointables = {"optimizer": optimizer, "lr_scheduler": self.lr_scheduler}
-        if self.grad_scaler is not None:
-            checkpointables["grad_scaler"] = self.grad_scaler
-        self.checkpointer = Checkpointer(runner.model, train.output_dir, **checkpointables)
+        self.grad_scaler = parts.grad_scaler
+        optimizer = self.build_optimizer(cfg, parts.runner.model)
+        # ZeRO wraps the optimizer before the LR scheduler, which holds it
+        optimizer = shard_optimizer_for(parts, optimizer)
+        max_norm, norm_type = get_clip_grad_settings(optimizer) or (None, 2.0)
+        super().__init__(
+            parts.runner,
+            self.train_loader,
+            optimizer,
+            max_grad_norm=max_norm,
+            norm_type=norm_type,
+            lr_scheduler=self.build_lr_scheduler(cfg, optimizer),
+            global_batch_size=train.global_batch_size,
+            consumed_train_samples=train.consumed_train_samples or 0,
+        )
+        self.checkpointer = build_checkpointer(
+            parts.runner.model, train.output_dir, optimizer, self.lr_scheduler, self.grad_scaler
+        )
         self.start_iter, self.max_iter = 0, train.train_iter
-        self.global_batch_size = train.global_batch_size
         self.runner_batch_size = train.train_micro_batch_size * train.num_accumulation_steps
-        self.consumed_train_samples = train.consumed_train_samples or 0
         self.register_hooks(self.build_hooks())
 
     # ---- builders -----------------------------------------------------------------------------
@@ -249,52 +234,14 @@ class DefaultTrainer(EagerTrainer):
         except (AttributeError, TypeError):
             return None
 
-    def _clip_settings(self, optimizer) -> tuple[float | None, float]:
-        for group in optimizer.param_groups:
-            if group.get("clip_grad_max_norm") is not None:
-                return float(group["clip_grad_max_norm"]), float(
-                    group.get("clip_grad_norm_type") or 2.0
-                )
-        return None, 2.0
-
     # ---- hooks, evaluation, resume --------------------------------------------------------------
     def build_hooks(self):
         cfg = self.cfg.train
         seq_len = try_get_key(self.cfg, "model.cfg.max_seq_length")
         tokens_per_iter = self.global_batch_size * seq_len if seq_len else None
-        writers = [
-            CommonMetricPrinter(self.max_iter, tokens_per_iter=tokens_per_iter),
-            # window 1: metrics.json holds each logged step's own loss (comparable across runs)
-            JSONWriter(os.path.join(cfg.output_dir, "metrics.json"), window_size=1),
-            TensorboardXWriter(os.path.join(cfg.output_dir, "tensorboard")),
-        ]
-        hook_list = [
-            hooks.IterationTimer(),
-            hooks.LRScheduler(),
-            hooks.PeriodicCheckpointer(
-                self.checkpointer, cfg.checkpointer.period, cfg.checkpointer.max_to_keep
-            ),
-        ]
-        if cfg.evaluation.enabled and self.valid_loader is not None:
-            hook_list.append(hooks.EvalHook(cfg.evaluation.eval_period, self.evaluate))
-            hook_list.append(
-                hooks.BestCheckpointer(
-                    cfg.evaluation.eval_period,
-                    self.checkpointer,
-                    str(cfg.evaluation.eval_metric).lower(),
-                    cfg.evaluation.eval_mode,
-                )
-            )
-        hook_list.append(hooks.PeriodicWriter(writers, cfg.log_period))
-        return hook_list
-
-    def checkpoint_extra(self) -> dict:
-        """What resuming needs beyond the tensors: the data position."""
-        return {"consumed_train_samples": self.consumed_train_samples}
-
-    def run_step(self):
-        super().run_step()
-        self.consumed_train_samples += self.global_batch_size
+        writers = build_writers(cfg.output_dir, self.max_iter, tokens_per_iter)
+        evaluate = self.evaluate if self.valid_loader is not None else None
+        return build_hooks(cfg, self.checkpointer, writers, evaluate)
 
     def evaluate(self, loader=None) -> dict:
         """Evaluation through the runner, so it works under pp too.
@@ -340,7 +287,7 @@ class DefaultTrainer(EagerTrainer):
             self.consumed_train_samples = int(extra.get("consumed_train_samples", 0))
             self.cfg.train.consumed_train_samples = self.consumed_train_samples
             self.train_loader = self.build_train_loader(self.cfg, self.tokenizer)[0]
-            self.data_loader, self._data_iter = self.train_loader, None
+            self.set_data_loader(self.train_loader)
             logger.info(
                 "Resumed at iteration %d (%d samples consumed)",
                 self.start_iter,

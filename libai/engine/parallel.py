@@ -19,6 +19,7 @@ Usage::
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Mapping
 
@@ -30,6 +31,7 @@ from torch.distributed import pipelining
 from torch.distributed.tensor import DTensor
 
 from libai.engine.amp import DynamicLossScaler, autocast
+from libai.engine.blocks import compile_layers, enable_activation_checkpointing
 from libai.engine.grad_clip import clip_grad_norm_
 from libai.utils import distributed as dist
 
@@ -101,6 +103,16 @@ class ModelRunner:
             micro-batches under pp). The local batch size must be divisible by it.
         schedule: pipeline schedule name (:data:`PIPELINE_SCHEDULES`); defaults to the
             dist config's ``pipeline_schedule``.
+        loss_fn: ``loss_fn(batch)`` -> a loss tensor, or a mapping whose keys containing
+            "loss" are summed; replaces ``model(**batch)`` (e.g. a task module's
+            ``training_step``). The batch may then be any nesting of mappings, lists and
+            tuples of tensors. Not with pipeline parallelism, where the model's
+            ``pipeline_loss`` computes the loss on the last stage.
+        backward_fn: ``backward_fn(loss)`` replaces ``loss.backward()``; it receives the
+            loss already multiplied by the fp16 loss scale and divided by the micro-batch
+            count. Not with pipeline parallelism.
+        autocast_op_lists: a :class:`~libai.engine.amp_lists.AutocastOpLists` (custom
+            black / white op lists entered inside autocast); needs ``amp_dtype``.
     """
 
     def __init__(
@@ -113,6 +125,9 @@ class ModelRunner:
         loss_scaler: DynamicLossScaler | None = None,
         activation_checkpointing: bool = False,
         compile: bool = False,
+        loss_fn=None,
+        backward_fn=None,
+        autocast_op_lists=None,
     ):
         util = dist.get_dist_util()
         layout = util.layout
@@ -122,8 +137,12 @@ class ModelRunner:
             )
         if loss_scaler is not None and amp_dtype != torch.float16:
             raise ValueError("a loss scaler is only used with fp16 autocast (amp_dtype=float16)")
+        if autocast_op_lists and amp_dtype is None:
+            raise ValueError("custom autocast op lists need mixed precision (an amp dtype)")
         self.util, self.model, self.num_microbatches = util, model, num_microbatches
         self.amp_dtype, self.loss_scaler = amp_dtype, loss_scaler
+        self.autocast_op_lists = autocast_op_lists or None
+        self.loss_fn, self.backward_fn = loss_fn, backward_fn
         self.last_step_skipped, self.last_grad_norm = False, None
         #: ZeRO stage 2/3 (libai.engine.zero): replaces the dp all-reduce; clipping sums over dp
         self.grad_sharder = None
@@ -133,6 +152,12 @@ class ModelRunner:
             compile_layers(model)
         self.schedule_name = schedule or layout.pipeline_schedule
         self.pipeline = layout.pipeline_parallel_size > 1
+        if self.pipeline and (loss_fn is not None or backward_fn is not None):
+            raise ValueError(
+                "pipeline parallel computes the loss with the model's pipeline_loss on the last "
+                "stage and runs backward in its schedule: a custom loss_fn / backward_fn cannot "
+                "be split over stages"
+            )
         self.schedule = self._build_pipeline() if self.pipeline else None
         leftover = [n for n, p in model.named_parameters() if p.is_meta]
         if leftover:
@@ -144,8 +169,28 @@ class ModelRunner:
         ]
 
     def autocast(self):
-        """The autocast context of this run (a null context in fp32)."""
-        return autocast(self.util.layout.device_type, self.amp_dtype)
+        """The autocast context of this run (a null context in fp32), with the custom op
+        lists inside it when there are any."""
+        device_type = self.util.layout.device_type
+        if self.autocast_op_lists is None:
+            return autocast(device_type, self.amp_dtype)
+        stack = contextlib.ExitStack()
+        stack.enter_context(autocast(device_type, self.amp_dtype))
+        stack.enter_context(self.autocast_op_lists.mode(device_type, self.amp_dtype))
+        return stack
+
+    def _loss(self, batch) -> torch.Tensor:
+        """The loss of one (micro-)batch: ``loss_fn(batch)`` or ``model(**batch)``'s."""
+        if self.loss_fn is None:
+            return _total_loss(self.model(**batch))
+        out = self.loss_fn(batch)
+        return out if isinstance(out, torch.Tensor) else _total_loss(out)
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        if self.backward_fn is None:
+            loss.backward()
+        else:
+            self.backward_fn(loss)
 
     @property
     def _loss_scale(self) -> float:
@@ -216,17 +261,14 @@ class ModelRunner:
         n, scale = self.num_microbatches, self._loss_scale
         if n == 1:  # the common case pays for no split, scaling or accumulation
             with self.autocast():
-                loss = _total_loss(self.model(**batch))
-            (loss if scale == 1.0 else loss * scale).backward()
+                loss = self._loss(batch)
+            self._backward(loss if scale == 1.0 else loss * scale)
             return loss.detach().float()
-        chunks = [
-            dict(zip(batch, values)) for values in zip(*(_split(v, n) for v in batch.values()))
-        ]
         total = torch.zeros((), device=self.util.device)
-        for chunk in chunks:
+        for chunk in split_batch(batch, n):
             with self.autocast():
-                loss = _total_loss(self.model(**chunk))
-            (loss * (scale / n)).backward()
+                loss = self._loss(chunk)
+            self._backward(loss * (scale / n))
             total += loss.detach().float() / n
         return total
 
@@ -254,7 +296,7 @@ class ModelRunner:
         have the training batch's shape (the stages' buffers are sized by it)."""
         if not self.pipeline:
             with self.autocast():
-                return _total_loss(self.model(**batch)).float()
+                return self._loss(batch).float()
         loss = self._run_schedule(self.schedule.eval, batch)
         torch_dist.all_reduce(loss, group=self.util.pp_group)  # from the last stage to all
         return loss
@@ -340,40 +382,6 @@ class ModelRunner:
         return float(loss)
 
 
-def compile_layers(model: nn.Module, **compile_kwargs) -> int:
-    """``graph.enabled``: compile every TransformerLayer with ``torch.compile`` in place.
-
-    Blocks are compiled one by one (as torchtitan does), so parameter names, pipeline stage
-    pruning and checkpoints are unchanged. Returns the number of compiled blocks.
-    """
-    from libai.layers import TransformerLayer
-
-    layers = [m for m in model.modules() if isinstance(m, TransformerLayer)]
-    if not layers:
-        raise ValueError(f"graph.enabled: {type(model).__name__} has no TransformerLayer")
-    for layer in layers:
-        layer.compile(**compile_kwargs)
-    return len(layers)
-
-
-def enable_activation_checkpointing(model: nn.Module) -> int:
-    """Recompute every TransformerLayer in backward instead of storing its activations.
-
-    Returns the number of layers switched; raises if the model has none (the switch must
-    never silently do nothing).
-    """
-    from libai.layers import TransformerLayer
-
-    layers = [m for m in model.modules() if isinstance(m, TransformerLayer)]
-    if not layers:
-        raise ValueError(
-            f"train.activation_checkpoint.enabled: {type(model).__name__} has no TransformerLayer"
-        )
-    for layer in layers:
-        layer.activation_checkpointing = True
-    return len(layers)
-
-
 def pipeline_inputs(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> tuple:
     """The first stage's positional inputs: ``model.pipeline_inputs(batch)`` if the model
     defines it (several tensors, e.g. ids and a padding mask), else
@@ -403,6 +411,20 @@ def _split(t: torch.Tensor, n: int) -> list[torch.Tensor]:
     if t.shape[0] % n:
         raise ValueError(f"local batch size {t.shape[0]} is not divisible by num_microbatches={n}")
     return list(t.chunk(n, dim=0))
+
+
+def split_batch(batch, n: int) -> list:
+    """``batch`` cut into ``n`` micro-batches along dim 0 of every tensor, keeping its
+    structure (mappings, lists and tuples; other leaves are shared by all micro-batches)."""
+    if isinstance(batch, torch.Tensor):
+        return _split(batch, n)
+    if isinstance(batch, Mapping):
+        parts = {k: split_batch(v, n) for k, v in batch.items()}
+        return [type(batch)((k, v[i]) for k, v in parts.items()) for i in range(n)]
+    if isinstance(batch, (list, tuple)):
+        parts = [split_batch(v, n) for v in batch]
+        return [type(batch)(p[i] for p in parts) for i in range(n)]
+    return [batch] * n
 
 
 def _buckets(tensors: list[torch.Tensor], bucket_bytes: int = 25 * 2**20):

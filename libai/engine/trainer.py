@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import logging
+import math
 import time
 import weakref
+from collections.abc import Mapping
 
 import torch
 
@@ -88,17 +90,75 @@ class TrainerBase:
         raise NotImplementedError
 
 
+def to_device(batch, device):
+    """``batch`` (tensors in any nesting of mappings, lists and tuples) moved to ``device``."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, Mapping):
+        return type(batch)((k, to_device(v, device)) for k, v in batch.items())
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(to_device(v, device) for v in batch)
+    return batch
+
+
+#: batch keys that hold token ids (a step's tokens = their element count)
+TOKEN_KEYS = ("input_ids", "tokens", "encoder_input_ids")
+
+
+def count_tokens(batch) -> int | None:
+    """Tokens in a batch: the element count of its token ids, None if it has none."""
+    if isinstance(batch, Mapping):
+        for key in TOKEN_KEYS:
+            value = batch.get(key)
+            if isinstance(value, torch.Tensor):
+                return value.numel()
+    return None
+
+
 class EagerTrainer(TrainerBase):
     """One step = fetch a batch, ``ModelRunner.train_step`` (forward, backward, grad sync,
-    clipping, optimizer step). Records ``total_loss``, ``data_time`` and skipped fp16 steps.
+    clipping, optimizer step). Records ``total_loss``, ``data_time``, ``grad_norm`` and the
+    fp16 loss scale, and counts the samples consumed (the data position a resume restores).
+
+    This is the one training loop of the library: ``DefaultTrainer`` (LiBai configs) and
+    ``Engine`` (FleetX task modules) both run it, with their hooks.
+
+    Args:
+        runner: the model on the mesh.
+        data_loader: endless iterable of this rank's batches (one optimizer step each).
+        optimizer: the (possibly ZeRO-wrapped) optimizer.
+        max_grad_norm, norm_type: global-norm clipping (``None``: no clipping).
+        lr_scheduler: stepped by the :class:`~libai.engine.hooks.LRScheduler` hook.
+        global_batch_size: samples per step over all dp ranks (the consumed-samples count).
+        consumed_train_samples: samples consumed before ``start_iter`` (a resumed run).
+        batch_transform: ``batch -> batch`` applied on the device before the step (a task
+            module's ``pretreating_batch``).
     """
 
-    def __init__(self, runner: ModelRunner, data_loader, optimizer, *, max_grad_norm=None):
+    def __init__(
+        self,
+        runner: ModelRunner,
+        data_loader,
+        optimizer,
+        *,
+        max_grad_norm=None,
+        norm_type: float = 2.0,
+        lr_scheduler=None,
+        global_batch_size: int = 0,
+        consumed_train_samples: int = 0,
+        batch_transform=None,
+    ):
         super().__init__()
         self.runner, self.model, self.optimizer = runner, runner.model, optimizer
         self.data_loader = data_loader
         self._data_iter = None
-        self.max_grad_norm = max_grad_norm
+        self.max_grad_norm, self.norm_type = max_grad_norm, norm_type
+        self.lr_scheduler = lr_scheduler
+        self.global_batch_size = int(global_batch_size)
+        self.consumed_train_samples = int(consumed_train_samples)
+        self.batch_transform = batch_transform
+        #: tokens of this rank's last batch (None when its batches carry no token ids)
+        self.last_batch_tokens: int | None = None
 
     @property
     def data_iter(self):
@@ -106,19 +166,34 @@ class EagerTrainer(TrainerBase):
             self._data_iter = iter(self.data_loader)
         return self._data_iter
 
+    def set_data_loader(self, data_loader) -> None:
+        """Train on ``data_loader`` from the next step on (e.g. rebuilt at a resume point)."""
+        self.data_loader, self._data_iter = data_loader, None
+
+    def checkpoint_extra(self) -> dict:
+        """What resuming needs beyond the tensors: the data position."""
+        return {"consumed_train_samples": self.consumed_train_samples}
+
     def run_step(self):
         self.model.train()
         start = time.perf_counter()
-        batch = next(self.data_iter)
-        device = self.runner.util.device
-        batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+        batch = to_device(next(self.data_iter), self.runner.util.device)
+        if self.batch_transform is not None:
+            batch = self.batch_transform(batch)
+        self.last_batch_tokens = count_tokens(batch)
         data_time = time.perf_counter() - start
-        loss = self.runner.train_step(batch, self.optimizer, max_grad_norm=self.max_grad_norm)
+        loss = self.runner.train_step(
+            batch, self.optimizer, max_grad_norm=self.max_grad_norm, norm_type=self.norm_type
+        )
+        self.consumed_train_samples += self.global_batch_size
         storage = get_event_storage()
         storage.put_scalars(total_loss=loss, data_time=data_time)
         if self.runner.last_grad_norm is not None:
             storage.put_scalar("grad_norm", self.runner.last_grad_norm)
         if self.runner.loss_scaler is not None:
             storage.put_scalar("loss_scale", self.runner.loss_scaler.scale, smoothing_hint=False)
-        if not torch.isfinite(torch.tensor(loss)):
+            storage.put_scalar(
+                "found_inf", float(self.runner.last_step_skipped), smoothing_hint=False
+            )
+        if not math.isfinite(loss):
             raise FloatingPointError(f"loss became {loss} at iteration {self.iter}")

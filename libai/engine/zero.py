@@ -11,7 +11,7 @@ them between those ranks:
   of gradients is reduced to its owner only, and a rank drops (sets to ``None``) the
   gradients it does not own. Gradient clipping then sums the squared norms over dp too.
 - **stage 3** (also parameter sharding): FSDP2 ``fully_shard`` on the dp mesh, one unit per
-  TransformerLayer plus the root, for the pure data-parallel layout (tensor and pipeline
+  block (:func:`~libai.engine.blocks.model_blocks`: each TransformerLayer) plus the root, for the pure data-parallel layout (tensor and pipeline
   parallel size 1; :func:`resolve_zero_stage` raises otherwise). Parameters become
   ``Shard(0)`` DTensors, so the plain optimizer's state is sharded too and checkpoints go
   through DCP as usual.
@@ -312,13 +312,13 @@ def _plain_parameters(model: nn.Module) -> None:
 
 
 def prepare_model(runner, stage: int | None) -> None:
-    """Stage 3: ``fully_shard`` each TransformerLayer and the model on the dp mesh (call after
+    """Stage 3: ``fully_shard`` each block and the model on the dp mesh (call after
     the ModelRunner is built, before the optimizer). Stages 1 and 2 leave the model alone."""
     if stage != 3:
         return
     from torch.distributed.fsdp import fully_shard
 
-    from libai.layers import TransformerLayer
+    from libai.engine.blocks import model_blocks
 
     util = dist.get_dist_util()
     layout = util.layout
@@ -328,9 +328,8 @@ def prepare_model(runner, stage: int | None) -> None:
         resolve_zero_stage({"enabled": True, "stage": 3}, layout)  # raises
     mesh = util.mesh["dp"]
     _plain_parameters(runner.model)
-    for module in runner.model.modules():
-        if isinstance(module, TransformerLayer):
-            fully_shard(module, mesh=mesh)
+    for block in model_blocks(runner.model):
+        fully_shard(block, mesh=mesh)
     fully_shard(runner.model, mesh=mesh)
     runner.grad_sharder = _FullyShardedGrads()
 

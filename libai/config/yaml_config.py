@@ -1,0 +1,296 @@
+"""FleetX's YAML configs: ``_base_`` inheritance, ``-o`` overrides, checked keys, batch sizes.
+
+A config has the sections of PaddleFleetX's::
+
+    _base_: ./base.yaml            # merged under this file (recursively; relative path)
+    Global:      {device, seed, global_batch_size, local_batch_size, micro_batch_size}
+    Engine:      {run_mode, max_steps, num_train_epochs, accumulate_steps, logging_freq,
+                  eval_freq, eval_iters, test_iters, compile,
+                  mix_precision: {enable, dtype, level, scale_loss, custom_black_list,
+                                  custom_white_list},
+                  save_load: {save_steps, save_epoch, output_dir, ckpt_dir, max_to_keep}}
+    Model:       {module, use_recompute, ...the model's hyper-parameters}
+    Data:        {Train|Eval|Test: {dataset: {name, ...}, sampler: {name, ...}, loader: {...}}}
+    Optimizer:   {name, lr: {name, ...} or a number, grad_clip: {name, clip_norm}, ...}
+    Distributed: {dp_degree, mp_degree, pp_degree, pipeline_num_layers, pipeline_schedule,
+                  sharding: {sharding_degree, sharding_stage, sharding_offload}}
+    Inference:   {model_dir}
+
+Merging (:func:`load_yaml_config`): a child mapping is merged key by key into its base's;
+lists and scalars replace; a child mapping holding ``_inherited_: False`` replaces the base's
+mapping wholesale. Overrides use Hydra's grammar (``Engine.max_steps=10``; ``+Model.x=1``
+adds a key). Every key of the fixed sections is checked: an unknown one is an error naming
+the closest known key. ``Model``, the dataset / sampler arguments and the optimizer's own
+arguments are checked where they are used (against the constructor they go to).
+
+Unlike FleetX, a user-set ``Engine.accumulate_steps`` that contradicts the batch sizes is an
+error, never silently replaced (:func:`resolve_batch_config`).
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import os
+from typing import Any
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+
+from libai.config.overrides import apply_overrides
+
+__all__ = [
+    "DEFAULTS",
+    "YAMLConfigError",
+    "check_keys",
+    "load_yaml_config",
+    "resolve_batch_config",
+]
+
+
+class YAMLConfigError(ValueError):
+    """A YAML config that cannot be read, merged or that has keys or values that do not fit."""
+
+
+#: every key of the fixed sections with its default (``None``: unset / derived). ``Model``,
+#: ``Data`` and ``Optimizer`` are open: their extra keys go to the constructors they name.
+DEFAULTS: dict[str, Any] = {
+    "Global": {
+        "device": "cpu",
+        "seed": 1024,
+        "global_batch_size": None,
+        "local_batch_size": None,
+        "micro_batch_size": None,
+    },
+    "Engine": {
+        "run_mode": "step",
+        "max_steps": None,
+        "num_train_epochs": 1,
+        "accumulate_steps": None,
+        "logging_freq": 1,
+        "eval_freq": -1,
+        "eval_iters": 0,
+        "test_iters": None,
+        "compile": False,
+        "mix_precision": {
+            "enable": False,
+            "dtype": "float16",
+            "level": "O1",
+            "scale_loss": 32768.0,
+            "custom_black_list": None,
+            "custom_white_list": None,
+        },
+        "save_load": {
+            "save_steps": -1,
+            "save_epoch": -1,
+            "output_dir": "./output",
+            "ckpt_dir": None,
+            "max_to_keep": None,
+        },
+    },
+    "Model": {"module": None, "use_recompute": False},
+    "Data": {"Train": None, "Eval": None, "Test": None},
+    "Optimizer": {"name": "AdamW", "lr": 1e-3, "grad_clip": None},
+    "Distributed": {
+        "dp_degree": None,
+        "mp_degree": 1,
+        "pp_degree": 1,
+        "pipeline_num_layers": None,
+        "pipeline_schedule": "1F1B",
+        "sharding": {"sharding_degree": 1, "sharding_stage": 1, "sharding_offload": False},
+    },
+    "Inference": {"model_dir": None},
+}
+#: sections whose own keys are free (checked by the constructor they feed)
+OPEN_SECTIONS = ("Model", "Optimizer")
+DATA_SPLIT_KEYS = ("dataset", "sampler", "loader")
+
+
+# ---- reading and merging ----------------------------------------------------------------------
+def _merge(base: dict, child: dict) -> dict:
+    """``child`` merged into a copy of ``base`` (FleetX's rule, see the module doc)."""
+    out = copy.deepcopy(base)
+    for key, value in child.items():
+        if isinstance(value, dict):
+            value = dict(value)
+            inherited = value.pop("_inherited_", True)
+            if inherited and isinstance(out.get(key), dict):
+                out[key] = _merge(out[key], value)
+                continue
+        out[key] = copy.deepcopy(value)
+    return out
+
+
+def _read(path: str, chain: tuple[str, ...]) -> dict:
+    path = os.path.abspath(path)
+    if path in chain:
+        cycle = " -> ".join([*chain, path])
+        raise YAMLConfigError(f"_base_ files include each other: {cycle}")
+    if not os.path.isfile(path):
+        where = f" (the _base_ of {chain[-1]})" if chain else ""
+        raise FileNotFoundError(f"config file {path} does not exist{where}")
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f) or {}
+    except yaml.YAMLError as exc:
+        raise YAMLConfigError(f"{path} is not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise YAMLConfigError(f"{path} must hold a mapping of sections, got {type(data).__name__}")
+    bases = data.pop("_base_", None)
+    if bases is None:
+        return data
+    merged: dict = {}
+    for base in [bases] if isinstance(bases, str) else list(bases):
+        base_path = os.path.join(os.path.dirname(path), str(base))
+        merged = _merge(merged, _read(base_path, (*chain, path)))
+    return _merge(merged, data)
+
+
+def _with_defaults(data: dict) -> dict:
+    def fill(defaults: dict, given: dict | None) -> dict:
+        given = {} if given is None else given
+        out = dict(given)
+        for key, default in defaults.items():
+            if isinstance(default, dict) and isinstance(given.get(key), dict | None):
+                out[key] = fill(default, given.get(key))
+            elif key not in given:
+                out[key] = copy.deepcopy(default)
+        return out
+
+    return fill(DEFAULTS, data)
+
+
+# ---- checking ---------------------------------------------------------------------------------
+def _unknown(key: str, known, where: str) -> YAMLConfigError:
+    close = difflib.get_close_matches(key, list(known), n=3, cutoff=0.5)
+    hint = f"; did you mean {' or '.join(f'{where}.{c}' for c in close)}?" if close else ""
+    return YAMLConfigError(
+        f"unknown config key {where}.{key}{hint} (known: {', '.join(sorted(known))})"
+    )
+
+
+def check_keys(cfg: Any, allowed: Any, where: str) -> None:
+    """Raise :class:`YAMLConfigError` for a key of ``cfg`` not in ``allowed``, naming the
+    closest allowed key; recurses into nested mappings of :data:`DEFAULTS`."""
+    if not hasattr(cfg, "items"):
+        return
+    for key, value in cfg.items():
+        if key not in allowed:
+            raise _unknown(str(key), allowed, where)
+        sub = allowed[key] if isinstance(allowed, dict) else None
+        if isinstance(sub, dict) and hasattr(value, "items"):
+            check_keys(value, sub, f"{where}.{key}")
+
+
+def _check(cfg: DictConfig) -> None:
+    for section in cfg:
+        if section not in DEFAULTS:
+            raise _unknown(str(section), DEFAULTS, "<top level>")
+    for section, allowed in DEFAULTS.items():
+        if section in OPEN_SECTIONS:
+            continue
+        if section == "Data":
+            check_keys(cfg.Data, allowed, "Data")
+            for split in ("Train", "Eval", "Test"):
+                node = cfg.Data.get(split)
+                if node is not None:
+                    check_keys(node, dict.fromkeys(DATA_SPLIT_KEYS), f"Data.{split}")
+                    if node.get("dataset") is None or node.dataset.get("name") is None:
+                        raise YAMLConfigError(f"Data.{split}.dataset.name is required")
+            continue
+        check_keys(cfg[section], allowed, section)
+    if not cfg.Model.get("module"):
+        raise YAMLConfigError(
+            "Model.module is required: a task module class name (e.g. GPTModule) or a dotted "
+            "import path (e.g. projects.simple_net.module.SimpleNetModule)"
+        )
+
+
+def load_yaml_config(path: str | os.PathLike, overrides=()) -> DictConfig:
+    """Read ``path`` with its ``_base_`` chain, fill :data:`DEFAULTS`, apply ``overrides``
+    (``["Engine.max_steps=10", ...]``) and check every key. Returns a ``DictConfig``."""
+    data = _with_defaults(_read(os.fspath(path), ()))
+    cfg = OmegaConf.create(data, flags={"allow_objects": True})
+    _check(cfg)
+    apply_overrides(cfg, list(overrides))
+    _check(cfg)
+    return cfg
+
+
+# ---- derived values ---------------------------------------------------------------------------
+def _positive(value, key: str, allow_none=True) -> int | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise YAMLConfigError(f"{key} must be a positive integer, got {value!r}")
+    return value
+
+
+def resolve_batch_config(cfg: DictConfig, world_size: int) -> DictConfig:
+    """Fill the derived sizes in place: ``Distributed.dp_degree`` and the batch sizes.
+
+    ``dp_degree × sharding_degree × mp_degree × pp_degree`` must be the process count
+    (``dp_degree`` is derived when unset). With ``n = dp_degree × sharding_degree`` data
+    ranks: ``global_batch_size = local_batch_size × n`` (either may be derived),
+    ``local_batch_size = micro_batch_size × accumulate_steps`` (``micro_batch_size``
+    defaults to the local batch; ``accumulate_steps`` is derived, and a given value must
+    agree). Returns ``cfg``.
+    """
+    d = cfg.Distributed
+    mp = _positive(d.mp_degree, "Distributed.mp_degree", allow_none=False)
+    pp = _positive(d.pp_degree, "Distributed.pp_degree", allow_none=False)
+    sharding = _positive(d.sharding.sharding_degree, "Distributed.sharding.sharding_degree", False)
+    dp = _positive(d.dp_degree, "Distributed.dp_degree")
+    model_ranks = mp * pp * sharding
+    if dp is None:
+        if world_size % model_ranks:
+            raise YAMLConfigError(
+                f"{world_size} processes are not divisible by mp_degree {mp} x pp_degree {pp} x "
+                f"sharding_degree {sharding} = {model_ranks}; launch a multiple of {model_ranks}"
+            )
+        dp = world_size // model_ranks
+    if dp * model_ranks != world_size:
+        raise YAMLConfigError(
+            f"Distributed: dp_degree {dp} x mp_degree {mp} x pp_degree {pp} x sharding_degree "
+            f"{sharding} = {dp * model_ranks}, but {world_size} processes were launched"
+        )
+    d.dp_degree = dp
+    n = dp * sharding
+    g = cfg.Global
+    glob = _positive(g.global_batch_size, "Global.global_batch_size")
+    local = _positive(g.local_batch_size, "Global.local_batch_size")
+    micro = _positive(g.micro_batch_size, "Global.micro_batch_size")
+    if glob is None and local is None:
+        raise YAMLConfigError("set Global.global_batch_size or Global.local_batch_size")
+    if local is None:
+        if glob % n:
+            raise YAMLConfigError(
+                f"Global.global_batch_size {glob} is not divisible by the {n} data-parallel "
+                "ranks (dp_degree x sharding_degree)"
+            )
+        local = glob // n
+    elif glob is None:
+        glob = local * n
+    elif glob != local * n:
+        raise YAMLConfigError(
+            f"Global.global_batch_size {glob} != local_batch_size {local} x {n} data-parallel "
+            "ranks (dp_degree x sharding_degree)"
+        )
+    micro = local if micro is None else micro
+    if local % micro:
+        raise YAMLConfigError(
+            f"Global.local_batch_size {local} is not divisible by micro_batch_size {micro}"
+        )
+    acc = local // micro
+    given = _positive(cfg.Engine.accumulate_steps, "Engine.accumulate_steps")
+    if given is not None and given != acc:
+        raise YAMLConfigError(
+            f"Engine.accumulate_steps={given} contradicts the batch sizes: local_batch_size "
+            f"{local} / micro_batch_size {micro} = {acc} micro-batches per step. Remove "
+            "Engine.accumulate_steps (it is derived) or change Global.micro_batch_size"
+        )
+    g.global_batch_size, g.local_batch_size, g.micro_batch_size = glob, local, micro
+    cfg.Engine.accumulate_steps = acc
+    if cfg.Engine.test_iters is None:
+        cfg.Engine.test_iters = cfg.Engine.eval_iters * 10
+    return cfg

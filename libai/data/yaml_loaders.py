@@ -1,0 +1,172 @@
+"""Loaders from a FleetX ``Data.{Train,Eval,Test}`` section: ``dataset``, ``sampler`` and
+``loader`` mappings whose ``name`` picks a class and whose other keys are its arguments.
+
+Names are looked up in :data:`DATASETS` / :data:`SAMPLERS` / :data:`COLLATORS`, or taken as
+a dotted import path (``projects.simple_net.dataset.RandomDataset``). Arguments are
+checked against the constructor (an unknown one is an error naming the closest). A dataset
+that accepts ``mode``, ``num_samples``, ``seed`` or ``tokenizer`` gets them filled in by the
+Engine unless the YAML sets them.
+
+Training batches come from a :class:`~libai.data.samplers.CyclicSampler` (endless,
+reshuffled every epoch with ``seed + epoch``, resumable from a sample count, each data
+rank its own micro-batches); evaluation and test from a
+:class:`~libai.data.samplers.SingleRoundSampler` (one pass, sharded over data ranks).
+FleetX's sampler names map onto these two: ``DistributedBatchSampler`` and
+``GPTBatchSampler`` mean the cyclic sampler for ``Train`` and the single-round one otherwise.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+from collections.abc import Mapping
+from typing import Any
+
+from torch.utils.data import DataLoader
+
+from libai.config.instantiate import locate
+from libai.data.build import loader_generator, trivial_batch_collator
+from libai.data.samplers import CyclicSampler, SingleRoundSampler
+from libai.utils import distributed as dist
+
+__all__ = ["COLLATORS", "DATASETS", "SAMPLERS", "build_split_loader", "resolve_name"]
+
+DATASETS = {
+    "GPTDataset": "libai.data.datasets.gpt_split.GPTDataset",
+    "SFTDataset": "libai.data.datasets.sft_dataset.SFTDataset",
+    "ImageFolderDataset": "libai.data.datasets.image_folder.ImageFolderDataset",
+    "TextClassificationDataset": "libai.data.datasets.text_classification."
+    "TextClassificationDataset",
+}
+#: name -> (class for Train, class for Eval / Test)
+SAMPLERS = {
+    "CyclicSampler": (CyclicSampler, CyclicSampler),
+    "SingleRoundSampler": (SingleRoundSampler, SingleRoundSampler),
+    "DistributedBatchSampler": (CyclicSampler, SingleRoundSampler),
+    "GPTBatchSampler": (CyclicSampler, SingleRoundSampler),
+}
+COLLATORS = {"default": trivial_batch_collator, "stack": trivial_batch_collator}
+#: the arguments a split's loader section may set (the rest is decided by the Engine)
+LOADER_KEYS = ("num_workers", "collate_fn", "pin_memory", "prefetch_factor", "timeout")
+
+
+def resolve_name(name: str, registry: Mapping[str, Any], key: str):
+    """``registry[name]`` (imported if it is a dotted path), or ``name`` as an import path."""
+    if name in registry:
+        value = registry[name]
+        return locate(value) if isinstance(value, str) else value
+    if "." in str(name):
+        try:
+            return locate(str(name))
+        except ImportError as exc:
+            raise ValueError(f"{key}: cannot import {name!r}: {exc}") from exc
+    close = difflib.get_close_matches(str(name), list(registry), n=3, cutoff=0.5)
+    hint = f"; did you mean {' or '.join(close)}?" if close else ""
+    raise ValueError(
+        f"{key}: unknown name {name!r}{hint} Known: {', '.join(sorted(registry))}, or give a "
+        "dotted import path (package.module.Class)"
+    )
+
+
+def accepted_arguments(target) -> tuple[set[str], bool]:
+    """The keyword names ``target`` (a class or function) accepts, and whether it takes
+    ``**kwargs``."""
+    params = inspect.signature(target).parameters
+    names = {n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    return names, any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+def check_arguments(target, kwargs: Mapping, key: str, reserved=()) -> None:
+    """Raise ``ValueError`` naming ``key`` and the closest argument for a keyword that
+    ``target`` does not accept (or one of ``reserved``, which the Engine sets itself)."""
+    names, var_kw = accepted_arguments(target)
+    names -= set(reserved)
+    for arg in kwargs:
+        if arg in reserved:
+            raise ValueError(f"{key}.{arg} is set by the Engine; remove it from the config")
+        if arg not in names and not var_kw:
+            close = difflib.get_close_matches(arg, sorted(names), n=3, cutoff=0.5)
+            hint = f"; did you mean {' or '.join(f'{key}.{c}' for c in close)}?" if close else ""
+            raise ValueError(
+                f"unknown config key {key}.{arg}{hint} ({getattr(target, '__name__', target)} "
+                f"takes: {', '.join(sorted(names))})"
+            )
+
+
+def _plain(node) -> dict:
+    from omegaconf import DictConfig, OmegaConf
+
+    if isinstance(node, DictConfig):
+        return OmegaConf.to_container(node, resolve=True)
+    return dict(node or {})
+
+
+def build_split_dataset(section, split: str, *, seed: int, num_samples=None, tokenizer=None):
+    """The dataset of ``Data.<split>`` (see the module doc for the filled-in arguments)."""
+    key = f"Data.{split}.dataset"
+    args = _plain(section["dataset"])
+    target = resolve_name(args.pop("name"), DATASETS, f"{key}.name")
+    check_arguments(target, args, key)
+    names, _ = accepted_arguments(target)
+    filled = {"mode": split, "num_samples": num_samples, "seed": seed, "tokenizer": tokenizer}
+    for arg, value in filled.items():
+        if arg in names and arg not in args and (value is not None or arg == "mode"):
+            args[arg] = value
+    return target(**args)
+
+
+def build_split_loader(
+    section,
+    split: str,
+    *,
+    batch_size: int,
+    seed: int,
+    consumed_samples: int = 0,
+    num_samples: int | None = None,
+    tokenizer=None,
+) -> DataLoader:
+    """A ``DataLoader`` of ``Data.<split>`` giving this data rank ``batch_size`` samples per
+    batch (see the module doc for the samplers)."""
+    dataset = build_split_dataset(
+        section, split, seed=seed, num_samples=num_samples, tokenizer=tokenizer
+    )
+    sampler_args = _plain(section.get("sampler"))
+    train = split == "Train"
+    name = sampler_args.pop("name", "CyclicSampler" if train else "SingleRoundSampler")
+    sampler_cls = resolve_name(name, SAMPLERS, f"Data.{split}.sampler.name")
+    if isinstance(sampler_cls, tuple):
+        sampler_cls = sampler_cls[0 if train else 1]
+    if sampler_cls is CyclicSampler:
+        sampler_args.pop("drop_last", None)  # a training step always has a full batch
+        sampler_args.setdefault("shuffle", True)
+    reserved = ("dataset", "micro_batch_size", "data_parallel_rank", "data_parallel_size")
+    check_arguments(sampler_cls, sampler_args, f"Data.{split}.sampler", reserved)
+    extra = {"consumed_samples": consumed_samples} if sampler_cls is CyclicSampler else {}
+    batch_sampler = sampler_cls(
+        dataset=dataset,
+        micro_batch_size=batch_size,
+        data_parallel_rank=dist.get_data_parallel_rank(),
+        data_parallel_size=dist.get_data_parallel_size(),
+        **{"seed": seed, **sampler_args, **extra},
+    )
+    loader_args = _plain(section.get("loader"))
+    for arg in loader_args:
+        if arg not in LOADER_KEYS:
+            close = difflib.get_close_matches(arg, LOADER_KEYS, n=2, cutoff=0.5)
+            hint = f"; did you mean {' or '.join(close)}?" if close else ""
+            raise ValueError(
+                f"unknown config key Data.{split}.loader.{arg}{hint} (known: "
+                f"{', '.join(LOADER_KEYS)}; batch size and order come from Global and the sampler)"
+            )
+    collate = loader_args.pop("collate_fn", None) or "default"
+    collate_fn = resolve_name(collate, COLLATORS, f"Data.{split}.loader.collate_fn")
+    workers = int(loader_args.pop("num_workers", 0))
+    return DataLoader(
+        dataset,
+        batch_sampler=batch_sampler,
+        num_workers=workers,
+        persistent_workers=workers > 0,
+        collate_fn=collate_fn,
+        generator=loader_generator(seed),
+        **loader_args,
+    )

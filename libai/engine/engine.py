@@ -1,0 +1,449 @@
+"""FleetX's ``Engine``: fit / evaluate / predict / save / load / export / inference of a task
+:class:`~libai.engine.module.BasicModule`, on the same core as ``DefaultTrainer``.
+
+The Engine is a front door, not a second trainer: it translates the YAML config into LiBai's
+``train`` namespace (:func:`~libai.engine.yaml_setup.train_namespace`) and builds the
+runner, ZeRO, checkpointer, hooks and writers with :mod:`libai.engine.core`; ``fit`` runs
+:class:`~libai.engine.trainer.EagerTrainer`, the loop ``tools/train_net.py`` runs. The
+module's ``training_step`` / ``backward`` become the runner's loss and backward functions,
+``pretreating_batch`` its batch transform, and the logging hooks are called by
+:class:`ModuleCallbacks`.
+
+Modes: ``train`` builds everything; ``eval`` / ``inference`` no optimizer; ``export`` no
+optimizer and no mixed precision.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+import torch
+import torch.distributed as torch_dist
+
+from libai.engine.core import (
+    build_checkpointer,
+    build_hooks,
+    build_runner,
+    build_writers,
+    seed_all,
+    shard_optimizer_for,
+)
+from libai.engine.module import BasicModule
+from libai.engine.module_hooks import ModuleCallbacks, overridden
+from libai.engine.trainer import EagerTrainer, to_device
+from libai.engine.yaml_setup import amp_settings, train_namespace
+from libai.optim import get_clip_grad_settings
+from libai.utils import distributed as dist
+from libai.utils.plot import plot_loss_curve
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Engine"]
+
+MODES = ("train", "eval", "export", "inference")
+#: module hooks that cannot run split over pipeline stages
+_STEP_HOOKS = ("training_step", "backward", "validation_step", "test_step", "forward")
+
+
+class Engine:
+    """Run a task module with every switch of its YAML config (see the module doc).
+
+    Args:
+        cfg: a config from :func:`~libai.config.yaml_config.load_yaml_config`, set up with
+            :func:`~libai.engine.yaml_setup.setup_yaml_run` (the mesh exists).
+        module: the task module (its model built on that mesh).
+        mode: ``"train"``, ``"eval"``, ``"export"`` or ``"inference"``.
+    """
+
+    def __init__(self, cfg, module: BasicModule, mode: str = "train"):
+        if mode not in MODES:
+            raise ValueError(f"Engine mode must be one of {MODES}, got {mode!r}")
+        if not isinstance(module, BasicModule):
+            raise TypeError(f"Engine needs a libai.engine.BasicModule, got {type(module).__name__}")
+        self.cfg, self.module, self.mode = cfg, module, mode
+        self.util = dist.get_dist_util()
+        self._check_module()
+        self.tokenizer = getattr(module, "tokenizer", None)
+        engine = cfg.Engine
+        self.global_batch_size = int(cfg.Global.global_batch_size)
+        self.local_batch_size = int(cfg.Global.local_batch_size)
+        self.train_loader = self.valid_loader = self.test_loader = None
+        if mode == "train":
+            self.train_loader = self._build_loader("Train", self._train_samples())
+        if mode in ("train", "eval") and cfg.Data.get("Eval") is not None:
+            self.valid_loader = self._build_loader("Eval", self._eval_samples(engine.eval_iters))
+        if cfg.Data.get("Test") is not None and mode != "export":
+            self.test_loader = self._build_loader("Test", self._eval_samples(engine.test_iters))
+        self.steps_per_epoch = self._epoch_steps(self.train_loader)
+        self.max_iter = self._max_iter(self.steps_per_epoch, engine.num_train_epochs)
+        self.train_cfg = train_namespace(
+            cfg,
+            train_iter=self.max_iter,
+            steps_per_epoch=self.steps_per_epoch,
+            mode=mode,
+            has_eval=self.valid_loader is not None,
+        )
+        # every rank built the same weights; dropout now differs per data / pipeline rank
+        seed_all(cfg.Global.seed + 1000 * self.util.data_parallel_rank + self.util.pipeline_rank)
+        custom = not self.util.layout.pipeline_parallel_size > 1
+        _, _, op_lists = amp_settings(cfg, mode)
+        self.parts = build_runner(
+            module.model,
+            self.train_cfg,
+            compile=bool(engine.compile) and mode != "export",
+            loss_fn=module.training_step
+            if custom and overridden(module, "training_step")
+            else None,
+            backward_fn=module.backward if custom and overridden(module, "backward") else None,
+            autocast_op_lists=op_lists,
+        )
+        self.runner = self.parts.runner
+        self.optimizer = self.lr_scheduler = None
+        if mode == "train":
+            self.optimizer, self.lr_scheduler = self._build_optimizer()
+        self.checkpointer = build_checkpointer(
+            self.runner.model,
+            engine.save_load.output_dir,
+            self.optimizer,
+            self.lr_scheduler,
+            self.parts.grad_scaler,
+        )
+        self.start_iter, self.consumed_train_samples = 0, 0
+        self.trainer: EagerTrainer | None = None
+
+    # ---- building -----------------------------------------------------------------------------
+    def _check_module(self) -> None:
+        module, layout = self.module, self.util.layout
+        model = getattr(module, "model", None)
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"{type(module).__name__}.get_model() must return an nn.Module")
+        inside = {id(p) for p in model.parameters()}
+        outside = [n for n, p in module.named_parameters() if id(p) not in inside]
+        if outside:
+            raise ValueError(
+                f"{type(module).__name__} holds parameters outside self.model ({outside[:3]}): "
+                "the Engine parallelizes, optimizes and checkpoints self.model; move them there"
+            )
+        if layout.pipeline_parallel_size > 1:
+            custom = [h for h in _STEP_HOOKS if overridden(module, h)]
+            if custom:
+                raise ValueError(
+                    f"{type(module).__name__} overrides {', '.join(custom)}: under pipeline "
+                    "parallel (Distributed.pp_degree > 1) the loss comes from the model's "
+                    "pipeline_loss on the last stage and these hooks cannot run split over "
+                    "stages; keep the defaults (the model contract) or set pp_degree: 1"
+                )
+
+    def _build_loader(self, split: str, num_samples):
+        from libai.data.yaml_loaders import build_split_loader
+
+        section = self.cfg.Data.get(split)
+        if section is None:
+            return None
+        return build_split_loader(
+            section,
+            split,
+            batch_size=self.local_batch_size,
+            seed=self.cfg.Global.seed,
+            consumed_samples=0,
+            num_samples=num_samples,
+            tokenizer=self.tokenizer,
+        )
+
+    def _train_samples(self):
+        steps = self.cfg.Engine.max_steps
+        return steps * self.global_batch_size if steps and steps > 0 else None
+
+    def _eval_samples(self, iters):
+        if not iters or iters <= 0:
+            return None
+        return iters * self.local_batch_size * self.util.layout.data_parallel_size
+
+    def _epoch_steps(self, loader) -> int | None:
+        if loader is None:
+            return None
+        try:
+            size = len(loader.dataset)
+        except (AttributeError, TypeError):
+            return None
+        steps = size // self.global_batch_size
+        if steps < 1:
+            raise ValueError(
+                f"the training set has {size} samples, fewer than one global batch "
+                f"(Global.global_batch_size={self.global_batch_size})"
+            )
+        return steps
+
+    def _max_iter(self, steps_per_epoch, epochs) -> int:
+        max_steps = self.cfg.Engine.max_steps
+        by_epochs = steps_per_epoch * int(epochs) if steps_per_epoch and epochs else None
+        candidates = [
+            s for s in (max_steps if max_steps and max_steps > 0 else None, by_epochs) if s
+        ]
+        if not candidates:
+            if self.mode != "train":
+                return 1
+            raise ValueError(
+                "the run length is unknown: set Engine.max_steps, or Engine.num_train_epochs "
+                "with a Data.Train section whose dataset has a length"
+            )
+        return min(candidates)
+
+    def _build_optimizer(self):
+        from libai.engine.yaml_optim import build_yaml_lr_scheduler, build_yaml_optimizer
+
+        model = self.runner.model
+        configured = self.module.configure_optimizers()
+        optimizer, scheduler = configured, None
+        if isinstance(configured, (tuple, list)):
+            optimizer, scheduler = configured
+        if optimizer is None:
+            optimizer = build_yaml_optimizer(
+                self.cfg.Optimizer, model, self.util.layout.device_type
+            )
+        optimizer = shard_optimizer_for(self.parts, optimizer)
+        if scheduler is None:
+            scheduler = build_yaml_lr_scheduler(self.cfg.Optimizer, optimizer, self.max_iter)
+        return optimizer, scheduler
+
+    def _need(self, mode: str, what: str) -> None:
+        if self.mode != mode:
+            raise RuntimeError(f"Engine.{what} needs mode={mode!r} (this Engine: {self.mode!r})")
+
+    # ---- training -----------------------------------------------------------------------------
+    def fit(self, epoch: int | None = None, train_data_loader=None, valid_data_loader=None):
+        """Train for ``epoch`` epochs (default ``Engine.num_train_epochs``), at most
+        ``Engine.max_steps`` steps in all, evaluating every ``eval_freq`` and saving every
+        ``save_steps`` (``run_mode: epoch``: every ``eval_freq`` / ``save_epoch`` epochs),
+        logging every ``logging_freq``; resumes from where :meth:`load` left off."""
+        self._need("train", "fit")
+        loader = train_data_loader if train_data_loader is not None else self.train_loader
+        if loader is None:
+            raise ValueError("Engine.fit needs a train_data_loader or a Data.Train section")
+        valid = valid_data_loader if valid_data_loader is not None else self.valid_loader
+        steps_per_epoch = self._epoch_steps(loader) if loader is not self.train_loader else None
+        steps_per_epoch = steps_per_epoch or self.steps_per_epoch
+        epochs = self.cfg.Engine.num_train_epochs if epoch is None else int(epoch)
+        max_iter = self._max_iter(steps_per_epoch, epochs)
+        max_grad_norm, norm_type = get_clip_grad_settings(self.optimizer) or (None, 2.0)
+        trainer = EagerTrainer(
+            self.runner,
+            loader,
+            self.optimizer,
+            max_grad_norm=max_grad_norm,
+            norm_type=norm_type,
+            lr_scheduler=self.lr_scheduler,
+            global_batch_size=self.global_batch_size,
+            consumed_train_samples=self.consumed_train_samples,
+            batch_transform=self.module.pretreating_batch,
+        )
+        self.trainer = trainer
+        self._position_loader(loader, self.consumed_train_samples)
+        writers = build_writers(self.cfg.Engine.save_load.output_dir, max_iter)
+        evaluate = None
+        if valid is not None:
+
+            def evaluate():
+                return {
+                    f"eval_{k}": v
+                    for k, v in self.evaluate(trainer.iter // (steps_per_epoch or 1), valid).items()
+                }
+
+        hooks = build_hooks(self.train_cfg, self.checkpointer, writers, evaluate)
+        callbacks = ModuleCallbacks(
+            self.module, self.cfg.Engine.logging_freq, steps_per_epoch, epochs, max_iter
+        )
+        hooks.insert(2, callbacks)  # after the timer and the LR hook, before saving
+        trainer.register_hooks(hooks)
+        if self.start_iter >= max_iter:
+            logger.info("Nothing to train: step %d >= %d steps", self.start_iter, max_iter)
+            return
+        trainer.train(self.start_iter, max_iter)
+        self.start_iter, self.consumed_train_samples = trainer.iter, trainer.consumed_train_samples
+        self._plot()
+
+    def _position_loader(self, loader, consumed: int) -> None:
+        """Start ``loader`` after ``consumed`` samples (a resumed run): resumable samplers
+        are set there; other loaders are read forward and the batches dropped."""
+        sampler = getattr(loader, "batch_sampler", None)
+        if hasattr(sampler, "set_consumed_samples"):
+            sampler.set_consumed_samples(consumed)
+            return
+        skip = consumed // self.global_batch_size
+        if skip:
+            logger.warning(
+                "resuming a loader without a resumable sampler: skipping %d batches", skip
+            )
+            data = iter(loader)
+            for _ in range(skip):
+                next(data)
+            self.trainer._data_iter = data
+
+    def _plot(self) -> None:
+        metrics = os.path.join(self.cfg.Engine.save_load.output_dir, "metrics.json")
+        if dist.is_main_process() and os.path.exists(metrics):
+            png = plot_loss_curve(metrics, metrics.replace("metrics.json", "loss_curve.png"))
+            logger.info("Loss curve written to %s", png)
+
+    # ---- evaluation and test ------------------------------------------------------------------
+    def evaluate(self, epoch: int = 0, valid_data_loader=None) -> dict:
+        """Loss (and the module's extra metrics) over ``Engine.eval_iters`` batches of the
+        evaluation set (all of it when 0): ``validation_step`` per batch,
+        ``validation_step_end`` every ``logging_freq``, then ``validation_epoch_end``."""
+        loader = valid_data_loader if valid_data_loader is not None else self.valid_loader
+        if loader is None:
+            raise ValueError("Engine.evaluate needs a valid_data_loader or a Data.Eval section")
+        results = self._loss_loop(
+            loader,
+            epoch,
+            self.cfg.Engine.eval_iters,
+            "validation_step",
+            "validation_step_end",
+            "eval_cost",
+        )
+        extra = self.module.validation_epoch_end(dict(results, epoch=epoch))
+        out = {"loss": results["loss"], **(extra or {})}
+        logger.info("Evaluation (%.1fs): %s", results["eval_cost"], out)
+        return out
+
+    def predict(self, epoch: int = 0, test_data_loader=None) -> dict:
+        """FleetX's test pass: loss over ``Engine.test_iters`` batches of the test set (all of
+        it when 0), ``test_step`` per batch and ``test_step_end`` every ``logging_freq``."""
+        loader = test_data_loader if test_data_loader is not None else self.test_loader
+        if loader is None:
+            raise ValueError("Engine.predict needs a test_data_loader or a Data.Test section")
+        results = self._loss_loop(
+            loader, epoch, self.cfg.Engine.test_iters, "test_step", "test_step_end", "test_cost"
+        )
+        logger.info("Test (%.1fs): loss %.6g", results["test_cost"], results["loss"])
+        return {"loss": results["loss"]}
+
+    @torch.no_grad()
+    def _loss_loop(self, loader, epoch, max_batches, step_name, end_name, cost_key) -> dict:
+        from libai.engine.module_hooks import batch_loss_and_sums
+
+        model, runner = self.runner.model, self.runner
+        was_training = model.training
+        model.eval()
+        start = time.perf_counter()
+        total_batch = _length(loader, max_batches)
+        loss_sum, count, window, sums = 0.0, 0, [], {}
+        step_fn = getattr(self.module, step_name)
+        freq = self.cfg.Engine.logging_freq
+        for i, batch in enumerate(loader):
+            if max_batches and i >= max_batches:
+                break
+            batch = self.module.pretreating_batch(to_device(batch, self.util.device))
+            if runner.pipeline:
+                loss = float(runner.eval_loss(batch))
+            else:
+                with runner.autocast():
+                    loss = batch_loss_and_sums(step_fn(batch), sums)
+            loss_sum, count = loss_sum + loss, count + 1
+            window.append(loss)
+            if (i + 1) % freq == 0:
+                getattr(self.module, end_name)(
+                    {
+                        "loss": sum(window) / len(window),
+                        "epoch": epoch,
+                        "batch": i,
+                        "total_batch": total_batch,
+                        cost_key: (time.perf_counter() - start) / (i + 1),
+                    }
+                )
+                window = []
+        totals = self._reduce_over_dp([loss_sum, count, *sums.values()])
+        model.train(was_training)
+        return {
+            "loss": totals[0] / max(totals[1], 1),
+            "total_batch": int(totals[1]),
+            "sums": dict(zip(sums, totals[2:])),
+            cost_key: time.perf_counter() - start,
+        }
+
+    def _reduce_over_dp(self, values: list[float]) -> list[float]:
+        group = self.util.dp_group
+        if group is None:
+            return [float(v) for v in values]
+        t = torch.tensor(values, dtype=torch.float64, device=self.util.device)
+        torch_dist.all_reduce(t, group=group)
+        return t.tolist()
+
+    # ---- checkpoints --------------------------------------------------------------------------
+    def save(self, name: str | None = None) -> str:
+        """Save a sharded checkpoint ``output_dir/name`` (default ``model_{step:07d}``) with
+        the step, consumed samples, optimizer, LR schedule, loss scaler and RNG states."""
+        iteration = self.start_iter - 1
+        name = name or f"model_{max(iteration, 0):07d}"
+        self.checkpointer.save(
+            name, iteration=iteration, consumed_train_samples=self.consumed_train_samples
+        )
+        return os.path.join(self.checkpointer.save_dir, name)
+
+    def load(self, path: str | None = None, resume: bool = True) -> dict:
+        """Load ``path`` (default ``Engine.save_load.ckpt_dir``): a checkpoint, or a directory
+        whose ``last_checkpoint`` names one. With ``resume`` (train mode) also the optimizer,
+        LR schedule, loss scaler, RNG and data position, so :meth:`fit` continues exactly
+        where the saved run was; otherwise the weights only. Checkpoints reshard: any
+        layout loads any other's."""
+        from libai.utils.checkpoint import Checkpointer
+
+        path = path or self.cfg.Engine.save_load.ckpt_dir
+        if not path:
+            raise ValueError("Engine.load needs a path or Engine.save_load.ckpt_dir")
+        if os.path.isfile(os.path.join(path, "last_checkpoint")):
+            newest = Checkpointer(self.runner.model, path).get_checkpoint_file()
+            path = newest or path
+        full = resume and self.mode == "train"
+        extra = self.checkpointer.load(path, None if full else [])
+        if full and "iteration" in extra:
+            self.start_iter = int(extra["iteration"]) + 1
+            self.consumed_train_samples = int(extra.get("consumed_train_samples", 0))
+            logger.info(
+                "Resumed at step %d (%d samples consumed)",
+                self.start_iter,
+                self.consumed_train_samples,
+            )
+        return extra
+
+    # ---- export and inference -----------------------------------------------------------------
+    def export(self, output_dir: str | None = None) -> list:
+        """Export the model to ONNX under ``output_dir`` (default ``Inference.model_dir``,
+        else ``output_dir/export``) and verify it with onnxruntime; returns the checks."""
+        from libai.engine.export import export_module
+
+        self._need("export", "export")
+        output_dir = output_dir or self.export_dir()
+        return export_module(self.module, self.runner.model, output_dir)
+
+    def export_dir(self) -> str:
+        model_dir = self.cfg.Inference.model_dir
+        return model_dir or os.path.join(self.cfg.Engine.save_load.output_dir, "export")
+
+    def inference(self, data):
+        """Outputs for ``data`` (a batch): with ``Inference.model_dir`` set, the exported ONNX
+        graph in onnxruntime, post-processed by ``inference_end``; else the eager model,
+        ``predict_step`` then ``predict_step_end``."""
+        self._need("inference", "inference")
+        if self.cfg.Inference.model_dir:
+            from libai.engine.export import OnnxPredictor
+
+            if getattr(self, "_predictor", None) is None:
+                self._predictor = OnnxPredictor(self.cfg.Inference.model_dir)
+            return self.module.inference_end(self._predictor(data))
+        model = self.runner.model
+        model.eval()
+        batch = self.module.pretreating_batch(to_device(data, self.util.device))
+        with torch.no_grad(), self.runner.autocast():
+            outputs = self.module.predict_step(batch)
+        return self.module.predict_step_end(outputs)
+
+
+def _length(loader, max_batches) -> int | None:
+    try:
+        n = len(loader)
+    except TypeError:
+        return max_batches or None
+    return min(n, max_batches) if max_batches else n

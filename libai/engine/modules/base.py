@@ -1,0 +1,72 @@
+"""What the zoo's task modules share: ``Model`` keys checked against the model's
+hyper-parameters, FleetX's aliases, and loading Hugging Face weights."""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+
+from omegaconf import OmegaConf
+
+from libai.engine.module import BasicModule
+
+__all__ = ["ZooModule"]
+
+#: ``Model`` keys that configure the module, not the model's constructor
+MODULE_KEYS = ("module", "use_recompute", "pretrained", "tokenizer", "name")
+
+
+def _parameters(cls) -> set[str]:
+    init = inspect.unwrap(cls.__init__)
+    return {n for n in inspect.signature(init).parameters if n not in ("self", "cfg")}
+
+
+class ZooModule(BasicModule):
+    """A task module around a libai zoo model.
+
+    Subclasses set ``model_class`` (the class built), ``config_class`` (whose ``__init__``
+    lists the hyper-parameters; default ``model_class``), ``head_keys`` (head options the
+    model takes besides them), ``aliases`` (FleetX / transformers name -> libai name(s)) and
+    ``defaults``. ``Model.pretrained: DIR`` loads a Hugging Face directory into the model
+    (with the other keys as overrides).
+    """
+
+    libai_model = True
+    model_class: type
+    config_class: type | None = None
+    head_keys: tuple[str, ...] = ()
+    aliases: dict[str, str | tuple[str, ...]] = {}
+    defaults: dict = {}
+
+    def model_kwargs(self) -> dict:
+        """The model's hyper-parameters from ``Model`` (aliases applied, keys checked)."""
+        model_cfg = OmegaConf.to_container(self.cfg.Model, resolve=True)
+        known = _parameters(self.config_class or self.model_class) | set(self.head_keys)
+        kwargs = dict(self.defaults)
+        for key, value in model_cfg.items():
+            if key in MODULE_KEYS:
+                continue
+            targets = self.aliases.get(key, key)
+            for target in (targets,) if isinstance(targets, str) else targets:
+                if target not in known:
+                    close = difflib.get_close_matches(target, sorted(known), n=3, cutoff=0.5)
+                    hint = (
+                        f"; did you mean {' or '.join(f'Model.{c}' for c in close)}?"
+                        if close
+                        else ""
+                    )
+                    raise ValueError(
+                        f"unknown config key Model.{key}{hint} ({type(self).__name__} builds "
+                        f"{self.model_class.__name__}, which takes: {', '.join(sorted(known))})"
+                    )
+                kwargs[target] = value
+        return kwargs
+
+    def get_model(self):
+        kwargs = self.model_kwargs()
+        pretrained = self.cfg.Model.get("pretrained")
+        if pretrained:
+            from libai.models.utils import load_huggingface
+
+            return load_huggingface(str(pretrained), self.model_class, **kwargs)
+        return self.model_class(**kwargs)

@@ -1,0 +1,64 @@
+"""GPT-2 pretraining as a task module: ``Model.module: GPTModule``."""
+
+from __future__ import annotations
+
+from libai.engine.module import InputSpec
+from libai.engine.modules.base import ZooModule
+from libai.models import GPTForPreTraining, GPTModel
+from libai.utils import distributed as dist
+
+__all__ = ["GPTModule"]
+
+
+class GPTModule(ZooModule):
+    """:class:`~libai.models.GPTForPreTraining` on ``{"input_ids", "labels"}`` batches
+    (``Data.*.dataset.name: GPTDataset``); the loss is the model's, so every dp x tp x pp
+    layout applies.
+
+    ``Model`` keys: GPT's hyper-parameters (``hidden_layers``, ``hidden_size``,
+    ``num_attention_heads``, ``ffn_hidden_size``, ``max_seq_length``, dropouts, ...;
+    FleetX's ``num_layers``, ``max_position_embeddings``, ``hidden_dropout_prob``,
+    ``attention_probs_dropout_prob`` are accepted too), and ``tokenizer: {vocab_file,
+    merges_file, make_vocab_size_divisible_by}`` (files default to the built-in sample
+    corpus'). ``vocab_size`` unset = the tokenizer's, padded to a multiple of
+    ``make_vocab_size_divisible_by x mp_degree`` (as ``tools/train_net.py`` does).
+    """
+
+    model_class = GPTForPreTraining
+    config_class = GPTModel
+    aliases = {
+        "num_layers": "hidden_layers",
+        "max_position_embeddings": "max_seq_length",
+        "hidden_dropout_prob": ("embedding_dropout_prob", "output_dropout_prob"),
+        "attention_probs_dropout_prob": "attention_dropout_prob",
+        "intermediate_size": "ffn_hidden_size",
+    }
+
+    def __init__(self, cfg):
+        tokenizer_cfg = dict(cfg.Model.get("tokenizer") or {})
+        self._divisible_by = int(tokenizer_cfg.pop("make_vocab_size_divisible_by", 128))
+        self.tokenizer = _gpt2_tokenizer(**tokenizer_cfg)  # plain attributes, before the model
+        super().__init__(cfg)
+
+    def get_model(self):
+        kwargs = self.model_kwargs()
+        if kwargs.get("vocab_size") is None:
+            kwargs["vocab_size"] = self.tokenizer.padded_vocab_size(
+                self._divisible_by * dist.get_tensor_parallel_size()
+            )
+        return GPTForPreTraining(**kwargs)
+
+    def input_spec(self):
+        vocab = self.model.GPT_model.embeddings.token_embeddings.num_embeddings
+        return [InputSpec([None, None], "int64", "input_ids", high=vocab)]
+
+
+def _gpt2_tokenizer(vocab_file=None, merges_file=None, **kwargs):
+    from libai.data.sample_corpus import ensure_sample_dataset, sample_dataset_paths
+    from libai.tokenizer import GPT2Tokenizer
+
+    if vocab_file is None or merges_file is None:
+        paths = ensure_sample_dataset(sample_dataset_paths()["data_dir"])
+        vocab_file = vocab_file or paths["vocab_file"]
+        merges_file = merges_file or paths["merges_file"]
+    return GPT2Tokenizer(vocab_file, merges_file, **kwargs)

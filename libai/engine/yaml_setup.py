@@ -1,0 +1,261 @@
+"""The FleetX front door's translation into the core: a YAML config becomes the mesh, the
+task module, and LiBai's ``train`` namespace that :mod:`libai.engine.core` builds from.
+
+::
+
+    cfg = load_yaml_config("projects/gpt/pretrain_gpt_345M_single_card.yaml", ["Engine.max_steps=10"])
+    setup_yaml_run(cfg)                    # checks, mesh, output dir, logger, config.yaml, seed
+    module = build_module(cfg)             # Model.module(cfg)
+    engine = Engine(cfg, module)           # libai.engine.Engine
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from libai.config.yaml_config import YAMLConfigError, resolve_batch_config
+from libai.data.yaml_loaders import resolve_name
+from libai.engine.core import seed_all
+from libai.utils import distributed as dist
+from libai.utils.logger import setup_logger
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "MODULES",
+    "amp_settings",
+    "build_module",
+    "dist_config",
+    "resolve_module_class",
+    "setup_yaml_run",
+    "train_namespace",
+]
+
+#: ready-made task modules for the zoo, by the name a YAML's ``Model.module`` gives
+MODULES = {
+    "GPTModule": "libai.engine.modules.gpt.GPTModule",
+    "LlamaSFTModule": "libai.engine.modules.llama.LlamaSFTModule",
+    "SequenceClassificationModule": "libai.engine.modules.classification."
+    "SequenceClassificationModule",
+    "ImageClassificationModule": "libai.engine.modules.vit.ImageClassificationModule",
+}
+AMP_DTYPES = {"float16": "fp16", "fp16": "fp16", "bfloat16": "bf16", "bf16": "bf16"}
+DEVICES = {"cpu": "cpu", "gpu": "cuda", "cuda": "cuda"}
+#: ``Model`` keys holding the layer count that pipeline stages are cut from
+LAYER_COUNT_KEYS = ("hidden_layers", "num_layers", "num_hidden_layers", "depth")
+
+
+def resolve_module_class(name: str):
+    """The task module class ``Model.module`` names (a :data:`MODULES` name or a dotted
+    import path); it must subclass :class:`~libai.engine.module.BasicModule`."""
+    from libai.engine.module import BasicModule
+
+    cls = resolve_name(name, MODULES, "Model.module")
+    if not (isinstance(cls, type) and issubclass(cls, BasicModule)):
+        raise YAMLConfigError(f"Model.module {name!r} is not a libai.engine.BasicModule subclass")
+    return cls
+
+
+def dist_config(cfg: DictConfig) -> dict:
+    """LiBai's ``train.dist`` from ``Distributed`` (and ``Global.device``)."""
+    d = cfg.Distributed
+    if d.sharding.sharding_offload:
+        raise YAMLConfigError(
+            "Distributed.sharding.sharding_offload=True (CPU offload of sharded state) is not "
+            "supported; set it to False"
+        )
+    sharding = d.sharding.sharding_degree
+    if sharding > 1 and (d.dp_degree or 1) > 1:
+        raise YAMLConfigError(
+            f"Distributed.dp_degree={d.dp_degree} with sharding_degree={sharding} (replicate "
+            "across groups, shard within: hybrid sharding) is not supported yet; set "
+            "dp_degree=1 to shard over all data-parallel ranks"
+        )
+    device = str(cfg.Global.device).lower()
+    if device not in DEVICES:
+        raise YAMLConfigError(f"Global.device must be one of {sorted(DEVICES)}, got {device!r}")
+    pp = d.pp_degree
+    layers = d.pipeline_num_layers
+    if pp > 1 and layers is None:
+        found = [cfg.Model.get(k) for k in LAYER_COUNT_KEYS if cfg.Model.get(k) is not None]
+        if not found:
+            raise YAMLConfigError(
+                f"Distributed.pp_degree={pp} needs the layer count: set "
+                f"Distributed.pipeline_num_layers or one of Model.{', Model.'.join(LAYER_COUNT_KEYS)}"
+            )
+        layers = int(found[0]) + int(cfg.Model.get("num_decoder_layers") or 0)
+    return {
+        "data_parallel_size": (d.dp_degree or 1) * sharding,
+        "tensor_parallel_size": d.mp_degree,
+        "pipeline_parallel_size": pp,
+        "pipeline_num_layers": layers,
+        "device_type": DEVICES[device],
+        "pipeline_schedule": d.pipeline_schedule,
+    }
+
+
+def amp_settings(cfg: DictConfig, mode: str = "train") -> tuple[bool, str, object]:
+    """``(enabled, libai dtype, AutocastOpLists or None)`` of ``Engine.mix_precision``;
+    off for export (FleetX does the same)."""
+    from libai.engine.amp_lists import AutocastOpLists
+
+    mp = cfg.Engine.mix_precision
+    if not mp.enable or mode == "export":
+        return False, "bf16", None
+    dtype = str(mp.dtype).lower()
+    if dtype not in AMP_DTYPES:
+        raise YAMLConfigError(
+            f"Engine.mix_precision.dtype must be one of {sorted(AMP_DTYPES)}, got {mp.dtype!r}"
+        )
+    if str(mp.level).upper() != "O1":
+        raise YAMLConfigError(
+            f"Engine.mix_precision.level={mp.level!r} is not supported: PyTorch autocast is "
+            "level O1 (fp32 weights and optimizer, low-precision ops); set level: O1"
+        )
+    lists = AutocastOpLists(list(mp.custom_black_list or []), list(mp.custom_white_list or []))
+    return True, AMP_DTYPES[dtype], (lists or None)
+
+
+def train_namespace(
+    cfg: DictConfig, *, train_iter: int, steps_per_epoch: int | None, mode: str, has_eval: bool
+) -> DictConfig:
+    """LiBai's ``train`` namespace (the keys of ``configs/common/train.py``) for a resolved
+    YAML config, which :mod:`libai.engine.core` builds the runner, hooks and writers from.
+
+    ``run_mode: step`` evaluates every ``eval_freq`` steps and saves every ``save_steps``;
+    ``run_mode: epoch`` every ``eval_freq`` / ``save_epoch`` epochs (``steps_per_epoch``).
+    """
+    engine = cfg.Engine
+    if engine.run_mode not in ("step", "epoch"):
+        raise YAMLConfigError(f"Engine.run_mode must be 'step' or 'epoch', got {engine.run_mode!r}")
+    per = 1
+    if engine.run_mode == "epoch":
+        if not steps_per_epoch:
+            raise YAMLConfigError("Engine.run_mode=epoch needs a Data.Train section (its length)")
+        per = steps_per_epoch
+    save = engine.save_load
+    save_every = save.save_steps if engine.run_mode == "step" else save.save_epoch
+    save_period = save_every * per if save_every and save_every > 0 else train_iter + 1
+    eval_period = engine.eval_freq * per if engine.eval_freq and engine.eval_freq > 0 else 0
+    amp_on, amp_dtype, _ = amp_settings(cfg, mode)
+    sharding = cfg.Distributed.sharding
+    train = {
+        "output_dir": save.output_dir,
+        "train_iter": int(train_iter),
+        "train_epoch": 0,
+        "train_micro_batch_size": cfg.Global.micro_batch_size,
+        "global_batch_size": cfg.Global.global_batch_size,
+        "num_accumulation_steps": cfg.Engine.accumulate_steps,
+        "test_micro_batch_size": cfg.Global.local_batch_size,
+        "log_period": engine.logging_freq,
+        "seed": cfg.Global.seed,
+        "warmup_ratio": 0,
+        "consumed_train_samples": 0,
+        "amp": {
+            "enabled": amp_on,
+            "dtype": amp_dtype,
+            "init_scale": engine.mix_precision.scale_loss,
+        },
+        "activation_checkpoint": {"enabled": bool(cfg.Model.get("use_recompute", False))},
+        "zero_optimization": {
+            "enabled": mode == "train" and sharding.sharding_degree > 1,
+            "stage": sharding.sharding_stage,
+        },
+        "checkpointer": {"period": int(save_period), "max_to_keep": save.max_to_keep},
+        "evaluation": {
+            "enabled": bool(has_eval and eval_period > 0),
+            "eval_period": int(eval_period),
+            "eval_iter": engine.eval_iters,
+            "eval_metric": None,
+            "eval_mode": "min",
+        },
+        "dist": dist_config(cfg),
+    }
+    return OmegaConf.create(train)
+
+
+def setup_yaml_run(cfg: DictConfig, mode: str = "train") -> None:
+    """Everything before the module: batch arithmetic and layout checks (no collective),
+    the mesh, the output directory, the logger, the resolved ``config.yaml`` (rank 0), and
+    the seed the model is built with."""
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    resolve_batch_config(cfg, world)
+    dist_cfg = dist_config(cfg)
+    dist.resolve_layout(dist_cfg, world)  # raises before any collective
+    module_cls = resolve_module_class(cfg.Model.module)
+    if (dist_cfg["tensor_parallel_size"] > 1 or dist_cfg["pipeline_parallel_size"] > 1) and not (
+        module_cls.libai_model
+    ):
+        raise YAMLConfigError(
+            f"Model.module {module_cls.__name__} builds a plain nn.Module: tensor parallel "
+            f"(Distributed.mp_degree={dist_cfg['tensor_parallel_size']}) and pipeline parallel "
+            f"(pp_degree={dist_cfg['pipeline_parallel_size']}) need a model built from libai "
+            "layers. Use dp_degree / sharding for this module, or set `libai_model = True` on "
+            "it if its get_model() returns a libai zoo model"
+        )
+    amp_settings(cfg, mode)  # raises for what autocast cannot express
+    dist.setup_dist_util(dist_cfg)
+    output_dir = cfg.Engine.save_load.output_dir
+    rank = dist.get_rank()
+    if rank == 0 and output_dir:
+        os.makedirs(output_dir, exist_ok=True)
+    dist.synchronize()
+    setup_logger(output_dir, distributed_rank=rank)
+    logger.info("Rank %d of %d; command line: %s", rank, dist.get_world_size(), " ".join(sys.argv))
+    if rank == 0 and output_dir:
+        path = os.path.join(output_dir, "config.yaml")
+        OmegaConf.save(cfg, path, resolve=True)
+        logger.info("Full config saved to %s", path)
+    seed_all(cfg.Global.seed)
+
+
+def build_module(cfg: DictConfig):
+    """``Model.module(cfg)``, built under ``Global.seed`` so every rank and layout starts
+    from the same weights."""
+    cls = resolve_module_class(cfg.Model.module)
+    seed_all(cfg.Global.seed)
+    with torch.device(dist.get_dist_util().device):
+        return cls(cfg)
+
+
+def yaml_argument_parser(description: str):
+    """FleetX's command line: ``-c CONFIG [-o Key.sub=value ...]`` (``--config-file`` too, so
+    ``tools/train.sh`` launches the YAML tools; bare ``Key=value`` words are overrides)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        description=description,
+        epilog="Example: bash tools/train.sh tools/train.py projects/gpt/configs/"
+        "pretrain_gpt_345M_dp2.yaml 2 -o Engine.max_steps=20",
+    )
+    parser.add_argument("-c", "--config", "--config-file", required=True, metavar="YAML")
+    parser.add_argument(
+        "-o",
+        "--override",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="config override in Hydra's grammar, e.g. -o Engine.max_steps=10 (repeatable)",
+    )
+    parser.add_argument("opts", nargs="*", help="more overrides, KEY=VALUE")
+    return parser
+
+
+def run_tool(main) -> None:
+    """Run ``main()`` (returns an exit code) the way the tools do: bad input is one clear
+    line on stderr and exit code 1, and the process group is torn down cleanly."""
+    code = 1
+    try:
+        code = main()
+    except (ValueError, FileNotFoundError, KeyError, NotImplementedError, TypeError) as exc:
+        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        code = 1
+    finally:
+        if code == 0:
+            dist.destroy_dist()
+    sys.exit(code)

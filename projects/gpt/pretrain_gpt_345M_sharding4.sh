@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# GPT 345M on 4 processes (configs/pretrain_gpt_345M_sharding4.yaml). Extra arguments are
+# config overrides, e.g. -o Engine.max_steps=100. Several nodes: NODE, NODE_RANK, ADDR, PORT
+# as for tools/train.sh.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+bash tools/train.sh tools/train.py projects/gpt/configs/pretrain_gpt_345M_sharding4.yaml 4 "$@"

@@ -1,0 +1,60 @@
+"""Run inference on Data.Test batches: the exported ONNX graph (Inference.model_dir) in
+onnxruntime, or the eager model with a checkpoint (Engine.save_load.ckpt_dir).
+
+python tools/inference.py -c CONFIG.yaml -o Inference.model_dir=output/export
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import numpy as np
+import torch
+
+from libai.config.yaml_config import load_yaml_config
+from libai.engine import Engine
+from libai.engine.yaml_setup import build_module, run_tool, setup_yaml_run, yaml_argument_parser
+from libai.utils import distributed as dist
+
+
+def _summary(outputs) -> dict:
+    """Shapes and a few values of each output, for the log line."""
+    items = (
+        outputs.items()
+        if isinstance(outputs, dict)
+        else enumerate(outputs if isinstance(outputs, (list, tuple)) else [outputs])
+    )
+    out = {}
+    for name, value in items:
+        array = value.detach().float().cpu().numpy() if isinstance(value, torch.Tensor) else value
+        if isinstance(array, np.ndarray):
+            out[str(name)] = {"shape": list(array.shape), "first": array.ravel()[:4].tolist()}
+        else:
+            out[str(name)] = value
+    return out
+
+
+def main() -> int:
+    args = yaml_argument_parser(__doc__.splitlines()[0]).parse_args()
+    sys.path.insert(0, os.getcwd())
+    cfg = load_yaml_config(args.config, [*args.override, *args.opts])
+    setup_yaml_run(cfg, "inference")
+    engine = Engine(cfg, build_module(cfg), mode="inference")
+    if cfg.Engine.save_load.ckpt_dir and not cfg.Inference.model_dir:
+        engine.load()
+    if engine.test_loader is None:
+        raise ValueError("tools/inference.py reads the batches of a Data.Test section")
+    limit = cfg.Engine.test_iters or None
+    for i, batch in enumerate(engine.test_loader):
+        if limit and i >= limit:
+            break
+        outputs = engine.inference(batch)
+        if dist.is_main_process():
+            print(json.dumps({"batch": i, "outputs": _summary(outputs)}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    run_tool(main)
