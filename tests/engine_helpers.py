@@ -9,11 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from projects.simple_net.module import SimpleNetModule
-
 from libai.config.yaml_config import load_yaml_config
 from libai.engine import Engine
 from libai.engine.yaml_setup import build_module, setup_yaml_run
+from projects.simple_net.module import SimpleNetModule
 
 ROOT = Path(__file__).resolve().parents[1]
 SIMPLE_NET = ROOT / "projects" / "simple_net" / "simple_net.yaml"
