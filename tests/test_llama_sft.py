@@ -4,59 +4,22 @@ same config starting from a Hugging Face checkpoint (``LazyCall(load_huggingface
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
 import torch
 import transformers
 from train_net_helpers import ROOT, read_metrics, run_train_net, train_env
-
-from libai.data.datasets.sft_dataset import (
-    DEFAULT_PROMPT_TEMPLATE,
-    DEFAULT_PROMPT_TEMPLATE_NO_INPUT,
-)
+from zoo_data import build_sft_files
 
 CONFIG = str(ROOT / "configs" / "llama_sft.py")
-WORDS = "add the numbers please answer with one word red green blue sum of two and three".split()
 
 
 @pytest.fixture(scope="module")
 def sft_data(tmp_path_factory):
     """A byte-level BPE tokenizer.json with <pad> and </s>, and a JSON-lines SFT file."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
     root = tmp_path_factory.mktemp("llama_sft")
-    g = torch.Generator().manual_seed(0)
-    rows = []
-    for _ in range(48):
-        a, b = (int(v) for v in torch.randint(0, 10, (2,), generator=g))
-        words = [WORDS[int(j)] for j in torch.randint(0, len(WORDS), (4,), generator=g)]
-        rows.append(
-            {"instruction": f"Add {a} and {b}.", "input": " ".join(words), "output": str(a + b)}
-        )
-    data = root / "sft.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=1000,
-        special_tokens=["<pad>", "</s>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    corpus = [json.dumps(r) for r in rows] + [
-        DEFAULT_PROMPT_TEMPLATE,
-        DEFAULT_PROMPT_TEMPLATE_NO_INPUT,
-    ]
-    tok.train_from_iterator(corpus, trainer)
-    tok_dir = root / "tokenizer"
-    tok_dir.mkdir()
-    tok.save(str(tok_dir / "tokenizer.json"))
-    (tok_dir / "tokenizer_config.json").write_text(
-        json.dumps({"eos_token": "</s>", "pad_token": "<pad>"})
-    )
+    tok_dir, data, vocab = build_sft_files(root)
     env = train_env()
     common = [
         f"tokenization.tokenizer.tokenizer_file={tok_dir}",
@@ -68,7 +31,7 @@ def sft_data(tmp_path_factory):
         "train.log_period=1",
         "train.checkpointer.period=100",
     ]
-    return root, env, common, tok.get_vocab_size()
+    return root, env, common, vocab
 
 
 def train_net(env, out_dir, overrides, nproc=1):

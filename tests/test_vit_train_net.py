@@ -7,28 +7,18 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from PIL import Image
 from train_net_helpers import ROOT, read_metrics, run_train_net
+from zoo_data import build_image_folder
 
 from libai.config import LazyConfig
 
 CONFIG = str(ROOT / "configs" / "vit_imagenet.py")
-COLORS = [(220, 30, 30), (30, 200, 40), (40, 60, 230)]  # one class per dominant colour
 
 
 @pytest.fixture(scope="module")
 def image_folder(tmp_path_factory):
     """train/ and val/ with 3 classes of noisy 20 x 20 PNGs of one colour each."""
-    root = tmp_path_factory.mktemp("images")
-    rng = np.random.default_rng(0)
-    for split, count in (("train", 12), ("val", 4)):
-        for label, color in enumerate(COLORS):
-            folder = root / split / f"class_{label}"
-            folder.mkdir(parents=True)
-            for i in range(count):
-                pixels = np.clip(np.array(color) + rng.normal(0, 25, (20, 20, 3)), 0, 255)
-                Image.fromarray(pixels.astype(np.uint8)).save(folder / f"img_{i}.png")
-    return root
+    return build_image_folder(tmp_path_factory.mktemp("images"))
 
 
 def tiny(root) -> list[str]:

@@ -213,6 +213,10 @@ def load_yaml_config(path: str | os.PathLike, overrides=()) -> DictConfig:
     cfg = OmegaConf.create(data, flags={"allow_objects": True})
     _check(cfg)
     apply_overrides(cfg, list(overrides))
+    # a deleted key (``~Key``) is back at its default
+    cfg = OmegaConf.create(
+        _with_defaults(OmegaConf.to_container(cfg, resolve=False)), flags={"allow_objects": True}
+    )
     _check(cfg)
     return cfg
 

@@ -28,6 +28,7 @@ _EXPORTS = {
     "RobertaDataset": "libai.data.datasets.roberta_dataset",
     "SFTDataset": "libai.data.datasets.sft_dataset",
     "T5Dataset": "libai.data.datasets.t5_dataset",
+    "TextClassificationDataset": "libai.data.datasets.text_classification",
     "CyclicSampler": "libai.data.samplers",
     "SingleRoundSampler": "libai.data.samplers",
 }

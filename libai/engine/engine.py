@@ -43,8 +43,10 @@ logger = logging.getLogger(__name__)
 __all__ = ["Engine"]
 
 MODES = ("train", "eval", "export", "inference")
-#: module hooks that cannot run split over pipeline stages
-_STEP_HOOKS = ("training_step", "backward", "validation_step", "test_step", "forward")
+#: module hooks that cannot run split over pipeline stages: an error to override under pp
+_STEP_HOOKS = ("training_step", "backward", "forward")
+#: ... and those the pipeline's own loss replaces in evaluation (a warning)
+_EVAL_HOOKS = ("validation_step", "test_step")
 
 
 class Engine:
@@ -135,6 +137,14 @@ class Engine:
                     "pipeline_loss on the last stage and these hooks cannot run split over "
                     "stages; keep the defaults (the model contract) or set pp_degree: 1"
                 )
+            replaced = [h for h in _EVAL_HOOKS if overridden(module, h)]
+            if replaced:
+                logger.warning(
+                    "pipeline parallel: evaluation uses the model's pipeline loss; %s.%s "
+                    "(and its extra metrics) is not called",
+                    type(module).__name__,
+                    " / ".join(replaced),
+                )
 
     def _build_loader(self, split: str, num_samples):
         from libai.data.yaml_loaders import build_split_loader
@@ -218,6 +228,19 @@ class Engine:
         ``Engine.max_steps`` steps in all, evaluating every ``eval_freq`` and saving every
         ``save_steps`` (``run_mode: epoch``: every ``eval_freq`` / ``save_epoch`` epochs),
         logging every ``logging_freq``; resumes from where :meth:`load` left off."""
+        trainer = self.build_trainer(epoch, train_data_loader, valid_data_loader)
+        if self.start_iter >= trainer.max_iter:
+            logger.info("Nothing to train: step %d >= %d steps", self.start_iter, trainer.max_iter)
+            return
+        trainer.train(self.start_iter, trainer.max_iter)
+        self.start_iter, self.consumed_train_samples = trainer.iter, trainer.consumed_train_samples
+        self._plot()
+
+    def build_trainer(
+        self, epoch: int | None = None, train_data_loader=None, valid_data_loader=None
+    ) -> EagerTrainer:
+        """The training loop :meth:`fit` runs, with its hooks registered and ``max_iter``
+        set, positioned at the resume point (drive it yourself, e.g. to time steps)."""
         self._need("train", "fit")
         loader = train_data_loader if train_data_loader is not None else self.train_loader
         if loader is None:
@@ -239,6 +262,7 @@ class Engine:
             consumed_train_samples=self.consumed_train_samples,
             batch_transform=self.module.pretreating_batch,
         )
+        trainer.max_iter = max_iter
         self.trainer = trainer
         self._position_loader(loader, self.consumed_train_samples)
         writers = build_writers(self.cfg.Engine.save_load.output_dir, max_iter)
@@ -246,10 +270,8 @@ class Engine:
         if valid is not None:
 
             def evaluate():
-                return {
-                    f"eval_{k}": v
-                    for k, v in self.evaluate(trainer.iter // (steps_per_epoch or 1), valid).items()
-                }
+                epoch_now = trainer.iter // (steps_per_epoch or 1)
+                return {f"eval_{k}": v for k, v in self.evaluate(epoch_now, valid).items()}
 
         hooks = build_hooks(self.train_cfg, self.checkpointer, writers, evaluate)
         callbacks = ModuleCallbacks(
@@ -257,12 +279,7 @@ class Engine:
         )
         hooks.insert(2, callbacks)  # after the timer and the LR hook, before saving
         trainer.register_hooks(hooks)
-        if self.start_iter >= max_iter:
-            logger.info("Nothing to train: step %d >= %d steps", self.start_iter, max_iter)
-            return
-        trainer.train(self.start_iter, max_iter)
-        self.start_iter, self.consumed_train_samples = trainer.iter, trainer.consumed_train_samples
-        self._plot()
+        return trainer
 
     def _position_loader(self, loader, consumed: int) -> None:
         """Start ``loader`` after ``consumed`` samples (a resumed run): resumable samplers

@@ -188,15 +188,19 @@ def setup_yaml_run(cfg: DictConfig, mode: str = "train") -> None:
     dist_cfg = dist_config(cfg)
     dist.resolve_layout(dist_cfg, world)  # raises before any collective
     module_cls = resolve_module_class(cfg.Model.module)
-    if (dist_cfg["tensor_parallel_size"] > 1 or dist_cfg["pipeline_parallel_size"] > 1) and not (
-        module_cls.libai_model
-    ):
+    asked = [
+        f"{kind} parallel (Distributed.{key}={dist_cfg[size]})"
+        for kind, key, size in (
+            ("tensor", "mp_degree", "tensor_parallel_size"),
+            ("pipeline", "pp_degree", "pipeline_parallel_size"),
+        )
+        if dist_cfg[size] > 1
+    ]
+    if asked and not module_cls.libai_model:
         raise YAMLConfigError(
-            f"Model.module {module_cls.__name__} builds a plain nn.Module: tensor parallel "
-            f"(Distributed.mp_degree={dist_cfg['tensor_parallel_size']}) and pipeline parallel "
-            f"(pp_degree={dist_cfg['pipeline_parallel_size']}) need a model built from libai "
-            "layers. Use dp_degree / sharding for this module, or set `libai_model = True` on "
-            "it if its get_model() returns a libai zoo model"
+            f"Model.module {module_cls.__name__} builds a plain nn.Module: {' and '.join(asked)} "
+            "need a model built from libai layers. Use dp_degree / sharding for this module, "
+            "or set `libai_model = True` on it if its get_model() returns a libai zoo model"
         )
     amp_settings(cfg, mode)  # raises for what autocast cannot express
     dist.setup_dist_util(dist_cfg)

@@ -3,7 +3,12 @@
 from libai.models.bert_model import BertForClassification, BertForPreTraining, BertModel
 from libai.models.gpt_model import GPTForPreTraining, GPTModel
 from libai.models.llama_model import LlamaForCausalLM, LlamaModel
-from libai.models.roberta_model import RobertaForCausalLM, RobertaForPreTraining, RobertaModel
+from libai.models.roberta_model import (
+    RobertaForCausalLM,
+    RobertaForClassification,
+    RobertaForPreTraining,
+    RobertaModel,
+)
 from libai.models.t5_model import T5ForPreTraining, T5Model
 from libai.models.vit import VisionTransformer
 
@@ -16,6 +21,7 @@ __all__ = [
     "LlamaForCausalLM",
     "LlamaModel",
     "RobertaForCausalLM",
+    "RobertaForClassification",
     "RobertaForPreTraining",
     "RobertaModel",
     "T5ForPreTraining",

@@ -370,9 +370,7 @@ class BertForClassification(BertPipelineMixin, nn.Module):
 
     def __init__(self, cfg=None, **kwargs):
         super().__init__()
-        cfg = {**(cfg or {}), **kwargs}
-        self.num_labels = int(cfg.pop("num_labels", 2))
-        self.classifier_dropout = cfg.pop("classifier_dropout", None)
+        cfg = self._pop_head_options(cfg, kwargs)
         self.bert = BertModel(cfg={**cfg, "add_pooling_layer": True})
         bert_cfg = self.bert.libai_cfg
         p = self.classifier_dropout
@@ -387,11 +385,18 @@ class BertForClassification(BertPipelineMixin, nn.Module):
             layer_idx=-1,
         )
 
+    def _pop_head_options(self, cfg, kwargs) -> dict:
+        """Set ``num_labels`` / ``classifier_dropout`` from the config; returns the rest."""
+        cfg = {**(cfg or {}), **kwargs}
+        self.num_labels = int(cfg.pop("num_labels", 2))
+        self.classifier_dropout = cfg.pop("classifier_dropout", None)
+        return cfg
+
     @property
     def libai_cfg(self) -> dict:
         """The backbone's hyper-parameters plus ``num_labels`` and ``classifier_dropout``."""
         return {
-            **self.bert.libai_cfg,
+            **self.backbone.libai_cfg,
             "num_labels": self.num_labels,
             "classifier_dropout": self.classifier_dropout,
         }
@@ -410,7 +415,7 @@ class BertForClassification(BertPipelineMixin, nn.Module):
         return F.cross_entropy(logits.float(), labels, ignore_index=IGNORE_INDEX)
 
     def forward(self, input_ids, attention_mask=None, tokentype_ids=None, labels=None):
-        hidden = self.bert(input_ids, attention_mask, tokentype_ids)["last_hidden_state"]
+        hidden = self.backbone(input_ids, attention_mask, tokentype_ids)["last_hidden_state"]
         logits = self.head_forward(hidden)
         if labels is None:
             return {"logits": logits}

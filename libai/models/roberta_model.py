@@ -1,5 +1,5 @@
 """RoBERTa: BERT (:mod:`libai.models.bert_model`) with padding-aware positions and one
-token type, a masked-LM head and a causal-LM head.
+token type, a masked-LM head, a causal-LM head and a sequence-classification head.
 
 Positions start at ``pad_token_id + 1`` and skip padding tokens (padding gets position
 ``pad_token_id``), as transformers' ``create_position_ids_from_input_ids``.
@@ -10,9 +10,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from libai.layers import ParallelCrossEntropyLoss, init_method_normal
+from libai.layers import Linear, ParallelCrossEntropyLoss, init_method_normal
 from libai.models.bert_model import (
     BertEmbeddings,
+    BertForClassification,
     BertLMHead,
     BertModel,
     BertPipelineMixin,
@@ -136,3 +137,56 @@ class RobertaForCausalLM(RobertaForPreTraining):
 
     def pipeline_target(self, batch) -> torch.Tensor:
         return batch["labels"]
+
+
+class RobertaClassificationHead(nn.Module):
+    """The <s> token -> dropout -> ``dense`` -> tanh -> dropout -> ``out_proj``
+    (transformers' ``RobertaClassificationHead``; RoBERTa has no pooler)."""
+
+    def __init__(self, hidden_size: int, num_labels: int, init_method, dropout_prob: float):
+        super().__init__()
+        self.layer_idx = -1
+        self.dropout = nn.Dropout(dropout_prob)
+        # [S(0), B] x [B, B]^T -> [S(0), B]  (replicated, no comm)
+        self.dense = Linear(hidden_size, hidden_size, True, "data", init_method, layer_idx=-1)
+        # [S(0), B] x [B, B]^T -> [S(0), B]  (replicated, no comm)
+        self.out_proj = Linear(hidden_size, num_labels, True, "data", init_method, layer_idx=-1)
+
+    def _drop(self, x):
+        return self.dropout(x) if self.dropout.p > 0 else x
+
+    def forward(self, hidden_states):
+        x = self._drop(hidden_states[:, 0])
+        return self.out_proj(self._drop(torch.tanh(self.dense(x))))
+
+
+class RobertaForClassification(BertForClassification):
+    """RoBERTa with :class:`RobertaClassificationHead` as ``classifier`` (transformers'
+    ``RobertaForSequenceClassification``).
+
+    The contract of :class:`BertForClassification`, whose loss, ``forward``, ``libai_cfg``
+    and pipeline methods it inherits: ``forward(input_ids, attention_mask, tokentype_ids,
+    labels)`` returns ``{"logits"}``, and ``{"loss"}`` with labels (cross entropy; mean
+    squared error when ``num_labels == 1``); ``num_labels`` and ``classifier_dropout``
+    (``None`` = the hidden dropout) are head options.
+    """
+
+    def __init__(self, cfg=None, **kwargs):
+        nn.Module.__init__(self)  # not BertForClassification's: it builds a BERT backbone
+        cfg = self._pop_head_options(cfg, kwargs)
+        self.roberta = RobertaModel(cfg={**cfg, "add_pooling_layer": False})
+        backbone_cfg = self.roberta.libai_cfg
+        p = self.classifier_dropout
+        self.classifier = RobertaClassificationHead(
+            backbone_cfg["hidden_size"],
+            self.num_labels,
+            init_method_normal(backbone_cfg["initializer_range"]),
+            backbone_cfg["hidden_dropout_prob"] if p is None else p,
+        )
+
+    @property
+    def backbone(self) -> RobertaModel:
+        return self.roberta
+
+    def head_forward(self, hidden):
+        return self.classifier(hidden)

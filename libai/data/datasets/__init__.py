@@ -7,6 +7,7 @@ from libai.data.datasets.image_folder import ImageFolderDataset
 from libai.data.datasets.roberta_dataset import RobertaDataset
 from libai.data.datasets.sft_dataset import SFTDataset
 from libai.data.datasets.t5_dataset import T5Dataset
+from libai.data.datasets.text_classification import TextClassificationDataset
 
 __all__ = [
     "BertDataset",
@@ -15,4 +16,5 @@ __all__ = [
     "RobertaDataset",
     "SFTDataset",
     "T5Dataset",
+    "TextClassificationDataset",
 ]

@@ -8,9 +8,9 @@ import inspect
 
 from omegaconf import OmegaConf
 
-from libai.engine.module import BasicModule
+from libai.engine.module import BasicModule, call_with_batch
 
-__all__ = ["ZooModule"]
+__all__ = ["AccuracyModule", "ZooModule", "tokenizer_from"]
 
 #: ``Model`` keys that configure the module, not the model's constructor
 MODULE_KEYS = ("module", "use_recompute", "pretrained", "tokenizer", "name")
@@ -70,3 +70,48 @@ class ZooModule(BasicModule):
 
             return load_huggingface(str(pretrained), self.model_class, **kwargs)
         return self.model_class(**kwargs)
+
+
+class AccuracyModule(ZooModule):
+    """A classifier: evaluation reports accuracy besides the loss (the model returns
+    ``{"loss", "logits"}`` in eval mode with labels). Under pipeline parallelism the
+    evaluation gives the loss only."""
+
+    def validation_step(self, batch):
+        out = call_with_batch(self, batch)
+        logits, labels = out["logits"], batch["labels"]
+        loss = sum(v for k, v in out.items() if "loss" in k)
+        correct = (logits.argmax(dim=-1) == labels).sum() if logits.dim() > 1 else 0
+        return {"loss": loss, "correct": correct, "count": labels.numel()}
+
+    def validation_epoch_end(self, log_dict):
+        sums = log_dict.get("sums") or {}
+        if not sums.get("count"):
+            return None
+        return {"acc": sums["correct"] / sums["count"]}
+
+
+def tokenizer_from(spec, fallback_dir=None, key="Model.tokenizer"):
+    """A libai tokenizer from ``spec``: a Hugging Face model / tokenizer directory or a
+    ``tokenizer.json`` path; ``None`` uses ``fallback_dir`` (``Model.pretrained``)."""
+    import os
+
+    from libai.inference.tokenizer_loading import load_tokenizer
+    from libai.tokenizer import JsonTokenizer
+
+    path = spec or fallback_dir
+    if path is None:
+        raise ValueError(
+            f"{key} is required (a tokenizer directory or a tokenizer.json) when "
+            "Model.pretrained is not set"
+        )
+    path = str(path)
+    if os.path.isfile(path):
+        return JsonTokenizer(path)
+    config = os.path.join(path, "config.json")
+    hf_config = None
+    if os.path.isfile(config):
+        from libai.models.utils import read_hf_config
+
+        hf_config = read_hf_config(path)
+    return load_tokenizer(path, hf_config)

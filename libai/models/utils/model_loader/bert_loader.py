@@ -129,7 +129,7 @@ class BertLoaderHuggerFace(ModelLoaderHuggerFace):
         )
         labels = hf.get("id2label")
         model_cls = self.model_cls or self._default_class(hf)
-        if model_cls is BertForClassification:
+        if issubclass(model_cls, BertForClassification):  # BERT's and RoBERTa's classifiers
             cfg["num_labels"] = len(labels) if labels else hf.get("num_labels", 2)
             cfg["classifier_dropout"] = hf.get("classifier_dropout")
         return cfg

@@ -1,10 +1,17 @@
 """RoBERTa (``model_type: roberta``): ``RobertaForMaskedLM`` / ``RobertaModel`` /
-``RobertaForCausalLM`` <-> libai RoBERTa. The backbone maps exactly as BERT's
-(:mod:`~libai.models.utils.model_loader.bert_loader`); only the head and defaults differ."""
+``RobertaForCausalLM`` / ``RobertaForSequenceClassification`` <-> libai RoBERTa. The backbone
+maps exactly as BERT's (:mod:`~libai.models.utils.model_loader.bert_loader`); only the heads
+and defaults differ. A classifier loaded from a checkpoint without one (e.g. a masked-LM
+checkpoint) starts fresh, with a warning (BERT's ``optional_missing``)."""
 
 from __future__ import annotations
 
-from libai.models.roberta_model import RobertaForCausalLM, RobertaForPreTraining, RobertaModel
+from libai.models.roberta_model import (
+    RobertaForCausalLM,
+    RobertaForClassification,
+    RobertaForPreTraining,
+    RobertaModel,
+)
 from libai.models.utils.model_loader.bert_loader import (
     BertLoaderHuggerFace,
     encoder_rules,
@@ -14,7 +21,8 @@ from libai.models.utils.weight_mapping import Copy
 
 
 class RobertaLoaderHuggerFace(BertLoaderHuggerFace):
-    """Loads / exports RoBERTa; ``RobertaForCausalLM`` is exported with ``is_decoder=True``."""
+    """Loads / exports RoBERTa; ``RobertaForCausalLM`` is exported with ``is_decoder=True``,
+    ``RobertaForClassification`` with its ``num_labels`` (``id2label``)."""
 
     model_types = ("roberta",)
     base_model_prefix = "roberta"
@@ -22,6 +30,7 @@ class RobertaLoaderHuggerFace(BertLoaderHuggerFace):
         "RobertaForMaskedLM": RobertaForPreTraining,
         "RobertaModel": RobertaModel,
         "RobertaForCausalLM": RobertaForCausalLM,
+        "RobertaForSequenceClassification": RobertaForClassification,
     }
     ignore_unexpected = (
         r"embeddings\.position_ids$",
@@ -47,6 +56,12 @@ class RobertaLoaderHuggerFace(BertLoaderHuggerFace):
         if model_cls is RobertaModel:
             return encoder_rules(cfg, "", "", cfg.get("add_pooling_layer", True))
         table = encoder_rules(cfg, "roberta.", "roberta.", pooler=False)
+        if model_cls is RobertaForClassification:
+            return table + [
+                Copy(f"classifier.{linear}.{kind}", f"classifier.{linear}.{kind}")
+                for linear in ("dense", "out_proj")
+                for kind in ("weight", "bias")
+            ]
         table += lm_head_rules(
             "lm_head.", "lm_head.", "lm_head.bias", "roberta.embeddings.word_embeddings.weight"
         )

@@ -1,0 +1,200 @@
+"""FleetX YAML configs: inheritance, overrides, derived batch sizes, and every kind of bad
+input failing early with a message that names the key and the fix."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+from engine_helpers import SIMPLE_NET, make_engine, run_tool, simple_cfg
+
+from libai.config.yaml_config import YAMLConfigError, load_yaml_config, resolve_batch_config
+from libai.engine import yaml_setup
+from libai.utils import distributed as dist
+
+
+def write(path, text):
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def test_base_inheritance_merges_and_inherited_false_replaces(tmp_path):
+    (tmp_path / "sub").mkdir()
+    write(
+        tmp_path / "root.yaml",
+        """
+        Global: {global_batch_size: 8}
+        Engine: {max_steps: 5, mix_precision: {enable: True, dtype: bfloat16}}
+        Model: {module: GPTModule, hidden_size: 64, hidden_layers: 2, tokenizer: {vocab_file: a}}
+        Optimizer: {name: AdamW, weight_decay: 0.1, lr: {name: Constant, learning_rate: 0.1}}
+        """,
+    )
+    write(tmp_path / "sub" / "mid.yaml", "_base_: ../root.yaml\nEngine: {max_steps: 7}\n")
+    child = write(
+        tmp_path / "sub" / "child.yaml",
+        """
+        _base_: ./mid.yaml
+        Engine:
+          mix_precision: {dtype: float16}
+        Model:
+          hidden_size: 128
+          tokenizer: {_inherited_: False, merges_file: b}
+        Optimizer:
+          lr: 0.5
+        """,
+    )
+    cfg = load_yaml_config(child)
+    assert cfg.Engine.max_steps == 7  # mid overrides root
+    assert cfg.Engine.mix_precision.enable is True and cfg.Engine.mix_precision.dtype == "float16"
+    assert cfg.Model.hidden_size == 128 and cfg.Model.hidden_layers == 2
+    assert dict(cfg.Model.tokenizer) == {"merges_file": "b"}  # replaced, not merged
+    assert cfg.Optimizer.lr == 0.5 and cfg.Optimizer.weight_decay == 0.1
+    assert cfg.Engine.logging_freq == 1  # defaults filled
+    write(tmp_path / "a.yaml", "_base_: b.yaml\nModel: {module: X}\n")
+    write(tmp_path / "b.yaml", "_base_: a.yaml\n")
+    with pytest.raises(YAMLConfigError, match="include each other"):
+        load_yaml_config(tmp_path / "a.yaml")
+    write(tmp_path / "c.yaml", "_base_: missing.yaml\nModel: {module: X}\n")
+    with pytest.raises(FileNotFoundError, match=r"missing.yaml does not exist \(the _base_ of"):
+        load_yaml_config(tmp_path / "c.yaml")
+
+
+def test_overrides_change_add_and_name_the_closest_key(tmp_path):
+    cfg = load_yaml_config(SIMPLE_NET, ["Engine.max_steps=3", "+Model.extra=1"])
+    assert cfg.Engine.max_steps == 3 and cfg.Model.extra == 1
+    with pytest.raises(KeyError, match=r"no key 'Engine.max_step'.*Engine.max_steps"):
+        load_yaml_config(SIMPLE_NET, ["Engine.max_step=3"])
+    bad = write(
+        tmp_path / "bad.yaml", "_base_: " + str(SIMPLE_NET) + "\nEngine: {logging_frequency: 2}\n"
+    )
+    with pytest.raises(
+        YAMLConfigError, match=r"Engine.logging_frequency; did you mean Engine.logging_freq"
+    ):
+        load_yaml_config(bad)
+    with pytest.raises(
+        YAMLConfigError, match=r"Engine.save_load.save_step; did you mean .*save_steps"
+    ):
+        load_yaml_config(SIMPLE_NET, ["+Engine.save_load.save_step=3"])
+    with pytest.raises(YAMLConfigError, match=r"unknown config key <top level>.Profiler"):
+        load_yaml_config(SIMPLE_NET, ["+Profiler.enable=true"])
+    with pytest.raises(YAMLConfigError, match="Data.Train.loaderr; did you mean"):
+        load_yaml_config(SIMPLE_NET, ["+Data.Train.loaderr.num_workers=1"])
+
+
+def test_batch_sizes_are_derived_and_a_contradiction_is_an_error():
+    def resolved(*overrides, world=4):
+        return resolve_batch_config(load_yaml_config(SIMPLE_NET, list(overrides)), world)
+
+    cfg = resolved("Global.global_batch_size=32", "Global.micro_batch_size=4")
+    assert (cfg.Global.local_batch_size, cfg.Engine.accumulate_steps) == (8, 2)
+    assert cfg.Distributed.dp_degree == 4
+    cfg = resolved(
+        "~Global.global_batch_size", "Global.local_batch_size=6", "Global.micro_batch_size=3"
+    )
+    assert (cfg.Global.global_batch_size, cfg.Engine.accumulate_steps) == (24, 2)
+    assert (
+        resolved("Engine.accumulate_steps=2", "Global.micro_batch_size=4").Engine.accumulate_steps
+        == 2
+    )
+    with pytest.raises(
+        YAMLConfigError, match=r"Engine.accumulate_steps=4 contradicts.*8 / micro_batch_size 4 = 2"
+    ):
+        resolved("Engine.accumulate_steps=4", "Global.micro_batch_size=4")
+    with pytest.raises(YAMLConfigError, match="not divisible by the 3 data-parallel ranks"):
+        resolved(world=3)
+    with pytest.raises(
+        YAMLConfigError, match="local_batch_size 8 is not divisible by micro_batch_size 3"
+    ):
+        resolved("Global.micro_batch_size=3")
+    with pytest.raises(YAMLConfigError, match=r"dp_degree 3 x mp_degree 1.*= 3, but 4 processes"):
+        resolved("Distributed.dp_degree=3")
+
+
+def test_names_that_do_not_resolve_are_clear_errors(tmp_path):
+    with pytest.raises(
+        ValueError, match=r"Model.module: unknown name 'GPTModul'; did you mean GPTModule"
+    ):
+        make_engine(simple_cfg(tmp_path, "Model.module=GPTModul"))
+    with pytest.raises(
+        ValueError,
+        match="Data.Train.dataset.name: cannot import 'projects.simple_net.dataset.Nope'",
+    ):
+        make_engine(
+            simple_cfg(tmp_path, "Data.Train.dataset.name=projects.simple_net.dataset.Nope")
+        )
+    with pytest.raises(
+        ValueError,
+        match=r"Data.Train.dataset.name: unknown name 'GPTDatset'; did you mean GPTDataset",
+    ):
+        make_engine(simple_cfg(tmp_path, "Data.Train.dataset.name=GPTDatset"))
+    with pytest.raises(
+        ValueError,
+        match=r"Data.Train.dataset.num_sample; did you mean Data.Train.dataset.num_samples",
+    ):
+        make_engine(simple_cfg(tmp_path, "+Data.Train.dataset.num_sample=3"))
+    with pytest.raises(ValueError, match=r"Data.Train.sampler.name: unknown name 'Cyclic'"):
+        make_engine(simple_cfg(tmp_path, "Data.Train.sampler.name=Cyclic"))
+    with pytest.raises(ValueError, match="unknown config key Optimizer.betaa"):
+        make_engine(simple_cfg(tmp_path, "+Optimizer.betaa=1"))
+    with pytest.raises(ValueError, match=r"Optimizer.lr.\['warmup'\]"):
+        make_engine(simple_cfg(tmp_path, "+Optimizer.lr.warmup=3"))
+    with pytest.raises(ValueError, match="level='O2' is not supported"):
+        make_engine(
+            simple_cfg(
+                tmp_path, "Engine.mix_precision.enable=true", "Engine.mix_precision.level=O2"
+            )
+        )
+    with pytest.raises(ValueError, match=r"custom_black_list: unknown op name 'softmaxx'"):
+        make_engine(
+            simple_cfg(
+                tmp_path,
+                "Engine.mix_precision.enable=true",
+                "Engine.mix_precision.custom_black_list=[softmaxx]",
+            )
+        )
+
+
+def test_model_parallel_on_a_plain_module_fails_before_any_collective(tmp_path, monkeypatch):
+    def no_mesh(*args, **kwargs):
+        raise AssertionError("the mesh (a collective) was created before the check")
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr(dist, "setup_dist_util", no_mesh)
+    monkeypatch.setattr(yaml_setup.dist, "setup_dist_util", no_mesh)
+    for override, key in (
+        ("Distributed.mp_degree=2", "mp_degree=2"),
+        ("Distributed.pp_degree=2", "pp_degree=2"),
+    ):
+        cfg = simple_cfg(tmp_path, override, "Distributed.pipeline_num_layers=4")
+        with pytest.raises(
+            YAMLConfigError, match=rf"SimpleNetModule builds a plain nn.Module.*{key}"
+        ):
+            yaml_setup.setup_yaml_run(cfg)
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    cfg = simple_cfg(
+        tmp_path,
+        "Distributed.dp_degree=2",
+        "Distributed.sharding.sharding_degree=2",
+        "Global.micro_batch_size=4",
+    )
+    with pytest.raises(YAMLConfigError, match="hybrid sharding"):
+        yaml_setup.setup_yaml_run(cfg)
+
+
+def test_the_tool_reports_bad_input_in_one_line_before_training(tmp_path):
+    proc = run_tool(
+        "train",
+        SIMPLE_NET,
+        f"Engine.save_load.output_dir={tmp_path}",
+        "Engine.accumulate_steps=3",
+        check=False,
+    )
+    assert proc.returncode == 1
+    assert "error: YAMLConfigError: Engine.accumulate_steps=3 contradicts" in proc.stderr
+    assert "Traceback" not in proc.stderr and "Starting training" not in proc.stdout + proc.stderr
+    proc = run_tool(
+        "train", SIMPLE_NET, "Distributed.mp_degree=2", nproc=2, check=False, timeout=120
+    )
+    assert proc.returncode != 0
+    assert "builds a plain nn.Module: tensor parallel (Distributed.mp_degree=2)" in proc.stderr
+    assert "Starting training" not in proc.stdout + proc.stderr
