@@ -98,14 +98,20 @@ class KillAtStepModule(SimpleNetModule):
 
 def run_tool(tool, config, *overrides, nproc=1, env=None, timeout=300, check=True):
     """``tools/<tool>.py -c config -o ...`` on ``nproc`` processes (tools/train.sh)."""
+    tool_path = str(ROOT / "tools" / f"{tool}.py")
+    if nproc == 1:
+        cmd = [sys.executable, tool_path, "-c", str(config)]
+    else:
+        cmd = ["bash", str(ROOT / "tools" / "train.sh"), tool_path, str(config), str(nproc)]
+    return run_command(cmd, overrides, nproc=nproc, env=env, timeout=timeout, check=check)
+
+
+def run_command(cmd, overrides, *, nproc=1, env=None, timeout=300, check=True):
+    """``cmd -o override ...`` from the repository root (a launcher script or a tool), with
+    the repository and tests/ importable and a per-test port."""
     from train_net_helpers import train_env
 
-    tool_path = str(ROOT / "tools" / f"{tool}.py")
-    opts = [x for o in overrides for x in ("-o", o)]
-    if nproc == 1:
-        cmd = [sys.executable, tool_path, "-c", str(config), *opts]
-    else:
-        cmd = ["bash", str(ROOT / "tools" / "train.sh"), tool_path, str(config), str(nproc), *opts]
+    cmd = [*cmd, *[x for o in overrides for x in ("-o", o)]]
     env = dict(env or train_env())
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "tests"), env.get("PYTHONPATH", "")])
     env["PORT"] = str(20000 + (os.getpid() + 7919 * nproc) % 20000)

@@ -1,16 +1,13 @@
-"""One core, two front doors: GPT pretraining through the FleetX Engine (a YAML of
-projects/gpt, GPTModule) gives the same per-step losses as tools/train_net.py on the same
-config values, on 1 process and on dp2, tp2 and pp2."""
+"""One core, two front doors: GPT pretraining through the FleetX Engine (the YAMLs and
+launchers of projects/gpt, GPTModule) gives the same per-step losses as tools/train_net.py on
+the same config values, on 1 process and on dp2, tp2 and pp2."""
 
 from __future__ import annotations
 
 import pytest
-from engine_helpers import ROOT, run_tool
-from train_net_helpers import read_metrics, run_train_net, train_env
+from engine_helpers import ROOT, run_command
+from train_net_helpers import TINY, read_metrics, run_train_net
 
-from libai.data.sample_corpus import ensure_sample_dataset
-
-GPT_YAML = ROOT / "projects" / "gpt" / "configs" / "pretrain_gpt_345M_single_card.yaml"
 STEPS = 5
 #: the same tiny GPT, data, optimizer and schedule in both vocabularies
 YAML = [
@@ -34,24 +31,16 @@ YAML = [
     "+Optimizer.lr={name: WarmupCosineLR, learning_rate: 2e-3, warmup_factor: 0.001, "
     "alpha: 0.01, warmup_ratio: 0.05}",
 ]
-LIBAI = [
-    "model.cfg.hidden_layers=2",
-    "model.cfg.hidden_size=32",
-    "model.cfg.num_attention_heads=2",
-    "model.cfg.ffn_hidden_size=64",
-    "model.cfg.max_seq_length=32",
-    "dataloader.train.dataset.0.max_seq_length=32",
-    f"train.train_iter={STEPS}",
-    "train.log_period=1",
-    "train.evaluation.enabled=false",
-]
+LIBAI = [*TINY, f"train.train_iter={STEPS}", "train.evaluation.enabled=false"]
+#: layout -> (processes, projects/gpt launcher, YAML overrides, LiBai overrides)
 LAYOUTS = {
-    "single": (1, [], []),
-    "dp2": (2, ["Global.local_batch_size=2"], ["train.train_micro_batch_size=2"]),
-    "tp2": (2, ["Distributed.mp_degree=2"], ["train.dist.tensor_parallel_size=2"]),
+    "single": (1, "single_card", [], []),
+    "dp2": (2, "dp2", ["Global.local_batch_size=2"], ["train.train_micro_batch_size=2"]),
+    "tp2": (2, "mp2", [], ["train.dist.tensor_parallel_size=2"]),
     "pp2": (
         2,
-        ["Distributed.pp_degree=2", "Global.micro_batch_size=2"],
+        "pp2",
+        ["Global.micro_batch_size=2"],
         [
             "train.dist.pipeline_parallel_size=2",
             "train.train_micro_batch_size=2",
@@ -61,33 +50,19 @@ LAYOUTS = {
 }
 
 
-@pytest.fixture(scope="module")
-def sample_env(tmp_path_factory):
-    data_dir = tmp_path_factory.mktemp("sample_data")
-    ensure_sample_dataset(str(data_dir), max_bytes=300_000, vocab_size=1000)
-    return train_env(LIBAI_SAMPLE_DATA_DIR=str(data_dir))
-
-
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_engine_and_train_net_give_the_same_losses(sample_env, tmp_path, layout):
-    nproc, yaml_layout, libai_layout = LAYOUTS[layout]
+    nproc, launcher, yaml_layout, libai_layout = LAYOUTS[layout]
     engine_out, trainer_out = tmp_path / "engine", tmp_path / "train_net"
-    micro = [] if layout in ("dp2", "pp2") else ["train.train_micro_batch_size=4"]
     run_train_net(
         ROOT / "configs" / "gpt2_pretrain.py",
-        [*LIBAI, *micro, *libai_layout, f"train.output_dir={trainer_out}"],
+        [*LIBAI, *libai_layout, f"train.output_dir={trainer_out}"],
         nproc=nproc,
         env=sample_env,
     )
-    run_tool(
-        "train",
-        GPT_YAML,
-        *YAML,
-        *yaml_layout,
-        f"Engine.save_load.output_dir={engine_out}",
-        nproc=nproc,
-        env=sample_env,
-    )
+    script = ROOT / "projects" / "gpt" / f"pretrain_gpt_345M_{launcher}.sh"
+    overrides = [*YAML, *yaml_layout, f"Engine.save_load.output_dir={engine_out}"]
+    run_command(["bash", str(script)], overrides, nproc=nproc, env=sample_env)
     a, b = read_metrics(engine_out), read_metrics(trainer_out)
     assert sorted(a) == sorted(b) == list(range(STEPS))
     for i in range(STEPS):

@@ -9,32 +9,11 @@ import time
 from pathlib import Path
 
 import pytest
-from train_net_helpers import ROOT, TRAIN_NET, read_metrics, run_train_net, train_env
+from train_net_helpers import ROOT, TINY, TRAIN_NET, read_metrics, run_train_net
 
 from libai.config import LazyConfig
-from libai.data.sample_corpus import ensure_sample_dataset
 
 CONFIG = str(ROOT / "configs" / "gpt2_pretrain.py")
-TINY = [
-    "model.cfg.hidden_layers=2",
-    "model.cfg.hidden_size=32",
-    "model.cfg.num_attention_heads=2",
-    "model.cfg.ffn_hidden_size=64",
-    "model.cfg.max_seq_length=32",
-    "dataloader.train.dataset.0.max_seq_length=32",
-    "train.train_micro_batch_size=4",
-    "train.test_micro_batch_size=4",
-    "train.log_period=1",
-    "train.evaluation.eval_iter=2",
-]
-
-
-@pytest.fixture(scope="module")
-def sample_env(tmp_path_factory):
-    """A small sample dataset built once; the default config finds it through the env var."""
-    data_dir = tmp_path_factory.mktemp("sample_data")
-    ensure_sample_dataset(str(data_dir), max_bytes=300_000, vocab_size=1000)
-    return train_env(LIBAI_SAMPLE_DATA_DIR=str(data_dir))
 
 
 def train_net(env, out_dir, *overrides, nproc=1, check=True, timeout=300, extra_args=()):

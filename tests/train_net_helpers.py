@@ -12,6 +12,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN_NET = ROOT / "tools" / "train_net.py"
 TRAIN_SH = ROOT / "tools" / "train.sh"
+#: configs/gpt2_pretrain.py shrunk to a tiny GPT that trains in a second
+TINY = [
+    "model.cfg.hidden_layers=2",
+    "model.cfg.hidden_size=32",
+    "model.cfg.num_attention_heads=2",
+    "model.cfg.ffn_hidden_size=64",
+    "model.cfg.max_seq_length=32",
+    "dataloader.train.dataset.0.max_seq_length=32",
+    "train.train_micro_batch_size=4",
+    "train.test_micro_batch_size=4",
+    "train.log_period=1",
+    "train.evaluation.eval_iter=2",
+]
 
 
 def train_env(**extra: str) -> dict:

@@ -7,19 +7,14 @@ python tools/export.py -c CONFIG.yaml -o Engine.save_load.ckpt_dir=output/model_
 from __future__ import annotations
 
 import os
-import sys
 
-from libai.config.yaml_config import load_yaml_config
-from libai.engine import Engine
-from libai.engine.yaml_setup import build_module, run_tool, setup_yaml_run, yaml_argument_parser
+from libai.engine.yaml_setup import engine_from_command_line
+from libai.utils.cli import run_cli
 
 
 def main() -> int:
-    args = yaml_argument_parser(__doc__.splitlines()[0]).parse_args()
-    sys.path.insert(0, os.getcwd())
-    cfg = load_yaml_config(args.config, [*args.override, *args.opts])
-    setup_yaml_run(cfg, "export")
-    engine = Engine(cfg, build_module(cfg), mode="export")
+    engine = engine_from_command_line("export", __doc__.splitlines()[0])
+    cfg = engine.cfg
     if cfg.Engine.save_load.ckpt_dir:
         engine.load()
     checks = engine.export()
@@ -33,4 +28,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    run_tool(main)
+    run_cli(main)

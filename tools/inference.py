@@ -7,16 +7,13 @@ python tools/inference.py -c CONFIG.yaml -o Inference.model_dir=output/export
 from __future__ import annotations
 
 import json
-import os
-import sys
 
 import numpy as np
 import torch
 
-from libai.config.yaml_config import load_yaml_config
-from libai.engine import Engine
-from libai.engine.yaml_setup import build_module, run_tool, setup_yaml_run, yaml_argument_parser
+from libai.engine.yaml_setup import engine_from_command_line
 from libai.utils import distributed as dist
+from libai.utils.cli import run_cli
 
 
 def _summary(outputs) -> dict:
@@ -37,11 +34,8 @@ def _summary(outputs) -> dict:
 
 
 def main() -> int:
-    args = yaml_argument_parser(__doc__.splitlines()[0]).parse_args()
-    sys.path.insert(0, os.getcwd())
-    cfg = load_yaml_config(args.config, [*args.override, *args.opts])
-    setup_yaml_run(cfg, "inference")
-    engine = Engine(cfg, build_module(cfg), mode="inference")
+    engine = engine_from_command_line("inference", __doc__.splitlines()[0])
+    cfg = engine.cfg
     if cfg.Engine.save_load.ckpt_dir and not cfg.Inference.model_dir:
         engine.load()
     if engine.test_loader is None:
@@ -57,4 +51,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    run_tool(main)
+    run_cli(main)

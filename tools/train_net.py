@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 
 from libai.config import LazyConfig
 from libai.engine import DefaultTrainer, default_argument_parser, default_setup
 from libai.evaluation import print_csv_format
 from libai.utils import distributed as dist
+from libai.utils.cli import run_cli
 from libai.utils.plot import plot_loss_curve
 
 logger = logging.getLogger("libai.train_net")
@@ -41,13 +41,4 @@ def main(args) -> int:
 
 if __name__ == "__main__":
     args = default_argument_parser().parse_args()
-    try:
-        code = main(args)
-    except (ValueError, FileNotFoundError, KeyError, NotImplementedError) as exc:
-        # bad input: one clear line per rank and a non-zero exit, no traceback wall
-        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
-        code = 1
-    finally:
-        if code == 0:
-            dist.destroy_dist()
-    sys.exit(code)
+    run_cli(lambda: main(args))

@@ -250,16 +250,14 @@ def yaml_argument_parser(description: str):
     return parser
 
 
-def run_tool(main) -> None:
-    """Run ``main()`` (returns an exit code) the way the tools do: bad input is one clear
-    line on stderr and exit code 1, and the process group is torn down cleanly."""
-    code = 1
-    try:
-        code = main()
-    except (ValueError, FileNotFoundError, KeyError, NotImplementedError, TypeError) as exc:
-        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
-        code = 1
-    finally:
-        if code == 0:
-            dist.destroy_dist()
-    sys.exit(code)
+def engine_from_command_line(mode: str, description: str):
+    """What every YAML tool does first: parse ``-c`` / ``-o``, load and check the config,
+    :func:`setup_yaml_run`, build the module and the ``Engine`` in ``mode``."""
+    from libai.config.yaml_config import load_yaml_config
+    from libai.engine.engine import Engine
+
+    args = yaml_argument_parser(description).parse_args()
+    sys.path.insert(0, os.getcwd())  # a user's own modules and datasets, by dotted path
+    cfg = load_yaml_config(args.config, [*args.override, *args.opts])
+    setup_yaml_run(cfg, mode)
+    return Engine(cfg, build_module(cfg), mode=mode)
