@@ -30,7 +30,10 @@ setup(
         "onnxscript",  # torch.onnx's dynamo exporter
     ],
     extras_require={
+        # libai.accelerate (libai-accelerate): unmodified Hugging Face models on local data
+        "accelerate": ["transformers", "datasets"],
         # transformers: the reference models of the parity tests and the benchmarks' baseline
-        "test": ["pytest>=7", "ruff", "transformers"],
+        "test": ["pytest>=7", "ruff", "transformers", "datasets"],
     },
+    entry_points={"console_scripts": ["libai-accelerate=libai.accelerate.cli:console_main"]},
 )

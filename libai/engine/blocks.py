@@ -1,11 +1,17 @@
 """A model's blocks: the units that activation checkpointing, ``torch.compile`` and ZeRO-3
 (FSDP2) act on one by one, as torchtitan applies them per Transformer block.
 
-For libai's zoo models the blocks are the ``TransformerLayer`` s. Any other ``nn.Module``
-(a user's own network brought through the Engine) has as blocks its direct children that
-hold parameters (the items of an ``nn.ModuleList`` / ``nn.ModuleDict`` child count one by
-one), e.g. the stages of an ``nn.Sequential`` or the sub-networks a ``forward`` chains. Parameter names never change: blocks are compiled in place and checkpointed by
-wrapping their ``forward``, not by inserting wrapper modules.
+:func:`model_blocks` picks, in order of preference:
+
+1. libai's ``TransformerLayer`` s (every zoo model);
+2. the modules a Hugging Face model names in ``_no_split_modules`` (transformers' own list
+   of its blocks, e.g. ``BertLayer``, ``GPT2Block``);
+3. the stacks of layers: the items of every ``nn.ModuleList`` / ``nn.ModuleDict`` whose items
+   are all of one class and hold parameters (a user's network, DistilBERT's layers);
+4. the direct children that hold parameters.
+
+Parameter names never change: blocks are compiled in place and checkpointed by wrapping
+their ``forward``, not by inserting wrapper modules.
 """
 
 from __future__ import annotations
@@ -16,21 +22,50 @@ from torch.utils.checkpoint import checkpoint
 
 
 def model_blocks(model: nn.Module) -> list[nn.Module]:
-    """Every ``TransformerLayer`` of ``model``; for a model without one, its direct children
-    that hold parameters, looking through ``nn.ModuleList`` / ``nn.ModuleDict`` containers
-    to their items (empty when the model's parameters all sit on the root)."""
+    """The blocks of ``model`` (see the module doc; empty when its parameters all sit on the
+    root). A block is never inside another."""
     from libai.layers import TransformerLayer
 
     layers = [m for m in model.modules() if isinstance(m, TransformerLayer)]
     if layers:
         return layers
-    blocks = []
-    for child in model.children():
-        if isinstance(child, (nn.ModuleList, nn.ModuleDict)):
-            blocks.extend(model_blocks(child))
-        elif next(child.parameters(), None) is not None:
-            blocks.append(child)
-    return blocks
+    names = set()
+    for m in model.modules():
+        names.update(getattr(m, "_no_split_modules", None) or ())
+    if names:
+        blocks = _outermost(m for m in model.modules() if type(m).__name__ in names)
+        if blocks:
+            return blocks
+    stacks = [
+        child
+        for container in model.modules()
+        if isinstance(container, (nn.ModuleList, nn.ModuleDict)) and _is_stack(container)
+        for child in container.children()
+    ]
+    if stacks:
+        return _outermost(stacks)
+    return [m for m in model.children() if _has_parameters(m)]
+
+
+def _has_parameters(module: nn.Module) -> bool:
+    return next(module.parameters(), None) is not None
+
+
+def _is_stack(container: nn.Module) -> bool:
+    items = list(container.children())
+    return len(items) > 1 and len({type(m) for m in items}) == 1 and _has_parameters(items[0])
+
+
+def _outermost(candidates) -> list[nn.Module]:
+    """``candidates`` (in module order) without those inside another candidate."""
+    chosen: list[nn.Module] = []
+    inside: set[int] = set()
+    for m in candidates:
+        if id(m) in inside:
+            continue
+        chosen.append(m)
+        inside.update(id(sub) for sub in m.modules())
+    return chosen
 
 
 def _no_blocks_error(model: nn.Module, switch: str) -> ValueError:

@@ -28,6 +28,7 @@ from libai.config import try_get_key
 from libai.engine import hooks
 from libai.engine.amp import DynamicLossScaler, resolve_amp_dtype
 from libai.engine.parallel import ModelRunner
+from libai.engine.trainer import EagerTrainer
 from libai.engine.zero import prepare_model, resolve_zero_stage, shard_optimizer
 from libai.utils import distributed as dist
 from libai.utils.checkpoint import Checkpointer
@@ -40,7 +41,9 @@ __all__ = [
     "build_checkpointer",
     "build_hooks",
     "build_runner",
+    "build_training_loop",
     "build_writers",
+    "position_loader",
     "seed_all",
     "shard_optimizer_for",
 ]
@@ -169,3 +172,60 @@ def build_hooks(train: Any, checkpointer: Checkpointer, writers: list, evaluate=
             )
     hook_list.append(hooks.PeriodicWriter(writers, train.log_period))
     return hook_list
+
+
+def position_loader(trainer: EagerTrainer, consumed: int, global_batch_size: int) -> None:
+    """Start ``trainer``'s loader after ``consumed`` samples (a resumed run): a resumable
+    sampler is set there; any other loader is read forward and the batches dropped."""
+    sampler = getattr(trainer.data_loader, "batch_sampler", None)
+    if hasattr(sampler, "set_consumed_samples"):
+        sampler.set_consumed_samples(consumed)
+        return
+    skip = consumed // global_batch_size
+    if skip:
+        logger.warning("resuming a loader without a resumable sampler: skipping %d batches", skip)
+        data = iter(trainer.data_loader)
+        for _ in range(skip):
+            next(data)
+        trainer._data_iter = data
+
+
+def build_training_loop(
+    parts: RunnerParts,
+    train: Any,
+    data_loader,
+    optimizer,
+    lr_scheduler,
+    checkpointer: Checkpointer,
+    *,
+    max_iter: int,
+    evaluate=None,
+    consumed_train_samples: int = 0,
+    batch_transform=None,
+    extra_hooks=(),
+    tokens_per_iter: int | None = None,
+) -> EagerTrainer:
+    """The training loop of a front door: :class:`EagerTrainer` with the clipping settings of
+    ``optimizer``'s param groups, the loader positioned at ``consumed_train_samples``, and
+    :func:`build_hooks` (``extra_hooks`` go after the LR hook, before saving)."""
+    from libai.optim import get_clip_grad_settings
+
+    max_grad_norm, norm_type = get_clip_grad_settings(optimizer) or (None, 2.0)
+    trainer = EagerTrainer(
+        parts.runner,
+        data_loader,
+        optimizer,
+        max_grad_norm=max_grad_norm,
+        norm_type=norm_type,
+        lr_scheduler=lr_scheduler,
+        global_batch_size=train.global_batch_size,
+        consumed_train_samples=consumed_train_samples,
+        batch_transform=batch_transform,
+    )
+    trainer.max_iter = max_iter
+    position_loader(trainer, consumed_train_samples, train.global_batch_size)
+    writers = build_writers(train.output_dir, max_iter, tokens_per_iter)
+    hooks = build_hooks(train, checkpointer, writers, evaluate)
+    hooks[2:2] = list(extra_hooks)
+    trainer.register_hooks(hooks)
+    return trainer

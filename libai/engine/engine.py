@@ -24,9 +24,8 @@ import torch.distributed as torch_dist
 
 from libai.engine.core import (
     build_checkpointer,
-    build_hooks,
     build_runner,
-    build_writers,
+    build_training_loop,
     seed_all,
     shard_optimizer_for,
 )
@@ -34,7 +33,6 @@ from libai.engine.module import BasicModule
 from libai.engine.module_hooks import ModuleCallbacks, overridden
 from libai.engine.trainer import EagerTrainer, to_device
 from libai.engine.yaml_setup import amp_settings, train_namespace
-from libai.optim import get_clip_grad_settings
 from libai.utils import distributed as dist
 from libai.utils.plot import plot_loss_curve
 
@@ -250,53 +248,30 @@ class Engine:
         steps_per_epoch = steps_per_epoch or self.steps_per_epoch
         epochs = self.cfg.Engine.num_train_epochs if epoch is None else int(epoch)
         max_iter = self._max_iter(steps_per_epoch, epochs)
-        max_grad_norm, norm_type = get_clip_grad_settings(self.optimizer) or (None, 2.0)
-        trainer = EagerTrainer(
-            self.runner,
-            loader,
-            self.optimizer,
-            max_grad_norm=max_grad_norm,
-            norm_type=norm_type,
-            lr_scheduler=self.lr_scheduler,
-            global_batch_size=self.global_batch_size,
-            consumed_train_samples=self.consumed_train_samples,
-            batch_transform=self.module.pretreating_batch,
-        )
-        trainer.max_iter = max_iter
-        self.trainer = trainer
-        self._position_loader(loader, self.consumed_train_samples)
-        writers = build_writers(self.cfg.Engine.save_load.output_dir, max_iter)
         evaluate = None
         if valid is not None:
 
             def evaluate():
-                epoch_now = trainer.iter // (steps_per_epoch or 1)
+                epoch_now = self.trainer.iter // (steps_per_epoch or 1)
                 return {f"eval_{k}": v for k, v in self.evaluate(epoch_now, valid).items()}
 
-        hooks = build_hooks(self.train_cfg, self.checkpointer, writers, evaluate)
         callbacks = ModuleCallbacks(
             self.module, self.cfg.Engine.logging_freq, steps_per_epoch, epochs, max_iter
         )
-        hooks.insert(2, callbacks)  # after the timer and the LR hook, before saving
-        trainer.register_hooks(hooks)
-        return trainer
-
-    def _position_loader(self, loader, consumed: int) -> None:
-        """Start ``loader`` after ``consumed`` samples (a resumed run): resumable samplers
-        are set there; other loaders are read forward and the batches dropped."""
-        sampler = getattr(loader, "batch_sampler", None)
-        if hasattr(sampler, "set_consumed_samples"):
-            sampler.set_consumed_samples(consumed)
-            return
-        skip = consumed // self.global_batch_size
-        if skip:
-            logger.warning(
-                "resuming a loader without a resumable sampler: skipping %d batches", skip
-            )
-            data = iter(loader)
-            for _ in range(skip):
-                next(data)
-            self.trainer._data_iter = data
+        self.trainer = build_training_loop(
+            self.parts,
+            self.train_cfg,
+            loader,
+            self.optimizer,
+            self.lr_scheduler,
+            self.checkpointer,
+            max_iter=max_iter,
+            evaluate=evaluate,
+            consumed_train_samples=self.consumed_train_samples,
+            batch_transform=self.module.pretreating_batch,
+            extra_hooks=[callbacks],
+        )
+        return self.trainer
 
     def _plot(self) -> None:
         metrics = os.path.join(self.cfg.Engine.save_load.output_dir, "metrics.json")

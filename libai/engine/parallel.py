@@ -360,13 +360,20 @@ class ModelRunner:
         max_grad_norm: float | None = None,
         norm_type: float = 2.0,
     ) -> float:
-        """Forward, backward, gradient sync, clipping, ``optimizer.step()``, zero grads.
-
-        Returns the loss. With an fp16 loss scaler, a step whose gradients overflow on any
-        rank is skipped on every rank (``last_step_skipped`` tells the caller not to advance
-        the LR schedule).
-        """
+        """Forward, backward, gradient sync, then :meth:`optimizer_step`. Returns the loss."""
         loss = self.forward_backward(batch)
+        self.optimizer_step(optimizer, max_grad_norm=max_grad_norm, norm_type=norm_type)
+        return float(loss)
+
+    def optimizer_step(
+        self, optimizer, *, max_grad_norm: float | None = None, norm_type: float = 2.0
+    ) -> bool:
+        """After the gradients are synced: clipping, ``optimizer.step()``, zero grads.
+
+        With an fp16 loss scaler, a step whose gradients overflow on any rank is skipped on
+        every rank (``last_step_skipped`` tells the caller not to advance the LR schedule).
+        Returns whether the optimizer stepped.
+        """
         self.last_step_skipped = False
         if self.loss_scaler is not None:
             found_inf = self.loss_scaler.unscale_(self.model.parameters())
@@ -374,12 +381,19 @@ class ModelRunner:
             if found_inf:
                 self.last_step_skipped = True
                 optimizer.zero_grad(set_to_none=True)
-                return float(loss)
+                return False
         if max_grad_norm is not None and max_grad_norm > 0:
             self.last_grad_norm = float(self.clip_grad_norm_(max_grad_norm, norm_type))
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        return float(loss)
+        return True
+
+    def backward(self, loss: torch.Tensor, num_microbatches: int = 1) -> None:
+        """Backward of one micro-batch's loss as the runner does it: times the fp16 loss
+        scale, divided by ``num_microbatches``, through ``backward_fn`` if one was given.
+        (For a loop of your own; call :meth:`sync_gradients` before the optimizer step.)"""
+        scale = self._loss_scale / num_microbatches
+        self._backward(loss if scale == 1.0 else loss * scale)
 
 
 def pipeline_inputs(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> tuple:

@@ -1,0 +1,20 @@
+"""Rapidformer's front door: accelerate an unmodified Hugging Face model on libai's core.
+
+Three ways in, one execution core (the mesh, ``ModelRunner``, the training loop, hooks,
+checkpoints and writers of :mod:`libai.engine`):
+
+1. **Black box**: ``libai-accelerate --task TASK --pretrained-model-name-or-path DIR
+   --data-path FILE ... [--mixed-precision] [--zero-1-memory-optimization] ...``
+   (also ``python tools/accelerate.py``; ``bash tools/train.sh tools/accelerate.py - N ...``
+   on N processes and several nodes); see :mod:`libai.accelerate.cli`.
+2. **Templates**: subclass :class:`Finetuner` / :class:`PreTrainer` (Rapidformer's contract)
+   and call ``train()``, or pass the file with ``--user-script``.
+3. **compose**: ``AccelerateEngine(...).compose(model, ...)`` for a loop of your own.
+
+``transformers`` and ``datasets`` are needed here (``pip install -e ".[accelerate]"``).
+"""
+
+from libai.accelerate.engine import AccelerateEngine
+from libai.accelerate.templates import Finetuner, PreTrainer
+
+__all__ = ["AccelerateEngine", "Finetuner", "PreTrainer"]

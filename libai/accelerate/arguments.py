@@ -1,0 +1,291 @@
+"""Rapidformer's command line: flag names, checks, and the translation into the core's
+``train`` namespace (:mod:`libai.engine.core` builds the runner, hooks and writers from it).
+
+Everything that can be checked without a collective is checked here, before the mesh exists:
+the task, local paths (nothing is downloaded), batch arithmetic against the process count,
+the layout against the model's architecture, and contradicting switches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shlex
+
+from omegaconf import OmegaConf
+
+from libai.accelerate.tasks import TASKS
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["build_parser", "check_args", "parse_args", "train_namespace", "world_size"]
+
+DECAY_STYLES = ("constant", "linear", "cosine")
+ZERO_FLAGS = {
+    "zero_1_memory_optimization": 1,
+    "zero_2_memory_optimization": 2,
+    "zero_3_memory_optimization": 3,
+    "fsdp_memory_optimization": 3,
+}
+
+
+def build_parser(prog: str = "libai-accelerate") -> argparse.ArgumentParser:
+    """The flags (Rapidformer's names; ``--help`` lists them by group)."""
+    p = argparse.ArgumentParser(
+        prog=prog,
+        description="Train an unmodified Hugging Face model with libai's acceleration switches.",
+        epilog="Example: bash tools/train.sh tools/accelerate.py - 2 --task "
+        "sequence_classification --pretrained-model-name-or-path DIR --data-path train.csv "
+        "--validation-path dev.csv --text-columns sentence1,sentence2 --label-column label "
+        "--epochs 3 --micro-batch-size 16 --global-batch-size 64 --mixed-precision",
+    )
+    p.add_argument("--config-file", default="-", help="a file of more flags ('-': none)")
+    p.add_argument("--user-script", help="a Python file defining a Finetuner / PreTrainer subclass")
+    g = p.add_argument_group("task and data")
+    g.add_argument("--task", choices=sorted(TASKS))
+    g.add_argument("--pretrained-model-name-or-path", help="a local Hugging Face model directory")
+    g.add_argument(
+        "--data-path",
+        help="training data: CSV, JSON lines, parquet, a "
+        "datasets.save_to_disk directory; pretraining: a .bin/.idx prefix",
+    )
+    g.add_argument("--validation-path", help="evaluation data (same formats)")
+    g.add_argument("--data-impl", default="mmap", choices=["mmap"], help="pretraining data")
+    g.add_argument("--split", default="980,20", help="pretraining train,valid[,test] split")
+    g.add_argument("--text-columns", default="sentence", help="comma-separated; 1 or 2 columns")
+    g.add_argument("--text-column", default="text", help="masked_lm / causal_lm")
+    g.add_argument("--label-column", default=None, help="default: label (ner_tags for tokens)")
+    g.add_argument("--tokens-column", default="tokens")
+    g.add_argument("--question-column", default="question")
+    g.add_argument("--context-column", default="context")
+    g.add_argument("--answers-column", default="answers")
+    g.add_argument("--source-column", default="source")
+    g.add_argument("--target-column", default="target")
+    g.add_argument("--target-length", type=int, default=None)
+    g.add_argument("--seq-length", type=int, default=128)
+    g.add_argument("--mlm-probability", type=float, default=0.15)
+    g.add_argument("--num-workers", type=int, default=0)
+    g = p.add_argument_group("training")
+    g.add_argument("--micro-batch-size", type=int, default=8, help="per data-parallel rank")
+    g.add_argument(
+        "--global-batch-size",
+        type=int,
+        default=None,
+        help="default: micro x data parallel; more = gradient accumulation",
+    )
+    g.add_argument("--train-iters", type=int, default=None)
+    g.add_argument("--epochs", type=int, default=None)
+    g.add_argument("--lr", type=float, default=1e-4)
+    g.add_argument("--min-lr", type=float, default=0.0)
+    g.add_argument("--lr-decay-style", choices=DECAY_STYLES, default="linear")
+    g.add_argument("--lr-decay-iters", type=int, default=None, help="default: the train iters")
+    g.add_argument("--lr-warmup-iters", type=int, default=None)
+    g.add_argument("--lr-warmup-fraction", type=float, default=None)
+    g.add_argument("--weight-decay", type=float, default=0.01)
+    g.add_argument("--adam-beta1", type=float, default=0.9)
+    g.add_argument("--adam-beta2", type=float, default=0.999)
+    g.add_argument("--adam-eps", type=float, default=1e-8)
+    g.add_argument("--clip-grad", type=float, default=1.0, help="global-norm clipping; 0: off")
+    g.add_argument("--seed", type=int, default=1234)
+    g.add_argument("--log-interval", type=int, default=10)
+    g.add_argument("--eval-interval", type=int, default=None, help="default: once at the end")
+    g.add_argument("--eval-iters", type=int, default=0, help="batches per evaluation; 0: all")
+    g.add_argument("--save", default="output/accelerate", help="output and checkpoint directory")
+    g.add_argument("--save-interval", type=int, default=None, help="default: only at the end")
+    g.add_argument("--load", default=None, help="resume from this checkpoint directory")
+    g = p.add_argument_group("parallelism and acceleration")
+    g.add_argument("--tensor-model-parallel-size", type=int, default=1)
+    g.add_argument("--pipeline-model-parallel-size", type=int, default=1)
+    g.add_argument("--pipeline-schedule", default="1F1B")
+    g.add_argument(
+        "--device", choices=["cpu", "cuda"], default=None, help="default: cuda when available"
+    )
+    g.add_argument("--mixed-precision", action="store_true", help="torch.autocast")
+    g.add_argument(
+        "--mixed-precision-dtype",
+        choices=["bf16", "fp16"],
+        default="bf16",
+        help="fp16 adds a dynamic loss scaler",
+    )
+    g.add_argument(
+        "--zero-1-memory-optimization",
+        action="store_true",
+        help="shard optimizer states over data-parallel ranks",
+    )
+    g.add_argument("--zero-2-memory-optimization", action="store_true", help="also shard gradients")
+    g.add_argument(
+        "--zero-3-memory-optimization",
+        action="store_true",
+        help="also shard parameters (FSDP2 fully_shard)",
+    )
+    g.add_argument(
+        "--fsdp-memory-optimization",
+        action="store_true",
+        help="FSDP2 fully_shard: the same switch as --zero-3-memory-optimization",
+    )
+    g.add_argument(
+        "--checkpoint-activations", action="store_true", help="recompute each block in backward"
+    )
+    g.add_argument("--graph-optimization", action="store_true", help="torch.compile each block")
+    g.add_argument(
+        "--onnx-runtime-training",
+        action="store_true",
+        help="alias of --graph-optimization (no ONNX Runtime training here)",
+    )
+    return p
+
+
+def _expand_config_file(argv: list[str]) -> list[str]:
+    """``--config-file FILE`` adds the flags written in FILE before the command line's."""
+    if "--config-file" not in argv:
+        return argv
+    i = argv.index("--config-file")
+    path = argv[i + 1] if i + 1 < len(argv) else "-"
+    rest = argv[:i] + argv[i + 2 :]
+    if path == "-":
+        return rest
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"--config-file {path} does not exist")
+    with open(path, encoding="utf-8") as f:
+        return shlex.split(f.read(), comments=True) + rest
+
+
+def parse_args(argv: list[str] | None = None, parser=None) -> argparse.Namespace:
+    """Parse and check ``argv`` (see :func:`check_args`)."""
+    import sys
+
+    parser = parser or build_parser()
+    argv = _expand_config_file(list(sys.argv[1:] if argv is None else argv))
+    return check_args(parser.parse_args(argv))
+
+
+def world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", 1))
+
+
+def _local_path(value: str | None, flag: str) -> None:
+    if value is None:
+        return
+    if not os.path.exists(value):
+        raise FileNotFoundError(
+            f"{flag} {value!r} is not a local file or directory. Nothing is downloaded: pass a "
+            "local path (a Hugging Face model directory; data as CSV, JSON lines, parquet or a "
+            "datasets.save_to_disk directory)"
+        )
+
+
+def check_args(args: argparse.Namespace) -> argparse.Namespace:
+    """Checks without any collective (same result on every rank), and derived values:
+    ``data_parallel_size``, ``global_batch_size``, ``num_accumulation_steps``,
+    ``zero_stage``, ``text_columns`` as a list, ``device``."""
+    if args.onnx_runtime_training:
+        logger.warning(
+            "--onnx-runtime-training: ONNX Runtime training is not used here; it is the alias "
+            "of --graph-optimization (torch.compile of each block)"
+        )
+        args.graph_optimization = True
+    if args.user_script is None and args.task is None:
+        raise ValueError(
+            "--task is required (or --user-script); tasks: " + ", ".join(sorted(TASKS))
+        )
+    _local_path(args.user_script, "--user-script")
+    if args.task is not None and args.user_script is None:
+        if not args.pretrained_model_name_or_path:
+            raise ValueError(f"--task {args.task} needs --pretrained-model-name-or-path DIR")
+        if not args.data_path:
+            raise ValueError(f"--task {args.task} needs --data-path")
+    _local_path(args.pretrained_model_name_or_path, "--pretrained-model-name-or-path")
+    if args.task == "pretraining":
+        if args.data_path and not os.path.isfile(args.data_path + ".idx"):
+            raise FileNotFoundError(
+                f"--data-path {args.data_path!r}: no {args.data_path}.idx (pretraining reads the "
+                ".bin/.idx pair written by tools/preprocess_data.py; give its prefix)"
+            )
+    else:
+        _local_path(args.data_path, "--data-path")
+    _local_path(args.validation_path, "--validation-path")
+    _local_path(args.load, "--load")
+    args.text_columns = [c.strip() for c in str(args.text_columns).split(",") if c.strip()]
+    if not 1 <= len(args.text_columns) <= 2:
+        raise ValueError(f"--text-columns takes 1 or 2 columns, got {args.text_columns}")
+    if args.label_column is None:
+        args.label_column = "ner_tags" if args.task == "token_classification" else "label"
+    zero = [name for name in ZERO_FLAGS if getattr(args, name)]
+    if len(zero) > 1:
+        flags = ", ".join("--" + z.replace("_", "-") for z in zero)
+        raise ValueError(f"{flags} contradict each other: choose one memory optimization")
+    args.zero_stage = ZERO_FLAGS[zero[0]] if zero else None
+    if args.lr_warmup_iters is not None and args.lr_warmup_fraction is not None:
+        raise ValueError("give --lr-warmup-iters or --lr-warmup-fraction, not both")
+    if args.train_iters is None and args.epochs is None:
+        raise ValueError("give --train-iters or --epochs")
+    for flag in (
+        "micro_batch_size",
+        "seq_length",
+        "tensor_model_parallel_size",
+        "pipeline_model_parallel_size",
+    ):
+        if getattr(args, flag) < 1:
+            raise ValueError(f"--{flag.replace('_', '-')} must be >= 1")
+    tp, pp, world = args.tensor_model_parallel_size, args.pipeline_model_parallel_size, world_size()
+    if world % (tp * pp):
+        raise ValueError(
+            f"{world} processes are not divisible by --tensor-model-parallel-size {tp} x "
+            f"--pipeline-model-parallel-size {pp}; launch a multiple of {tp * pp}"
+        )
+    dp = world // (tp * pp)
+    per_step = args.micro_batch_size * dp
+    args.global_batch_size = args.global_batch_size or per_step
+    if args.global_batch_size % per_step:
+        raise ValueError(
+            f"--global-batch-size {args.global_batch_size} is not divisible by "
+            f"--micro-batch-size {args.micro_batch_size} x {dp} data-parallel ranks = {per_step}"
+        )
+    args.data_parallel_size = dp
+    args.num_accumulation_steps = args.global_batch_size // per_step
+    if args.zero_stage is not None and dp < 2:
+        raise ValueError(
+            f"--{zero[0].replace('_', '-')} shards over data-parallel ranks and needs at least 2 "
+            f"(this launch has {dp}); launch more processes or drop the switch"
+        )
+    if args.device is None:
+        import torch
+
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    return args
+
+
+def train_namespace(args, *, train_iter: int, dist_cfg: dict) -> OmegaConf:
+    """LiBai's ``train`` namespace for ``args`` (what :mod:`libai.engine.core` reads)."""
+    never = train_iter + 1
+    return OmegaConf.create(
+        {
+            "output_dir": args.save,
+            "train_iter": int(train_iter),
+            "train_micro_batch_size": args.micro_batch_size,
+            "global_batch_size": args.global_batch_size,
+            "num_accumulation_steps": args.num_accumulation_steps,
+            "log_period": args.log_interval,
+            "seed": args.seed,
+            "amp": {
+                "enabled": bool(args.mixed_precision),
+                "dtype": args.mixed_precision_dtype,
+                "init_scale": 65536.0,
+            },
+            "activation_checkpoint": {"enabled": bool(args.checkpoint_activations)},
+            "zero_optimization": {
+                "enabled": args.zero_stage is not None,
+                "stage": args.zero_stage or 1,
+            },
+            "checkpointer": {"period": int(args.save_interval or never), "max_to_keep": None},
+            "evaluation": {
+                "enabled": True,
+                "eval_period": int(args.eval_interval or never),
+                "eval_iter": args.eval_iters,
+                "eval_metric": None,
+                "eval_mode": "max",
+            },
+            "dist": dist_cfg,
+        }
+    )

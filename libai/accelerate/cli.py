@@ -1,0 +1,178 @@
+"""The black box: ``libai-accelerate`` (or ``python tools/accelerate.py``) trains an
+unmodified Hugging Face model on local data for a task, with the acceleration switches of
+the flags, and writes the result back as a Hugging Face directory (``--save``/hf).
+
+It is the built-in template :class:`TaskFinetuner`, whose providers come from the task
+(:mod:`libai.accelerate.tasks`) and the model directory; ``--user-script FILE`` runs your own
+template instead. Everything that can fail on bad input (paths, columns, flags, layout) is
+checked before the mesh is created.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import sys
+
+import torch
+
+from libai.accelerate.arguments import parse_args
+from libai.accelerate.data import load_local_dataset, pretraining_datasets
+from libai.accelerate.engine import AccelerateEngine
+from libai.accelerate.models import (
+    build_model,
+    check_layout,
+    hf_pretraining_batch,
+    model_type_of,
+    save_pretrained,
+    zoo_batch,
+)
+from libai.accelerate.tasks import get_task
+from libai.accelerate.templates import Finetuner, PreTrainer
+from libai.utils import distributed as dist
+from libai.utils.cli import run_cli
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["TaskFinetuner", "load_user_template", "main"]
+
+#: model types whose tokenizers are byte-level BPE (words need a prefix space)
+BYTE_LEVEL_MODELS = ("roberta", "gpt2", "llama", "qwen2", "bart")
+
+
+class TaskFinetuner(Finetuner):
+    """The black box's template: ``--task``'s data, model, loss and metric."""
+
+    def __init__(self, engine, prepared, tokenizer, is_pretraining=False):
+        super().__init__(engine)
+        self.task = get_task(engine.args.task)
+        self.prepared, self.tokenizer = prepared, tokenizer
+        self.is_pretraining = is_pretraining
+        self.is_zoo = False
+
+    def train_valid_test_datasets_provider(self):
+        return self.prepared.train, self.prepared.valid
+
+    def model_optimizer_lr_scheduler_provider(self):
+        model, self.is_zoo = build_model(
+            self.task.name, self.args, self.task.auto_model, self.prepared.model_kwargs
+        )
+        return model, None, None
+
+    def batch_transform(self, batch):
+        if self.is_zoo:
+            return zoo_batch(self.engine.runner.model, batch, self.task.name)
+        return hf_pretraining_batch(batch) if self.is_pretraining else batch
+
+    def run_compute_metrics(self, model, eval_dataloader) -> dict:
+        sums: dict = {}
+        for batch in eval_dataloader:
+            out = model(**self.batch_transform(batch))
+            outputs = dict(out)
+            losses = [v for k, v in outputs.items() if "loss" in k]
+            outputs["loss"] = sum(losses[1:], losses[0])
+            self.task.update(sums, batch, outputs)
+        return self.task.compute(self._reduce(sums))
+
+    def _pipeline_loss(self, loader) -> dict:
+        results = super()._pipeline_loss(loader)
+        if "perplexity" in self.task.metrics:
+            results["perplexity"] = float(torch.tensor(results["loss"]).exp())
+        return results
+
+    def _reduce(self, sums: dict) -> dict:
+        """The sums of every data-parallel rank (the same keys on every rank)."""
+        keys = sorted(sums)
+        if not keys or self.engine.util.dp_group is None:
+            return sums
+        values = torch.tensor(
+            [float(sums[k]) for k in keys], dtype=torch.float64, device=self.engine.util.device
+        )
+        return dict(zip(keys, self.gather(values[None]).sum(0).tolist()))
+
+
+def _tokenizer(args, model_type):
+    """The model directory's tokenizer; byte-level BPE ones with a prefix space for words
+    given one by one (token classification)."""
+    from transformers import AutoTokenizer
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    kwargs = {}
+    if args.task == "token_classification" and model_type in BYTE_LEVEL_MODELS:
+        kwargs["add_prefix_space"] = True
+    return AutoTokenizer.from_pretrained(
+        args.pretrained_model_name_or_path, local_files_only=True, **kwargs
+    )
+
+
+class _Prepared:
+    def __init__(self, train, valid, model_kwargs=None):
+        self.train, self.valid, self.model_kwargs = train, valid, model_kwargs or {}
+
+
+def load_user_template(path: str) -> type:
+    """The one :class:`Finetuner` / :class:`PreTrainer` subclass defined in ``path``."""
+    spec = importlib.util.spec_from_file_location("libai_user_script", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    found = [
+        v
+        for v in vars(module).values()
+        if isinstance(v, type)
+        and issubclass(v, Finetuner)
+        and v not in (Finetuner, PreTrainer)
+        and v.__module__ == module.__name__
+    ]
+    if len(found) != 1:
+        raise ValueError(
+            f"--user-script {path} must define exactly one Finetuner or PreTrainer subclass; "
+            f"found {[c.__name__ for c in found]}"
+        )
+    return found[0]
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.user_script:
+        template = load_user_template(args.user_script)
+        template(AccelerateEngine(args)).train()
+        return 0
+    task = get_task(args.task)
+    model_type = model_type_of(args.pretrained_model_name_or_path)
+    check_layout(
+        task.name, model_type, args.tensor_model_parallel_size, args.pipeline_model_parallel_size
+    )
+    tokenizer = _tokenizer(args, model_type)
+    if task.name == "pretraining":
+        prepared = None  # built on the mesh: the sample counts need the step count
+    else:  # data, columns and tokenization before any collective
+        train = load_local_dataset(args.data_path, "--data-path")
+        valid = (
+            load_local_dataset(args.validation_path, "--validation-path")
+            if args.validation_path
+            else None
+        )
+        prepared = task.prepare(train, valid, tokenizer, args)
+    engine = AccelerateEngine(args)
+    if prepared is None:
+        steps = args.train_iters
+        if not steps:
+            raise ValueError("--task pretraining needs --train-iters")
+        evals = (steps // (args.eval_interval or steps) + 1) * (args.eval_iters or 1)
+        samples = [steps * args.global_batch_size, evals * args.global_batch_size]
+        train, valid = pretraining_datasets(args, samples)
+        prepared = _Prepared(train, valid)
+    runner_model = TaskFinetuner(engine, prepared, tokenizer, task.name == "pretraining")
+    model = runner_model.train()
+    out = os.path.join(args.save, "hf")
+    save_pretrained(model, out, tokenizer)
+    if dist.is_main_process():
+        logger.info("Trained model written to %s (transformers' from_pretrained loads it)", out)
+    return 0
+
+
+def console_main() -> None:
+    """Entry point of the ``libai-accelerate`` console script."""
+    sys.path.insert(0, os.getcwd())
+    run_cli(main)

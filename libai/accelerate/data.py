@@ -1,0 +1,117 @@
+"""Local data through the ``datasets`` library (nothing is downloaded), Megatron indexed data
+for pretraining, and the loaders every way in uses (the core's resumable samplers)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import torch
+
+from libai.data.build import loader_generator, trivial_batch_collator
+from libai.data.samplers import CyclicSampler, SingleRoundSampler
+from libai.utils import distributed as dist
+
+__all__ = ["build_loader", "load_local_dataset", "pretraining_datasets"]
+
+#: file extension -> the ``datasets`` builder that reads it
+FORMATS = {
+    ".csv": "csv",
+    ".tsv": "csv",
+    ".json": "json",
+    ".jsonl": "json",
+    ".parquet": "parquet",
+    ".arrow": "arrow",
+}
+
+
+def load_local_dataset(path: str, flag: str = "--data-path"):
+    """A ``datasets.Dataset`` from a local CSV / TSV, JSON (lines), parquet or arrow file, or
+    a ``datasets.save_to_disk`` directory. Raises for anything that is not a local path."""
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # never reach for the hub
+    import datasets
+
+    if not os.path.exists(path):
+        raise FileNotFoundError(
+            f"{flag} {path!r} is not a local file or directory; nothing is downloaded: pass a "
+            "local CSV, JSON lines, parquet file or a datasets.save_to_disk directory"
+        )
+    if os.path.isdir(path):
+        loaded = datasets.load_from_disk(path)
+        if isinstance(loaded, datasets.DatasetDict):
+            if "train" not in loaded:
+                raise ValueError(f"{flag} {path}: a DatasetDict without a 'train' split")
+            loaded = loaded["train"]
+        return loaded
+    ext = os.path.splitext(path)[1].lower()
+    if ext not in FORMATS:
+        raise ValueError(
+            f"{flag} {path}: unsupported file type {ext!r}; use {', '.join(sorted(FORMATS))} "
+            "or a datasets.save_to_disk directory"
+        )
+    kwargs = {"delimiter": "\t"} if ext == ".tsv" else {}
+    with tempfile.TemporaryDirectory() as cache:  # a private cache: ranks never share one
+        return datasets.load_dataset(
+            FORMATS[ext],
+            data_files=path,
+            split="train",
+            cache_dir=cache,
+            keep_in_memory=True,
+            **kwargs,
+        )
+
+
+def pretraining_datasets(args, num_samples: list[int]):
+    """``(train, valid)`` GPT samples from the ``--data-path`` .bin/.idx prefix split by
+    ``--split`` (Megatron's data, as ``tools/preprocess_data.py`` writes it)."""
+    from libai.config import LazyCall
+    from libai.data.build import build_train_valid_test_datasets
+    from libai.data.data_utils import get_indexed_dataset
+    from libai.data.datasets.gpt_dataset import GPT2Dataset
+
+    split = [float(x) for x in str(args.split).split(",")]
+    split += [0.0] * (3 - len(split))
+    config = LazyCall(GPT2Dataset)(
+        name="pretraining",
+        data_prefix=args.data_path,
+        indexed_dataset=LazyCall(get_indexed_dataset)(
+            data_prefix=args.data_path, data_impl=args.data_impl, skip_warmup=False
+        ),
+        max_seq_length=args.seq_length,
+        seed=args.seed,
+    )
+    train, valid, _ = build_train_valid_test_datasets(config, [split], [1.0], [*num_samples, 0])
+    return train, valid
+
+
+def build_loader(
+    dataset,
+    batch_size: int,
+    *,
+    train: bool,
+    seed: int,
+    collate_fn=None,
+    consumed_samples: int = 0,
+    num_workers: int = 0,
+):
+    """This data-parallel rank's loader: endless, reshuffled every epoch and resumable for
+    training (:class:`CyclicSampler`); one sharded pass for evaluation."""
+    common = dict(
+        dataset=dataset,
+        micro_batch_size=batch_size,
+        data_parallel_rank=dist.get_data_parallel_rank(),
+        data_parallel_size=dist.get_data_parallel_size(),
+        seed=seed,
+    )
+    if train:
+        sampler = CyclicSampler(shuffle=True, consumed_samples=consumed_samples, **common)
+    else:
+        sampler = SingleRoundSampler(shuffle=False, **common)
+    return torch.utils.data.DataLoader(
+        dataset,
+        batch_sampler=sampler,
+        num_workers=num_workers,
+        persistent_workers=num_workers > 0,
+        collate_fn=collate_fn or trivial_batch_collator,
+        generator=loader_generator(seed),
+    )

@@ -1,0 +1,406 @@
+"""``AccelerateEngine``: the mesh and the acceleration switches of the command line, for the
+three ways in (the black box, the templates, and ``compose`` for a loop of your own).
+
+Every way runs on the core (:mod:`libai.engine.core`): the same ``ModelRunner`` (mixed
+precision, loss scaler, ZeRO, recompute, compile, gradient sync), optimizer sharding,
+checkpointer, hooks and writers as ``tools/train_net.py``; the black box and the templates
+run the core's loop (:meth:`AccelerateEngine.fit`).
+
+compose, for your own loop (a Hugging Face no-trainer script changed in a few lines)::
+
+    engine = AccelerateEngine(argv)          # or an argparse.Namespace / dict of flag values
+    model, optimizer, lr_scheduler = engine.compose(model, lr_scheduler_fn=...)
+    for batch in engine.build_data_loader(train_dataset):
+        loss = model(**batch).loss           # under autocast when --mixed-precision
+        engine.backward(loss)                # scaled for fp16
+        optimizer.step()                     # dp gradient sync, unscale / skip, clipping
+        lr_scheduler.step()                  # not on a skipped fp16 step
+        optimizer.zero_grad()
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import os
+
+import torch
+import torch.distributed as torch_dist
+from torch import nn
+
+from libai.accelerate.arguments import check_args, parse_args, train_namespace
+from libai.accelerate.data import build_loader
+from libai.engine.core import (
+    build_checkpointer,
+    build_runner,
+    build_training_loop,
+    seed_all,
+    shard_optimizer_for,
+)
+from libai.engine.trainer import to_device
+from libai.optim import get_default_optimizer_params
+from libai.scheduler import WarmupCosineLR, WarmupLinearLR
+from libai.utils import distributed as dist
+from libai.utils.checkpoint import Checkpointer
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["AccelerateEngine", "EpochLoader"]
+
+
+def _layer_count(path: str | None) -> int | None:
+    """Layers of a Hugging Face ``config.json`` (encoder + decoder for T5), for pp stages."""
+    if not path:
+        return None
+    import json
+
+    with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+        hf = json.load(f)
+    for key in ("num_hidden_layers", "n_layer"):
+        if hf.get(key) is not None:
+            return int(hf[key])
+    if hf.get("num_layers") is not None:  # T5: the encoder's and the decoder's
+        return int(hf["num_layers"]) + int(hf.get("num_decoder_layers") or hf["num_layers"])
+    return None
+
+
+class EpochLoader:
+    """One epoch of an endless cyclic loader per ``iter()`` (``len`` batches), continuing
+    where the previous epoch stopped: a loop of your own sees the black box's data order."""
+
+    def __init__(self, loader, steps_per_epoch: int):
+        self.loader, self.steps = loader, steps_per_epoch
+        self.dataset = loader.dataset
+        self._it = None
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def __iter__(self):
+        if self._it is None:
+            self._it = iter(self.loader)
+        for _ in range(self.steps):
+            yield next(self._it)
+
+
+class _ComposedModel(nn.Module):
+    """The composed model: its forward runs under the run's autocast; attribute access
+    falls through to the wrapped module (``config``, ``save_pretrained``, ...)."""
+
+    def __init__(self, module: nn.Module, engine: AccelerateEngine):
+        super().__init__()
+        self.module = module
+        self.__dict__["_engine"] = engine
+
+    def forward(self, *args, **kwargs):
+        with self._engine.runner.autocast():
+            return self.module(*args, **kwargs)
+
+    def __getattr__(self, name):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self.__dict__["_modules"]["module"], name)
+
+
+class _ComposedOptimizer:
+    """``step()`` = the runner's end of a step: dp gradient sync, fp16 unscale (a step that
+    overflows on any rank is skipped everywhere), global-norm clipping, the inner step."""
+
+    def __init__(self, optimizer, engine: AccelerateEngine):
+        self.optimizer, self._engine = optimizer, engine
+
+    def step(self, closure=None):
+        if closure is not None:
+            raise ValueError("closures are not supported: call engine.backward(loss) first")
+        runner = self._engine.runner
+        runner.sync_gradients()
+        clip = self._engine.args.clip_grad
+        runner.optimizer_step(self.optimizer, max_grad_norm=clip if clip > 0 else None)
+
+    def zero_grad(self, set_to_none: bool = True):
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def __getattr__(self, name):
+        return getattr(self.optimizer, name)
+
+
+class _ComposedScheduler:
+    """The LR schedule; ``step()`` does nothing after an fp16 step that was skipped."""
+
+    def __init__(self, scheduler, engine: AccelerateEngine):
+        self.scheduler, self._engine = scheduler, engine
+
+    def step(self, *args, **kwargs):
+        if not self._engine.runner.last_step_skipped:
+            self.scheduler.step(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.scheduler, name)
+
+
+class AccelerateEngine:
+    """The mesh of the flags, then :meth:`compose` / :meth:`fit` on the core.
+
+    Args:
+        args: an ``argparse.Namespace`` from :func:`~libai.accelerate.arguments.parse_args`,
+            a dict of flag values (``{"micro_batch_size": 8, ...}``: defaults for the rest),
+            a list of command-line words, or ``None`` (``sys.argv``).
+    """
+
+    def __init__(self, args=None):
+        if isinstance(args, argparse.Namespace):
+            self.args = args if hasattr(args, "data_parallel_size") else check_args(args)
+        elif isinstance(args, dict):
+            from libai.accelerate.arguments import build_parser
+
+            namespace = build_parser().parse_args([])
+            unknown = [k for k in args if not hasattr(namespace, k)]
+            if unknown:
+                raise ValueError(f"unknown flag(s) {unknown} (use the flags' names with '_')")
+            vars(namespace).update(args)
+            self.args = check_args(namespace)
+        else:
+            self.args = parse_args(args)
+        a = self.args
+        self.dist_cfg = {
+            "data_parallel_size": a.data_parallel_size,
+            "tensor_parallel_size": a.tensor_model_parallel_size,
+            "pipeline_parallel_size": a.pipeline_model_parallel_size,
+            "pipeline_num_layers": _layer_count(a.pretrained_model_name_or_path)
+            if a.pipeline_model_parallel_size > 1
+            else None,
+            "device_type": a.device,
+            "pipeline_schedule": a.pipeline_schedule,
+        }
+        dist.resolve_layout(self.dist_cfg, int(os.environ.get("WORLD_SIZE", 1)))  # no collective
+        self.util = dist.setup_dist_util(self.dist_cfg)
+        if dist.is_main_process():
+            os.makedirs(a.save, exist_ok=True)
+        from libai.utils.logger import setup_logger
+
+        setup_logger(a.save, distributed_rank=dist.get_rank())
+        seed_all(a.seed)
+        self.parts = self.runner = None
+
+    # ---- pieces ---------------------------------------------------------------------------
+    def train_namespace(self, train_iter: int):
+        return train_namespace(self.args, train_iter=train_iter, dist_cfg=self.dist_cfg)
+
+    def build_runner(self, model: nn.Module, train_iter: int, loss_fn=None):
+        """The core's runner for ``model`` with the switches of the flags (ZeRO-3 shards the
+        model here, so build the optimizer after this)."""
+        self.train_cfg = self.train_namespace(train_iter)
+        seed_all(self.args.seed + 1000 * self.util.data_parallel_rank + self.util.pipeline_rank)
+        self.parts = build_runner(
+            model,
+            self.train_cfg,
+            compile=bool(self.args.graph_optimization),
+            loss_fn=loss_fn,
+        )
+        self.runner = self.parts.runner
+        return self.runner
+
+    def build_optimizer(self, model: nn.Module):
+        """AdamW with the flags' weight decay (none on norms and biases) and clipping."""
+        a = self.args
+        params = get_default_optimizer_params(
+            model,
+            weight_decay_norm=0.0,
+            weight_decay_bias=0.0,
+            clip_grad_max_norm=a.clip_grad if a.clip_grad > 0 else None,
+            clip_grad_norm_type=2.0 if a.clip_grad > 0 else None,
+        )
+        fused = {"fused": True} if a.device == "cuda" else {}
+        return torch.optim.AdamW(
+            params,
+            lr=a.lr,
+            weight_decay=a.weight_decay,
+            betas=(a.adam_beta1, a.adam_beta2),
+            eps=a.adam_eps,
+            **fused,
+        )
+
+    def build_lr_scheduler(self, optimizer, train_iter: int):
+        """``--lr-decay-style`` over ``--lr-decay-iters`` (default the run) after
+        ``--lr-warmup-iters`` / ``--lr-warmup-fraction``, down to ``--min-lr``."""
+        a = self.args
+        decay = int(a.lr_decay_iters or train_iter)
+        warmup = a.lr_warmup_iters
+        if warmup is None:
+            warmup = math.ceil((a.lr_warmup_fraction or 0.0) * decay)
+        floor = a.min_lr / a.lr if a.lr else 0.0
+        if a.lr_decay_style == "linear":
+            return WarmupLinearLR(optimizer, decay, 0.0, warmup, end_factor=floor)
+        alpha = 1.0 if a.lr_decay_style == "constant" else floor
+        return WarmupCosineLR(optimizer, decay, 0.0, warmup, alpha=alpha)
+
+    def build_data_loader(
+        self,
+        dataset,
+        batch_size: int | None = None,
+        *,
+        train: bool = True,
+        collate_fn=None,
+        steps_per_epoch: int | None = None,
+    ):
+        """This rank's loader of ``dataset``: for training one epoch per ``iter()`` (batches
+        of ``--micro-batch-size`` x accumulation, reshuffled every epoch), for evaluation one
+        sharded pass."""
+        a = self.args
+        size = batch_size or a.micro_batch_size * a.num_accumulation_steps
+        loader = build_loader(
+            dataset,
+            size,
+            train=train,
+            seed=a.seed,
+            collate_fn=collate_fn,
+            num_workers=a.num_workers,
+        )
+        if not train:
+            return loader
+        return EpochLoader(loader, steps_per_epoch or len(dataset) // a.global_batch_size)
+
+    def gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` of every data-parallel rank, concatenated along dim 0 (rank order)."""
+        group = self.util.dp_group
+        if group is None:
+            return tensor
+        parts = [torch.empty_like(tensor) for _ in range(self.util.layout.data_parallel_size)]
+        torch_dist.all_gather(parts, tensor.contiguous(), group=group)
+        return torch.cat(parts, dim=0)
+
+    # ---- compose ----------------------------------------------------------------------------
+    def compose(
+        self,
+        model: nn.Module,
+        train_dataloader=None,
+        eval_dataloader=None,
+        optimizer=None,
+        lr_scheduler_fn=None,
+        train_iters: int | None = None,
+    ):
+        """Put ``model`` on the run's switches; returns ``(model, optimizer, lr_scheduler)``
+        (plus the two loaders, rebuilt on this rank's share, when given).
+
+        ``optimizer=None`` builds AdamW from the flags (required under ZeRO-3, which shards
+        the parameters first); ``lr_scheduler_fn(optimizer)`` builds the schedule (default:
+        the flags'). The model's forward runs under autocast; see the module doc for the
+        loop."""
+        a = self.args
+        if self.util.layout.pipeline_parallel_size > 1:
+            raise ValueError("compose runs your own forward: no pipeline parallel (use fit)")
+        if optimizer is not None and a.zero_stage == 3:
+            raise ValueError(
+                "ZeRO-3 shards the parameters in compose, so an optimizer built before would "
+                "hold the old ones: pass optimizer=None (AdamW from the flags)"
+            )
+        steps = train_iters or a.train_iters
+        if steps is None and train_dataloader is not None:
+            steps = a.epochs * (len(train_dataloader.dataset) // a.global_batch_size)
+        self.build_runner(model, int(steps or 1))
+        inner = optimizer if optimizer is not None else self.build_optimizer(self.runner.model)
+        inner = shard_optimizer_for(self.parts, inner)
+        schedule = (
+            lr_scheduler_fn(inner) if lr_scheduler_fn else self.build_lr_scheduler(inner, steps)
+        )
+        self.optimizer = _ComposedOptimizer(inner, self)
+        self.lr_scheduler = _ComposedScheduler(schedule, self)
+        self.model = _ComposedModel(self.runner.model, self)
+        out = [self.model, self.optimizer, self.lr_scheduler]
+        for loader, train in ((train_dataloader, True), (eval_dataloader, False)):
+            if loader is not None:
+                out.append(
+                    self.build_data_loader(
+                        loader.dataset,
+                        train=train,
+                        collate_fn=loader.collate_fn,
+                        batch_size=None if train else loader.batch_size,
+                    )
+                )
+        return tuple(out)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """``loss.backward()`` as the runner does it (times the fp16 loss scale)."""
+        self.runner.backward(loss)
+
+    def step(self) -> None:
+        """``optimizer.step()``, ``lr_scheduler.step()``, ``optimizer.zero_grad()``."""
+        self.optimizer.step()
+        self.lr_scheduler.step()
+        self.optimizer.zero_grad()
+
+    # ---- the core's loop --------------------------------------------------------------------
+    def fit(
+        self,
+        model,
+        optimizer,
+        lr_scheduler,
+        train_dataset,
+        *,
+        train_iter: int,
+        loss_fn=None,
+        evaluate=None,
+        collate_fn=None,
+        batch_transform=None,
+    ):
+        """Train ``model`` with the core's loop for ``train_iter`` steps: the runner of the
+        flags (``loss_fn(batch)`` instead of the model contract when given), ``optimizer``
+        / ``lr_scheduler`` (``None``: from the flags; an optimizer is refused under ZeRO-3),
+        checkpoints every ``--save-interval`` under ``--save`` (resume with ``--load``),
+        ``evaluate()`` every ``--eval-interval`` and at the end, console / metrics.json /
+        TensorBoard every ``--log-interval``. Returns the trained (runner) model."""
+        a = self.args
+        if optimizer is not None and a.zero_stage == 3:
+            raise ValueError(
+                "ZeRO-3 shards the parameters before the optimizer is built: return None for "
+                "the optimizer (AdamW from the flags)"
+            )
+        self.build_runner(model, train_iter, loss_fn=loss_fn)
+        optimizer = optimizer if optimizer is not None else self.build_optimizer(self.runner.model)
+        optimizer = shard_optimizer_for(self.parts, optimizer)
+        if lr_scheduler is None:
+            lr_scheduler = self.build_lr_scheduler(optimizer, train_iter)
+        checkpointer = build_checkpointer(
+            self.runner.model, a.save, optimizer, lr_scheduler, self.parts.grad_scaler
+        )
+        start, consumed = 0, 0
+        if a.load:
+            path = a.load
+            if os.path.isfile(os.path.join(path, "last_checkpoint")):
+                path = Checkpointer(self.runner.model, path).get_checkpoint_file() or path
+            extra = checkpointer.load(path)
+            start = int(extra.get("iteration", -1)) + 1
+            consumed = int(extra.get("consumed_train_samples", 0))
+            logger.info("Resumed at step %d (%d samples consumed)", start, consumed)
+        loader = build_loader(
+            train_dataset,
+            a.micro_batch_size * a.num_accumulation_steps,
+            train=True,
+            seed=a.seed,
+            collate_fn=collate_fn,
+            num_workers=a.num_workers,
+        )
+        self.trainer = build_training_loop(
+            self.parts,
+            self.train_cfg,
+            loader,
+            optimizer,
+            lr_scheduler,
+            checkpointer,
+            max_iter=train_iter,
+            evaluate=evaluate,
+            consumed_train_samples=consumed,
+            batch_transform=batch_transform,
+        )
+        if start < train_iter:
+            self.trainer.train(start, train_iter)
+        return self.runner.model
+
+    def eval_batches(self, loader, max_batches: int = 0):
+        """Batches of ``loader`` on this rank's device (at most ``max_batches``; 0: all)."""
+        for i, batch in enumerate(loader):
+            if max_batches and i >= max_batches:
+                return
+            yield to_device(batch, self.util.device)
