@@ -15,3 +15,22 @@ def sample_env(tmp_path_factory):
     data_dir = tmp_path_factory.mktemp("sample_data")
     ensure_sample_dataset(str(data_dir), max_bytes=300_000, vocab_size=1000)
     return train_env(LIBAI_SAMPLE_DATA_DIR=str(data_dir))
+
+
+@pytest.fixture(scope="session")
+def accelerate_files(tmp_path_factory):
+    """Tiny Hugging Face model directories and data files for every libai.accelerate task."""
+    import accelerate_data as data
+
+    root = tmp_path_factory.mktemp("accelerate")
+    files = {
+        name: getattr(data, f"{name}_dir")(root)
+        for name in ("bert", "distilbert", "roberta", "gpt2", "t5")
+    }
+    files["cls"] = data.classification_csv(root)
+    files["ner"] = data.ner_jsonl(root)
+    files["qa"] = data.qa_jsonl(root)
+    files["text"] = data.text_files(root)
+    files["s2s"] = data.seq2seq_jsonl(root)
+    files["pretrain"] = data.pretraining_prefix(root, files["gpt2"])
+    return files

@@ -165,9 +165,10 @@ def world_size() -> int:
 
 
 def _local_path(value: str | None, flag: str) -> None:
+    """``value`` must be a local file or directory (or a Megatron .bin/.idx prefix)."""
     if value is None:
         return
-    if not os.path.exists(value):
+    if not os.path.exists(value) and not os.path.isfile(value + ".idx"):
         raise FileNotFoundError(
             f"{flag} {value!r} is not a local file or directory. Nothing is downloaded: pass a "
             "local path (a Hugging Face model directory; data as CSV, JSON lines, parquet or a "

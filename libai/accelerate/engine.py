@@ -286,8 +286,8 @@ class AccelerateEngine:
 
         ``optimizer=None`` builds AdamW from the flags (required under ZeRO-3, which shards
         the parameters first); ``lr_scheduler_fn(optimizer)`` builds the schedule (default:
-        the flags'). The model's forward runs under autocast; see the module doc for the
-        loop."""
+        the flags'). The model comes back in training mode and its forward runs under
+        autocast; see the module doc for the loop."""
         a = self.args
         if self.util.layout.pipeline_parallel_size > 1:
             raise ValueError("compose runs your own forward: no pipeline parallel (use fit)")
@@ -307,6 +307,7 @@ class AccelerateEngine:
         )
         self.optimizer = _ComposedOptimizer(inner, self)
         self.lr_scheduler = _ComposedScheduler(schedule, self)
+        self.runner.model.train()  # from_pretrained hands models over in eval mode
         self.model = _ComposedModel(self.runner.model, self)
         out = [self.model, self.optimizer, self.lr_scheduler]
         for loader, train in ((train_dataloader, True), (eval_dataloader, False)):

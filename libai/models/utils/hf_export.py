@@ -64,7 +64,7 @@ def _plan(model, rules: dict[str, Rule], dtype, max_shard_bytes: int):
     files: list[list[tuple[int, str, dict]]] = [[]]
     size = 0
     for rank, plan in enumerate(plans):
-        if files[-1]:  # a file is written by one rank: each stage starts its own
+        if files[-1] and plan:  # a file is written by one rank: each stage starts its own
             files.append([])
             size = 0
         for name, sizes in plan:

@@ -1,0 +1,63 @@
+"""libai.accelerate on several ranks: black-box runs (``cli``) and per-rank memory of the
+ZeRO switches (``zero``: compose a DistilBERT classifier, take one step, report this rank's
+optimizer-state bytes and parameter elements)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from common import parse_out_dir, run_checks  # noqa: E402
+
+from libai.utils import distributed as dist  # noqa: E402
+
+
+def zero_memory(argv: list[str]) -> dict:
+    import torch
+    import transformers
+
+    from libai.accelerate import AccelerateEngine
+    from libai.engine.zero import optimizer_state_bytes
+
+    engine = AccelerateEngine(argv)
+    path = engine.args.pretrained_model_name_or_path
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(path, num_labels=2)
+    model, optimizer, _ = engine.compose(model, train_iters=4)
+    g = torch.Generator().manual_seed(0)
+    batch = {
+        "input_ids": torch.randint(5, 50, (8, 16), generator=g),
+        "labels": torch.randint(0, 2, (8,), generator=g),
+    }
+    engine.backward(model(**batch).loss)
+    optimizer.step()
+    local = [p.to_local() if hasattr(p, "to_local") else p for p in model.parameters()]
+    return {
+        "state_bytes": optimizer_state_bytes(optimizer.optimizer),
+        "param_numel": sum(t.numel() for t in local),
+    }
+
+
+def main():
+    out_dir, _, rest = parse_out_dir()
+    runs = json.loads(rest[0])
+
+    def checks():
+        from libai.accelerate.cli import main as cli_main
+
+        results = {}
+        for run in runs:
+            if run["kind"] == "cli":
+                results[run["name"]] = {"code": cli_main(run["argv"])}
+            else:
+                results[run["name"]] = zero_memory(run["argv"])
+            dist.synchronize()
+        return results
+
+    run_checks(out_dir, checks)
+
+
+if __name__ == "__main__":
+    main()

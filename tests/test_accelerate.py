@@ -1,0 +1,209 @@
+"""libai.accelerate's black box: every task trains on 1 process and on dp2 with its metric;
+a zoo architecture under tp2 and pp2 equals one process and writes back a Hugging Face
+directory with exactly the trained weights; bad input fails early with a clear message."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import transformers
+from accelerate_helpers import METRICS, TASKS, task_argv
+from launch import torchrun
+from safetensors.torch import load_file
+from train_net_helpers import ROOT, read_metrics, train_env
+
+from libai.accelerate import cli
+from libai.utils import distributed as dist
+
+#: losses of two layouts after AdamW steps: fp32 rounding amplified (gpt_reference.adam_param_tol)
+LOSS_TOL = 1e-4
+
+
+def losses(out_dir) -> list[float]:
+    metrics = read_metrics(out_dir)
+    return [metrics[i]["total_loss"] for i in sorted(metrics) if "total_loss" in metrics[i]]
+
+
+def final_eval(out_dir) -> dict:
+    last = read_metrics(out_dir)[max(read_metrics(out_dir))]
+    return {k[5:]: v for k, v in last.items() if k.startswith("eval_")}
+
+
+@pytest.mark.parametrize("task", list(TASKS))
+def test_each_task_trains_on_one_process(accelerate_files, tmp_path, task):
+    assert cli.main(task_argv(accelerate_files, task, tmp_path)) == 0
+    got = losses(tmp_path)
+    assert len(got) == 12 and all(math.isfinite(v) for v in got)
+    assert sum(got[-3:]) < sum(got[:3]), got  # it learns
+    metric = final_eval(tmp_path)[METRICS[task]]
+    assert math.isfinite(metric) and metric >= 0, final_eval(tmp_path)
+    auto = getattr(transformers, cli.get_task(task).auto_model)
+    assert auto.from_pretrained(tmp_path / "hf") is not None  # the result, in HF format
+
+
+def test_data_parallel_tensor_and_pipeline_parallel_runs(accelerate_files, tmp_path):
+    """One launch of 2 ranks: every task on dp2, DistilBERT (outside the zoo) with dp2 +
+    ZeRO-2 + AMP, and the zoo's BERT classifier on tp2 and pp2."""
+    f = accelerate_files
+    runs = [
+        {"kind": "cli", "name": f"dp2-{t}", "argv": task_argv(f, t, tmp_path / f"dp2-{t}")}
+        for t in TASKS
+    ]
+    runs.append(
+        {
+            "kind": "cli",
+            "name": "distilbert-zero2-amp",
+            "argv": task_argv(
+                f,
+                "sequence_classification",
+                tmp_path / "zero2",
+                "--zero-2-memory-optimization",
+                "--mixed-precision",
+            ),
+        }
+    )
+    bert = dict(model="bert", steps=8)
+    layouts = {
+        "tp2": ["--tensor-model-parallel-size", "2"],
+        "pp2": [
+            "--pipeline-model-parallel-size",
+            "2",
+            "--global-batch-size",
+            "8",
+            "--micro-batch-size",
+            "4",
+        ],
+    }
+    for name, flags in layouts.items():
+        argv = task_argv(f, "sequence_classification", tmp_path / name, **bert) + flags
+        runs.append({"kind": "cli", "name": name, "argv": argv})
+    results = torchrun("accelerate_runs.py", 2, json.dumps(runs), timeout=900)
+    for rank, r in enumerate(results):
+        assert r["ok"], f"rank {rank}: {r['error']}\n{r['trace']}"
+    for t in TASKS:
+        got = losses(tmp_path / f"dp2-{t}")
+        assert len(got) == 12 and sum(got[-3:]) < sum(got[:3]), (t, got)
+        assert math.isfinite(final_eval(tmp_path / f"dp2-{t}")[METRICS[t]])
+    assert len(losses(tmp_path / "zero2")) == 12
+    # the zoo model on tp2 / pp2 equals one process
+    dist.setup_dist_util({})
+    assert cli.main(task_argv(f, "sequence_classification", tmp_path / "one", **bert)) == 0
+    one = losses(tmp_path / "one")
+    for name in layouts:
+        assert losses(tmp_path / name) == pytest.approx(one, abs=LOSS_TOL), name
+    # each layout wrote back exactly what it trained: its final checkpoint, exported on one
+    # process
+    from libai.models import BertForClassification
+    from libai.models.utils import load_huggingface, save_huggingface
+    from libai.utils.checkpoint import Checkpointer
+
+    for name in layouts:
+        dist.setup_dist_util({})
+        trained = load_huggingface(str(tmp_path / "one" / "hf"), BertForClassification)
+        Checkpointer(trained, str(tmp_path / name)).load(str(tmp_path / name / "model_final"), [])
+        save_huggingface(trained, str(tmp_path / f"reference-{name}"))
+        want = load_file(str(tmp_path / f"reference-{name}" / "model.safetensors"))
+        files = sorted((tmp_path / name / "hf").glob("*.safetensors"))
+        # tp2: one file (its ranks share one stage); pp2: one per stage
+        assert len(files) == (1 if name == "tp2" else 2), files
+        written = {k: v for path in files for k, v in load_file(str(path)).items()}
+        assert sorted(written) == sorted(want)
+        assert all(torch.equal(written[k], want[k]) for k in want), name
+        hf = transformers.BertForSequenceClassification.from_pretrained(tmp_path / name / "hf")
+        state = hf.state_dict()
+        assert all(torch.equal(state[k], want[k]) for k in want), name
+
+
+def test_load_resumes_the_black_box_exactly(accelerate_files, tmp_path):
+    f = accelerate_files
+    common = ["--save-interval", "3", "--eval-interval", "1000"]
+    argv = task_argv(f, "sequence_classification", tmp_path / "straight", *common, steps=6)
+    assert cli.main(argv) == 0
+    argv = task_argv(f, "sequence_classification", tmp_path / "first", *common, steps=3)
+    assert cli.main(argv) == 0
+    argv = task_argv(f, "sequence_classification", tmp_path / "resumed", *common, steps=6)
+    assert cli.main([*argv, "--load", str(tmp_path / "first" / "model_0000002")]) == 0
+    straight, resumed = read_metrics(tmp_path / "straight"), read_metrics(tmp_path / "resumed")
+    assert sorted(resumed) == [3, 4, 5]
+    for i in (3, 4, 5):
+        assert resumed[i]["total_loss"] == straight[i]["total_loss"], i
+
+
+# ---- bad input -------------------------------------------------------------------------------
+def run_main(argv, monkeypatch):
+    """``cli.main(argv)`` that fails the test if the mesh (a collective) is created."""
+
+    def no_mesh(*args, **kwargs):
+        raise AssertionError("the mesh was created before the input was checked")
+
+    monkeypatch.setattr(dist, "setup_dist_util", no_mesh)
+    return cli.main(argv)
+
+
+def test_bad_input_is_refused_before_any_collective(accelerate_files, tmp_path, monkeypatch):
+    f = accelerate_files
+    base = task_argv(f, "sequence_classification", tmp_path)
+    with pytest.raises(
+        FileNotFoundError,
+        match="'bert-base-uncased' is not a local file or directory. Nothing is downloaded",
+    ):
+        run_main([*base, "--pretrained-model-name-or-path", "bert-base-uncased"], monkeypatch)
+    with pytest.raises(FileNotFoundError, match="--data-path 'glue'"):
+        run_main([*base, "--data-path", "glue"], monkeypatch)
+    with pytest.raises(ValueError, match="column 'sentence3' not found.*columns found"):
+        run_main([*base, "--text-columns", "sentence1,sentence3"], monkeypatch)
+    with pytest.raises(ValueError, match="contradict each other"):
+        run_main([*base, "--zero-1-memory-optimization", "--fsdp-memory-optimization"], monkeypatch)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(
+        ValueError,
+        match="--global-batch-size 20 is not divisible by --micro-batch-size 8 x 2 "
+        "data-parallel ranks",
+    ):
+        run_main([*base, "--global-batch-size", "20"], monkeypatch)
+    with pytest.raises(
+        ValueError,
+        match="sequence_classification on model_type 'distilbert' is not one. Supported:",
+    ):
+        run_main([*base, "--tensor-model-parallel-size", "2"], monkeypatch)
+    with pytest.raises(SystemExit):  # argparse: invalid choice, exit status 2
+        run_main([*base, "--task", "summarization"], monkeypatch)
+
+
+def test_the_command_line_exits_non_zero_with_one_line(accelerate_files, tmp_path):
+    env = {**train_env(), "PORT": str(20000 + os.getpid() % 20000)}
+    base = task_argv(accelerate_files, "sequence_classification", tmp_path)
+    tool = str(ROOT / "tools" / "accelerate.py")
+    cmd = [
+        "bash",
+        str(ROOT / "tools" / "train.sh"),
+        tool,
+        "-",
+        "2",
+        *base,
+        "--tensor-model-parallel-size",
+        "2",
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    assert proc.returncode != 0
+    assert "error: ValueError: --tensor-model-parallel-size 2" in proc.stderr
+    assert "Starting training" not in proc.stdout + proc.stderr
+    proc = subprocess.run(
+        [sys.executable, tool, "--task", "nope"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert proc.returncode == 2 and "invalid choice: 'nope'" in proc.stderr
+    # the console script pip installs
+    script = os.path.join(os.path.dirname(sys.executable), "libai-accelerate")
+    proc = subprocess.run([script, "--help"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "--zero-1-memory-optimization" in proc.stdout

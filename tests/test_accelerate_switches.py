@@ -1,0 +1,222 @@
+"""libai.accelerate: each acceleration switch changes what it should, and the templates and
+compose reproduce the black box's losses on the same data (one core)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import textwrap
+
+import pytest
+import torch
+import transformers
+from accelerate_helpers import task_argv
+from launch import torchrun
+from train_net_helpers import read_metrics
+
+from libai.accelerate import AccelerateEngine, cli
+from libai.accelerate.data import load_local_dataset
+from libai.accelerate.tasks import get_task
+
+
+def cls_argv(files, save, *extra, steps=6):
+    return task_argv(files, "sequence_classification", save, *extra, steps=steps)
+
+
+def distilbert(files):
+    return transformers.AutoModelForSequenceClassification.from_pretrained(
+        files["distilbert"], num_labels=2
+    )
+
+
+def a_batch(files, engine):
+    task = get_task("sequence_classification")
+    tok = transformers.AutoTokenizer.from_pretrained(files["distilbert"])
+    prepared = task.prepare(load_local_dataset(str(files["cls"][0])), None, tok, engine.args)
+    return torch.utils.data.default_collate([prepared.train[i] for i in range(8)]), prepared
+
+
+def test_mixed_precision_autocasts_and_fp16_scales(accelerate_files, tmp_path):
+    f = accelerate_files
+    for flags, dtype in (([], torch.float32), (["--mixed-precision"], torch.bfloat16)):
+        engine = AccelerateEngine(cls_argv(f, tmp_path, *flags))
+        model, _, _ = engine.compose(distilbert(f), train_iters=2)
+        batch, _ = a_batch(f, engine)
+        assert model(**batch).logits.dtype == dtype
+    engine = AccelerateEngine(
+        cls_argv(f, tmp_path, "--mixed-precision", "--mixed-precision-dtype", "fp16")
+    )
+    engine.compose(distilbert(f), train_iters=2)
+    assert engine.runner.loss_scaler is not None and engine.runner.amp_dtype == torch.float16
+
+
+def saved_bytes_and_grads(engine, model, batch):
+    total = [0]
+
+    def pack(t):
+        total[0] += t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        engine.backward(model(**batch).loss)
+    return total[0], {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def test_checkpoint_activations_saves_less_and_keeps_gradients(accelerate_files, tmp_path):
+    f = accelerate_files
+    runs = {}
+    for name, flags in (("plain", []), ("ckpt", ["--checkpoint-activations"])):
+        engine = AccelerateEngine(cls_argv(f, tmp_path, *flags))
+        model, _, _ = engine.compose(distilbert(f), train_iters=2)
+        batch, _ = a_batch(f, engine)
+        runs[name] = saved_bytes_and_grads(engine, model, batch)
+    assert runs["ckpt"][0] < 0.6 * runs["plain"][0], (runs["ckpt"][0], runs["plain"][0])
+    for name, grad in runs["plain"][1].items():
+        torch.testing.assert_close(runs["ckpt"][1][name], grad, rtol=0, atol=1e-6, msg=name)
+
+
+def test_graph_optimization_compiles_the_blocks(accelerate_files, tmp_path, caplog):
+    f = accelerate_files
+    for flag in ("--graph-optimization", "--onnx-runtime-training"):
+        with caplog.at_level(logging.WARNING, logger="libai"):
+            engine = AccelerateEngine(cls_argv(f, tmp_path, flag))
+        engine.compose(distilbert(f), train_iters=2)
+        layers = engine.runner.model.distilbert.transformer.layer
+        assert all(layer._compiled_call_impl is not None for layer in layers)
+    assert "--onnx-runtime-training: ONNX Runtime training is not used here" in caplog.text
+
+
+def test_zero_shards_the_optimizer_state_and_fsdp_the_parameters(accelerate_files, tmp_path):
+    f = accelerate_files
+    flags = {
+        "plain": [],
+        "zero1": ["--zero-1-memory-optimization"],
+        "zero2": ["--zero-2-memory-optimization"],
+        "zero3": ["--zero-3-memory-optimization"],
+        "fsdp": ["--fsdp-memory-optimization"],
+    }
+    runs = [
+        {"kind": "zero", "name": name, "argv": cls_argv(f, tmp_path / name, *extra)}
+        for name, extra in flags.items()
+    ]
+    results = torchrun("accelerate_runs.py", 2, json.dumps(runs))
+    for rank, r in enumerate(results):
+        assert r["ok"], f"rank {rank}: {r['error']}\n{r['trace']}"
+        plain = r["plain"]
+        for name in ("zero1", "zero2", "zero3", "fsdp"):
+            # ~1/dp of the optimizer state (greedy balance by parameter size)
+            share = r[name]["state_bytes"] / plain["state_bytes"]
+            assert 0.3 < share < 0.7, (rank, name, share)
+        for name in ("zero3", "fsdp"):  # and of the parameters
+            assert r[name]["param_numel"] < 0.6 * plain["param_numel"], (rank, r[name])
+        assert r["zero1"]["param_numel"] == plain["param_numel"]
+
+
+TEMPLATE = '''
+import transformers
+
+from libai.accelerate import Finetuner
+from libai.accelerate.data import load_local_dataset
+from libai.accelerate.tasks import TensorDictDataset
+
+
+class ClassifierFinetuner(Finetuner):
+    """A user's own template: tokenization and model written out by hand."""
+
+    def train_valid_test_datasets_provider(self):
+        args = self.args
+        tok = transformers.AutoTokenizer.from_pretrained(args.pretrained_model_name_or_path)
+        rows = load_local_dataset(args.data_path)
+        enc = tok(list(rows["sentence1"]), list(rows["sentence2"]), padding="max_length",
+                  truncation=True,
+                  max_length=args.seq_length, return_tensors="pt")
+        labels = {"neg": 0, "pos": 1}
+        enc["labels"] = __import__("torch").tensor([labels[x] for x in rows["label"]])
+        return TensorDictDataset(dict(enc)), None
+
+    def model_optimizer_lr_scheduler_provider(self):
+        model = transformers.AutoModelForSequenceClassification.from_pretrained(
+            self.args.pretrained_model_name_or_path, num_labels=2
+        )
+        return model, None, None
+
+    def run_forward_step(self, batch, model):
+        return model(**batch).loss
+'''
+
+
+def test_templates_and_compose_reproduce_the_black_box(accelerate_files, tmp_path):
+    f = accelerate_files
+    steps = 6
+    common = ["--eval-interval", "1000"]
+    assert cli.main(cls_argv(f, tmp_path / "box", *common, steps=steps)) == 0
+    box = [read_metrics(tmp_path / "box")[i]["total_loss"] for i in range(steps)]
+    # the template, run by the black box's command line
+    script = tmp_path / "my_finetuner.py"
+    script.write_text(textwrap.dedent(TEMPLATE))
+    argv = [a for a in cls_argv(f, tmp_path / "tpl", *common, steps=steps) if a != "--task"]
+    argv.remove("sequence_classification")
+    assert cli.main([*argv, "--user-script", str(script)]) == 0
+    template = [read_metrics(tmp_path / "tpl")[i]["total_loss"] for i in range(steps)]
+    assert template == box
+    # compose: the loop of Rapidformer's page, on this rank's share of the same data
+    engine = AccelerateEngine(cls_argv(f, tmp_path / "compose", *common, steps=steps))
+    model = distilbert(f)
+    _, prepared = a_batch(f, engine)
+    model, optimizer, lr_scheduler = engine.compose(model)
+    composed, loader = [], iter(engine.build_data_loader(prepared.train, steps_per_epoch=steps))
+    for _ in range(steps):
+        loss = model(**next(loader)).loss
+        engine.backward(loss)
+        optimizer.step()
+        lr_scheduler.step()
+        optimizer.zero_grad()
+        composed.append(float(loss))
+    assert composed == pytest.approx(box, abs=0, rel=0)
+
+
+PRETRAINER = '''
+from libai.accelerate import PreTrainer
+from libai.accelerate.data import pretraining_datasets
+from libai.models import GPTForPreTraining
+from libai.models.utils import load_huggingface
+
+
+class GPTPreTrainer(PreTrainer):
+    """Megatron's shape: datasets from the sample counts, (output, loss_func) forward."""
+
+    def train_valid_test_datasets_provider(self, train_val_test_num_samples):
+        return pretraining_datasets(self.args, train_val_test_num_samples[:2])
+
+    def model_optimizer_lr_scheduler_provider(self):
+        path = self.args.pretrained_model_name_or_path
+        return load_huggingface(path, GPTForPreTraining), None, None
+
+    def run_forward_step(self, data_iterator, model):
+        batch = next(data_iterator)
+        output = model(input_ids=batch["input_ids"], labels=batch["labels"])
+
+        def loss_func(out):
+            return out["lm_loss"], {"lm loss": out["lm_loss"].detach()}
+
+        return output, loss_func
+'''
+
+
+def test_the_pretrainer_template_reproduces_the_black_box(accelerate_files, tmp_path):
+    f = accelerate_files
+    steps = 5
+    argv = task_argv(f, "pretraining", tmp_path / "box", steps=steps)
+    assert cli.main(argv) == 0
+    box = [read_metrics(tmp_path / "box")[i]["total_loss"] for i in range(steps)]
+    script = tmp_path / "my_pretrainer.py"
+    script.write_text(textwrap.dedent(PRETRAINER))
+    argv = task_argv(f, "pretraining", tmp_path / "tpl", steps=steps)
+    argv = argv[2:]  # no --task: the script says what to do
+    assert cli.main([*argv, "--user-script", str(script)]) == 0
+    template = [read_metrics(tmp_path / "tpl")[i]["total_loss"] for i in range(steps)]
+    assert template == box
+    # the black box wrote the zoo GPT back with the source checkpoint's special token ids
+    config = json.loads((tmp_path / "box" / "hf" / "config.json").read_text())
+    source = json.loads((f["gpt2"] / "config.json").read_text())
+    assert config["eos_token_id"] == source["eos_token_id"]
