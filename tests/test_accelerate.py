@@ -49,7 +49,7 @@ def test_each_task_trains_on_one_process(accelerate_files, tmp_path, task):
 
 def test_data_parallel_tensor_and_pipeline_parallel_runs(accelerate_files, tmp_path):
     """One launch of 2 ranks: every task on dp2, DistilBERT (outside the zoo) with dp2 +
-    ZeRO-2 + AMP, and the zoo's BERT classifier on tp2 and pp2."""
+    ZeRO-2 + AMP, the zoo's BERT with ZeRO-3 + AMP, and the zoo's BERT on tp2 and pp2."""
     f = accelerate_files
     runs = [
         {"kind": "cli", "name": f"dp2-{t}", "argv": task_argv(f, t, tmp_path / f"dp2-{t}")}
@@ -65,6 +65,20 @@ def test_data_parallel_tensor_and_pipeline_parallel_runs(accelerate_files, tmp_p
                 tmp_path / "zero2",
                 "--zero-2-memory-optimization",
                 "--mixed-precision",
+            ),
+        }
+    )
+    runs.append(  # the zoo's model sharded by FSDP2 (ZeRO-3), written back to HF format
+        {
+            "kind": "cli",
+            "name": "bert-zero3-amp",
+            "argv": task_argv(
+                f,
+                "sequence_classification",
+                tmp_path / "zero3",
+                "--zero-3-memory-optimization",
+                "--mixed-precision",
+                model="bert",
             ),
         }
     )
@@ -91,6 +105,8 @@ def test_data_parallel_tensor_and_pipeline_parallel_runs(accelerate_files, tmp_p
         assert len(got) == 12 and sum(got[-3:]) < sum(got[:3]), (t, got)
         assert math.isfinite(final_eval(tmp_path / f"dp2-{t}")[METRICS[t]])
     assert len(losses(tmp_path / "zero2")) == 12
+    assert len(losses(tmp_path / "zero3")) == 12
+    assert transformers.BertForSequenceClassification.from_pretrained(tmp_path / "zero3" / "hf")
     # the zoo model on tp2 / pp2 equals one process
     dist.setup_dist_util({})
     assert cli.main(task_argv(f, "sequence_classification", tmp_path / "one", **bert)) == 0

@@ -299,6 +299,11 @@ class AccelerateEngine:
         steps = train_iters or a.train_iters
         if steps is None and train_dataloader is not None:
             steps = a.epochs * (len(train_dataloader.dataset) // a.global_batch_size)
+        if not steps and lr_scheduler_fn is None:
+            raise ValueError(
+                "compose needs the run's length for the LR schedule: --train-iters, "
+                "train_iters=, or a train_dataloader with --epochs (or pass lr_scheduler_fn)"
+            )
         self.build_runner(model, int(steps or 1))
         inner = optimizer if optimizer is not None else self.build_optimizer(self.runner.model)
         inner = shard_optimizer_for(self.parts, inner)

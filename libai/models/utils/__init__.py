@@ -9,7 +9,7 @@ from torch import nn
 
 from libai.models.utils.hf_export import save_huggingface
 from libai.models.utils.hf_io import CheckpointError, CheckpointReader, read_hf_config
-from libai.models.utils.model_loader.base_loader import ModelLoaderHuggerFace
+from libai.models.utils.model_loader.base_loader import ModelLoaderHuggerFace, libai_class
 
 #: ``model_type`` of config.json -> "module:LoaderClass"
 LOADERS = {
@@ -38,7 +38,7 @@ def loader_for_model(model: nn.Module) -> type[ModelLoaderHuggerFace]:
     """The loader class that can export ``model``'s libai class."""
     for model_type in LOADERS:
         loader = get_loader_class(model_type)
-        if type(model) in loader.libai_classes():
+        if libai_class(model) in loader.libai_classes():
             return loader
     raise TypeError(f"no Hugging Face exporter for {type(model).__name__}")
 

@@ -19,7 +19,11 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from libai.models.utils.hf_io import CONFIG, SAFE_INDEX, SAFE_WEIGHTS
-from libai.models.utils.model_loader.base_loader import complete_rules, logical_shape
+from libai.models.utils.model_loader.base_loader import (
+    complete_rules,
+    libai_class,
+    logical_shape,
+)
 from libai.models.utils.weight_mapping import Rule
 from libai.utils import distributed as dist
 
@@ -140,7 +144,7 @@ def save_huggingface(
         os.makedirs(path, exist_ok=True)
     dist.synchronize()
     weight_map, total_size = export_weights(
-        model, loader.rules(cfg, type(model)), path, dtype, max_shard_size
+        model, loader.rules(cfg, libai_class(model)), path, dtype, max_shard_size
     )
     dist.synchronize()
     if dist.is_main_process():

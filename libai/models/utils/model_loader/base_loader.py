@@ -135,12 +135,23 @@ class ModelLoaderHuggerFace:
     def hf_architecture(cls, model: nn.Module) -> str:
         """The Hugging Face class name of ``model``'s libai class."""
         for arch, libai_cls in cls.architectures.items():
-            if type(model) is libai_cls:
+            if libai_class(model) is libai_cls:
                 return arch
         raise TypeError(f"{cls.__name__} cannot export {type(model).__name__}")
 
 
 # ---- shared machinery ---------------------------------------------------------------------------
+
+def libai_class(model: nn.Module) -> type:
+    """``model``'s own class, seen through the subclass FSDP2's ``fully_shard`` gives it
+    (ZeRO-3), so a sharded model exports as the class it was built as."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for cls in type(model).__mro__:
+        if not issubclass(cls, FSDPModule):
+            return cls
+    return type(model)
+
 def _shard_spec(param: torch.Tensor) -> ShardSpec | None:
     if not isinstance(param, DTensor):
         return None
