@@ -4,7 +4,7 @@ throughput mean ± std and peak memory).
 
 Each row runs in a fresh process (peak memory is the row's own): the baseline is the usual
 four-line transformers loop (forward, backward, clip, AdamW step) on one process; the other
-rows are the black box (``tools/accelerate.py``) on one process or on 2 data-parallel
+rows are the black box (``tools/libai_accelerate.py``) on one process or on 2 data-parallel
 processes (the ZeRO rows need 2), its per-step times read from ``metrics.json``. The model
 is ``BertForSequenceClassification`` (hidden 768, 12 layers, 12 heads, ffn 3072, vocab
 30522) with random weights, on random sentences of one-token words.
@@ -145,7 +145,7 @@ def run_row(
             out,
             *flags,
         ]
-        tool = str(ROOT / "tools" / "accelerate.py")
+        tool = str(ROOT / "tools" / "libai_accelerate.py")
         if nproc == 1:
             cmd = [sys.executable, tool, *argv]
         else:

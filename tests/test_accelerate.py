@@ -195,7 +195,7 @@ def test_bad_input_is_refused_before_any_collective(accelerate_files, tmp_path, 
 def test_the_command_line_exits_non_zero_with_one_line(accelerate_files, tmp_path):
     env = {**train_env(), "PORT": str(20000 + os.getpid() % 20000)}
     base = task_argv(accelerate_files, "sequence_classification", tmp_path)
-    tool = str(ROOT / "tools" / "accelerate.py")
+    tool = str(ROOT / "tools" / "libai_accelerate.py")
     cmd = [
         "bash",
         str(ROOT / "tools" / "train.sh"),

@@ -5,7 +5,7 @@ checkpoints and writers of :mod:`libai.engine`):
 
 1. **Black box**: ``libai-accelerate --task TASK --pretrained-model-name-or-path DIR
    --data-path FILE ... [--mixed-precision] [--zero-1-memory-optimization] ...``
-   (also ``python tools/accelerate.py``; ``bash tools/train.sh tools/accelerate.py - N ...``
+   (also ``python tools/libai_accelerate.py``; ``bash tools/train.sh tools/libai_accelerate.py - N ...``
    on N processes and several nodes); see :mod:`libai.accelerate.cli`.
 2. **Templates**: subclass :class:`Finetuner` / :class:`PreTrainer` (Rapidformer's contract)
    and call ``train()``, or pass the file with ``--user-script``.

@@ -35,7 +35,7 @@ def build_parser(prog: str = "libai-accelerate") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=prog,
         description="Train an unmodified Hugging Face model with libai's acceleration switches.",
-        epilog="Example: bash tools/train.sh tools/accelerate.py - 2 --task "
+        epilog="Example: bash tools/train.sh tools/libai_accelerate.py - 2 --task "
         "sequence_classification --pretrained-model-name-or-path DIR --data-path train.csv "
         "--validation-path dev.csv --text-columns sentence1,sentence2 --label-column label "
         "--epochs 3 --micro-batch-size 16 --global-batch-size 64 --mixed-precision",

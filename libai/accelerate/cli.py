@@ -1,4 +1,4 @@
-"""The black box: ``libai-accelerate`` (or ``python tools/accelerate.py``) trains an
+"""The black box: ``libai-accelerate`` (or ``python tools/libai_accelerate.py``) trains an
 unmodified Hugging Face model on local data for a task, with the acceleration switches of
 the flags, and writes the result back as a Hugging Face directory (``--save``/hf).
 
