@@ -254,7 +254,7 @@ def test_packaged_configs_have_libai_shape():
     assert optim.lr == 1e-4 and optim.weight_decay == 0.01 and list(optim.betas) == [0.9, 0.999]
 
     graph = get_config("common/models/graph.py").graph
-    assert graph.enabled is False and graph.debug == -1
+    assert graph.enabled is None and graph.debug == -1  # None: compile on CUDA only
 
     with pytest.raises(FileNotFoundError, match="common/train.py"):
         get_config("common/trian.py")

@@ -166,3 +166,81 @@ def test_bad_amp_settings_raise():
         resolve_amp_dtype("fp8")
     with pytest.raises(ValueError, match="only used with fp16"):
         ModelRunner(make_model(), amp_dtype=torch.bfloat16, loss_scaler=DynamicLossScaler())
+
+
+def held_activation_bytes(runner, batch) -> int:
+    """Bytes kept from forward for backward: what autograd saves (seen by a saved-tensors
+    hook) plus tensors created during forward that Python still holds (selective
+    checkpointing keeps its outputs in such a cache), each storage counted once."""
+    import gc
+
+    def storages():
+        found = {}
+        for obj in gc.get_objects():
+            if isinstance(obj, torch.Tensor) and obj.device.type == "cpu":
+                st = obj.untyped_storage()
+                found[st.data_ptr()] = st.nbytes()
+        return found
+
+    before = storages()
+    packed = {}
+
+    def pack(t):
+        st = t.untyped_storage()
+        packed[st.data_ptr()] = st.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with runner.autocast():
+            loss = runner._loss(batch)
+    held = {k: v for k, v in storages().items() if k not in before}
+    held.update({k: v for k, v in packed.items() if k not in before})
+    total = sum(held.values())
+    loss.backward()
+    return total
+
+
+def test_selective_checkpointing_keeps_matmuls_and_recomputes_the_rest():
+    """torchtitan's op-level policy: less memory than no checkpointing, more than full, the
+    same gradients as both."""
+    runs = {}
+    batch = make_batch(batch=8, seq=16)
+    for mode in (False, "selective", "full"):
+        model = make_model()
+        runs[mode] = (
+            held_activation_bytes(ModelRunner(model, activation_checkpointing=mode), batch),
+            grads(model),
+        )
+    none, selective, full = runs[False][0], runs["selective"][0], runs["full"][0]
+    assert full < selective < none, (full, selective, none)
+    for mode in ("selective", "full"):
+        for (name, g1), g2 in zip(runs[False][1].items(), runs[mode][1].values()):
+            torch.testing.assert_close(g1, g2, rtol=0, atol=1e-6, msg=f"{mode}: {name}")
+    with pytest.raises(ValueError, match="activation_checkpoint.mode must be one of"):
+        ModelRunner(make_model(), activation_checkpointing="some")
+
+
+def test_the_training_step_does_not_read_the_device():
+    """The loop keeps each step's loss and gradient norm as device tensors: they are read
+    back when a writer logs them (one transfer for a window) and the finiteness check runs
+    at the logging period, not every step."""
+    from libai.engine.trainer import EagerTrainer
+    from libai.utils.events import EventStorage
+
+    model = make_model()
+    runner = ModelRunner(model)
+    batches = [make_batch(seed=s) for s in range(4)]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    trainer = EagerTrainer(runner, batches, optimizer, max_grad_norm=1.0)
+    trainer.finite_check_period, trainer.max_iter = 10, 100
+    with EventStorage(0) as trainer.storage:
+        for trainer.iter in range(3):
+            trainer.run_step()
+        losses, norms = trainer.storage.history("total_loss"), trainer.storage.history("grad_norm")
+        assert len(losses._pending) == 3 and len(norms._pending) == 3
+        assert len(trainer._unchecked) == 3
+        values = losses.values()  # a writer's read: one transfer, then plain floats
+        assert not losses._pending and all(isinstance(v, float) for v, _ in values)
+    trainer._unchecked[-1] = (2, torch.tensor(float("nan")))
+    with pytest.raises(FloatingPointError, match="loss became nan at iteration 2"):
+        trainer.check_finite()

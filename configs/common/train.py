@@ -44,8 +44,9 @@ train = dict(
     # Automatic mixed precision: torch.autocast with dtype "bf16", or "fp16" with a dynamic
     # loss scaler starting at init_scale (ours: dtype, init_scale)
     amp=dict(enabled=False, dtype="bf16", init_scale=65536.0),
-    # Recompute each TransformerLayer in backward instead of storing its activations
-    activation_checkpoint=dict(enabled=False),
+    # Recompute each TransformerLayer in backward instead of storing its activations;
+    # mode "full", or "selective": keep matmul / attention outputs, recompute the rest (ours)
+    activation_checkpoint=dict(enabled=False, mode="full"),
     # ZeRO: stage 1 shards optimizer states, 2 also gradients, 3 also parameters (FSDP2)
     zero_optimization=dict(enabled=False, stage=1),
 

@@ -127,6 +127,13 @@ def build_parser(prog: str = "libai-accelerate") -> argparse.ArgumentParser:
     g.add_argument(
         "--checkpoint-activations", action="store_true", help="recompute each block in backward"
     )
+    g.add_argument(
+        "--recompute-granularity",
+        choices=["full", "selective"],
+        default="full",
+        help="with --checkpoint-activations: recompute everything, or keep the matmul and "
+        "attention outputs (selective)",
+    )
     g.add_argument("--graph-optimization", action="store_true", help="torch.compile each block")
     g.add_argument(
         "--onnx-runtime-training",
@@ -274,7 +281,10 @@ def train_namespace(args, *, train_iter: int, dist_cfg: dict) -> OmegaConf:
                 "dtype": args.mixed_precision_dtype,
                 "init_scale": 65536.0,
             },
-            "activation_checkpoint": {"enabled": bool(args.checkpoint_activations)},
+            "activation_checkpoint": {
+                "enabled": bool(args.checkpoint_activations),
+                "mode": args.recompute_granularity,
+            },
             "zero_optimization": {
                 "enabled": args.zero_stage is not None,
                 "stage": args.zero_stage or 1,

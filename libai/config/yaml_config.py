@@ -9,7 +9,8 @@ A config has the sections of PaddleFleetX's::
                   mix_precision: {enable, dtype, level, scale_loss, custom_black_list,
                                   custom_white_list},
                   save_load: {save_steps, save_epoch, output_dir, ckpt_dir, max_to_keep}}
-    Model:       {module, use_recompute, ...the model's hyper-parameters}
+    Model:       {module, use_recompute, recompute_granularity (full | selective), ...the
+                  model's hyper-parameters}
     Data:        {Train|Eval|Test: {dataset: {name, ...}, sampler: {name, ...}, loader: {...}}}
     Optimizer:   {name, lr: {name, ...} or a number, grad_clip: {name, clip_norm}, ...}
     Distributed: {dp_degree, mp_degree, pp_degree, pipeline_num_layers, pipeline_schedule,
@@ -71,7 +72,7 @@ DEFAULTS: dict[str, Any] = {
         "eval_freq": -1,
         "eval_iters": 0,
         "test_iters": None,
-        "compile": False,
+        "compile": None,
         "mix_precision": {
             "enable": False,
             "dtype": "float16",
@@ -88,7 +89,7 @@ DEFAULTS: dict[str, Any] = {
             "max_to_keep": None,
         },
     },
-    "Model": {"module": None, "use_recompute": False},
+    "Model": {"module": None, "use_recompute": False, "recompute_granularity": "full"},
     "Data": {"Train": None, "Eval": None, "Test": None},
     "Optimizer": {"name": "AdamW", "lr": 1e-3, "grad_clip": None},
     "Distributed": {

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
+
+from libai.layers.checkpointing import checkpointed, resolve_mode
 
 
 def model_blocks(model: nn.Module) -> list[nn.Module]:
@@ -87,35 +88,37 @@ def compile_layers(model: nn.Module, *, switch: str = "graph.enabled", **compile
     return len(blocks)
 
 
-def _checkpoint_forward(block: nn.Module) -> None:
-    """Make ``block`` recompute its forward in backward (non-reentrant checkpoint) while
-    training with grad enabled; its own ``forward`` otherwise."""
+def _checkpoint_forward(block: nn.Module, mode: str) -> None:
+    """Make ``block`` recompute its forward in backward (non-reentrant checkpoint of ``mode``)
+    while training with grad enabled; its own ``forward`` otherwise."""
     forward = block.forward
 
     def checkpointed_forward(*args, **kwargs):
         if block.training and torch.is_grad_enabled():
-            return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+            return checkpointed(forward, mode, *args, **kwargs)
         return forward(*args, **kwargs)
 
     block.forward = checkpointed_forward
 
 
 def enable_activation_checkpointing(
-    model: nn.Module, *, switch: str = "train.activation_checkpoint.enabled"
+    model: nn.Module, mode: str | bool = "full", *, switch: str = "train.activation_checkpoint"
 ) -> int:
-    """Recompute every block of ``model`` in backward instead of storing its activations.
+    """Recompute every block of ``model`` in backward instead of storing its activations:
+    ``mode`` "full" (or True) or "selective" (:mod:`libai.layers.checkpointing`).
 
     Returns the number of blocks switched; raises if the model has none (the switch must
     never silently do nothing).
     """
     from libai.layers import TransformerLayer
 
+    mode = resolve_mode(mode)
     blocks = model_blocks(model)
     if not blocks:
         raise _no_blocks_error(model, switch)
     for block in blocks:
         if isinstance(block, TransformerLayer):
-            block.activation_checkpointing = True
+            block.activation_checkpointing = mode
         else:
-            _checkpoint_forward(block)
+            _checkpoint_forward(block, mode)
     return len(blocks)

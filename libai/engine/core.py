@@ -52,6 +52,13 @@ __all__ = [
 DEFAULT_INIT_SCALE = 2.0**16
 
 
+def resolve_compile(enabled, device_type: str) -> bool:
+    """``graph.enabled``: ``None`` means compile on CUDA (where it pays) and not on CPU."""
+    if enabled is None:
+        return device_type == "cuda"
+    return bool(enabled)
+
+
 def seed_all(seed: int) -> None:
     """Seed Python, NumPy and torch (every device)."""
     random.seed(seed)
@@ -76,7 +83,7 @@ def build_runner(
 ) -> RunnerParts:
     """A :class:`ModelRunner` for ``model`` with the switches of ``train`` (``cfg.train``):
     ``amp.{enabled, dtype, init_scale}``, ``num_accumulation_steps``,
-    ``dist.pipeline_schedule``, ``activation_checkpoint.enabled`` and
+    ``dist.pipeline_schedule``, ``activation_checkpoint.{enabled, mode}`` and
     ``zero_optimization`` (stage 3 shards the model here, before the optimizer exists).
 
     ``loss_fn`` / ``backward_fn`` / ``autocast_op_lists`` go to the runner (a task module's
@@ -96,7 +103,8 @@ def build_runner(
         schedule=try_get_key(train, "dist.pipeline_schedule"),
         amp_dtype=amp_dtype,
         loss_scaler=grad_scaler,
-        activation_checkpointing=bool(train.activation_checkpoint.enabled),
+        activation_checkpointing=bool(train.activation_checkpoint.enabled)
+        and (try_get_key(train, "activation_checkpoint.mode") or "full"),
         compile=bool(compile),
         loss_fn=loss_fn,
         backward_fn=backward_fn,
@@ -223,6 +231,7 @@ def build_training_loop(
         batch_transform=batch_transform,
     )
     trainer.max_iter = max_iter
+    trainer.finite_check_period = max(int(train.log_period), 1)
     position_loader(trainer, consumed_train_samples, train.global_batch_size)
     writers = build_writers(train.output_dir, max_iter, tokens_per_iter)
     hooks = build_hooks(train, checkpointer, writers, evaluate)

@@ -25,6 +25,7 @@ from libai.engine.core import (
     build_hooks,
     build_runner,
     build_writers,
+    resolve_compile,
     seed_all,
     shard_optimizer_for,
 )
@@ -137,7 +138,9 @@ class DefaultTrainer(EagerTrainer):
         model = self.build_model(cfg)
         seed_all(train.seed + 1000 * util.data_parallel_rank + util.pipeline_rank)
         parts = build_runner(
-            model, train, compile=bool(try_get_key(cfg, "graph.enabled", default=False))
+            model,
+            train,
+            compile=resolve_compile(try_get_key(cfg, "graph.enabled"), util.layout.device_type),
         )
         self.grad_scaler = parts.grad_scaler
         optimizer = self.build_optimizer(cfg, parts.runner.model)
@@ -158,6 +161,7 @@ class DefaultTrainer(EagerTrainer):
             parts.runner.model, train.output_dir, optimizer, self.lr_scheduler, self.grad_scaler
         )
         self.start_iter, self.max_iter = 0, train.train_iter
+        self.finite_check_period = max(int(train.log_period), 1)
         self.runner_batch_size = train.train_micro_batch_size * train.num_accumulation_steps
         self.register_hooks(self.build_hooks())
 

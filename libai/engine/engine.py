@@ -26,6 +26,7 @@ from libai.engine.core import (
     build_checkpointer,
     build_runner,
     build_training_loop,
+    resolve_compile,
     seed_all,
     shard_optimizer_for,
 )
@@ -92,7 +93,8 @@ class Engine:
         self.parts = build_runner(
             module.model,
             self.train_cfg,
-            compile=bool(engine.compile) and mode != "export",
+            compile=resolve_compile(engine.compile, self.util.layout.device_type)
+            and mode != "export",
             loss_fn=module.training_step
             if custom and overridden(module, "training_step")
             else None,

@@ -54,7 +54,8 @@ def clip_grad_norm_(
     are already averaged over dp, so dp ranks agree. With ``dp_sharded`` (ZeRO stage 2) each
     dp rank holds the gradients of a disjoint part of ``parameters`` (the others are None):
     the per-parameter terms are then summed over dp first, so the norm adds them in the same
-    order as without sharding (bitwise equal). Returns the total norm (same on all ranks).
+    order as without sharding (bitwise equal). Returns the total norm (same on all ranks), a
+    tensor: nothing in here waits for the device.
     """
     util = dist.get_dist_util()
     parameters = list(parameters)
@@ -94,9 +95,10 @@ def clip_grad_norm_(
         torch_dist.all_reduce(total, op=op, group=util.pp_group)
     if norm_type != float("inf"):
         total = total ** (1.0 / norm_type)
-    coef = max_norm / (total + 1e-6)
-    if coef < 1.0:
-        for p in params:
-            g = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
-            g.mul_(coef)
+    # no host read of the norm: the factor is clamped to 1 on the device (x * 1.0 == x, so
+    # the gradients of a step that needs no clipping are unchanged to the bit)
+    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    grads = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad for p in params]
+    if grads:
+        torch._foreach_mul_(grads, coef)
     return total

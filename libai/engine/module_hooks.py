@@ -35,6 +35,11 @@ def batch_loss_and_sums(out, sums: dict) -> float:
     return float(out["loss"].detach().float())
 
 
+def _mean(values) -> float:
+    """The mean of losses kept as tensors (one read of the device) or numbers."""
+    return float(torch.stack([torch.as_tensor(v).float() for v in values]).mean())
+
+
 class ModuleCallbacks(HookBase):
     """Calls ``training_step_end(log_dict)`` every ``logging_freq`` steps and
     ``training_epoch_end(log_dict)`` after each epoch's last step.
@@ -64,7 +69,7 @@ class ModuleCallbacks(HookBase):
     def after_step(self):
         trainer = self.trainer
         storage, step = trainer.storage, trainer.iter
-        loss = storage.history("total_loss").latest()
+        loss = trainer.last_loss  # a device tensor: read back only when logged
         self._losses.append(loss)
         self._epoch_losses.append(loss)
         epoch, batch = self._position(step)
@@ -77,7 +82,7 @@ class ModuleCallbacks(HookBase):
                 "batch": batch,
                 "total_batch": self.steps_per_epoch,
                 "total_step": self.max_iter,
-                "loss": sum(self._losses) / len(self._losses),
+                "loss": _mean(self._losses),
                 "lr": storage.history("lr").latest(),
                 "train_cost": cost,
             }
@@ -96,7 +101,7 @@ class ModuleCallbacks(HookBase):
                 {
                     "epoch": epoch,
                     "total_epoch": self.total_epoch,
-                    "loss": sum(self._epoch_losses) / len(self._epoch_losses),
+                    "loss": _mean(self._epoch_losses),
                     "train_cost": now - self._epoch_start,
                 }
             )

@@ -113,6 +113,9 @@ class ModelRunner:
             count. Not with pipeline parallelism.
         autocast_op_lists: a :class:`~libai.engine.amp_lists.AutocastOpLists` (custom
             black / white op lists entered inside autocast); needs ``amp_dtype``.
+        overlap_grad_reduce: all-reduce the gradients over dp in buckets while backward
+            runs (:class:`~libai.engine.grad_overlap.OverlappedGradReducer`; the same sums as
+            reducing after it). Used without pipeline parallel and without ZeRO 2/3.
     """
 
     def __init__(
@@ -123,11 +126,12 @@ class ModelRunner:
         schedule: str | None = None,
         amp_dtype: torch.dtype | None = None,
         loss_scaler: DynamicLossScaler | None = None,
-        activation_checkpointing: bool = False,
+        activation_checkpointing: bool | str = False,
         compile: bool = False,
         loss_fn=None,
         backward_fn=None,
         autocast_op_lists=None,
+        overlap_grad_reduce: bool = True,
     ):
         util = dist.get_dist_util()
         layout = util.layout
@@ -143,11 +147,13 @@ class ModelRunner:
         self.amp_dtype, self.loss_scaler = amp_dtype, loss_scaler
         self.autocast_op_lists = autocast_op_lists or None
         self.loss_fn, self.backward_fn = loss_fn, backward_fn
+        self.overlap_grad_reduce = overlap_grad_reduce
+        self._grad_reducer = None
         self.last_step_skipped, self.last_grad_norm = False, None
         #: ZeRO stage 2/3 (libai.engine.zero): replaces the dp all-reduce; clipping sums over dp
         self.grad_sharder = None
         if activation_checkpointing:
-            enable_activation_checkpointing(model)
+            enable_activation_checkpointing(model, activation_checkpointing)
         if compile:
             compile_layers(model)
         self.schedule_name = schedule or layout.pipeline_schedule
@@ -259,18 +265,43 @@ class ModelRunner:
 
     def _local_step(self, batch) -> torch.Tensor:
         n, scale = self.num_microbatches, self._loss_scale
+        reducer = self._overlapped_reducer()
         if n == 1:  # the common case pays for no split, scaling or accumulation
             with self.autocast():
                 loss = self._loss(batch)
+            if reducer is not None:
+                reducer.arm()
             self._backward(loss if scale == 1.0 else loss * scale)
             return loss.detach().float()
         total = torch.zeros((), device=self.util.device)
-        for chunk in split_batch(batch, n):
+        for i, chunk in enumerate(split_batch(batch, n)):
             with self.autocast():
                 loss = self._loss(chunk)
+            if reducer is not None and i == n - 1:  # gradients are final in the last one
+                reducer.arm()
             self._backward(loss * (scale / n))
             total += loss.detach().float() / n
         return total
+
+    def _overlapped_reducer(self):
+        """The dp all-reduce overlapped with backward, when it applies (built on first use,
+        after ZeRO has settled the parameters)."""
+        if (
+            not self.overlap_grad_reduce
+            or self.util.dp_group is None
+            or self.pipeline
+            or self.grad_sharder is not None
+        ):
+            return None
+        if self._grad_reducer is None:
+            from libai.engine.grad_overlap import OverlappedGradReducer
+
+            self._grad_reducer = OverlappedGradReducer(
+                list(self.model.parameters()),
+                self.util.dp_group,
+                self.util.layout.data_parallel_size,
+            )
+        return self._grad_reducer
 
     def _pipeline_step(self, batch) -> torch.Tensor:
         return self._run_schedule(self.schedule.step, batch)
@@ -326,6 +357,8 @@ class ModelRunner:
                     torch_dist.all_reduce(_local(p.grad), group=self.util.embedding_group)
         if self.util.dp_group is not None and self.grad_sharder is not None:
             self.grad_sharder.reduce_gradients()
+        elif self._grad_reducer is not None and self._grad_reducer.armed:
+            self._grad_reducer.finish()  # launched during backward
         elif self.util.dp_group is not None:
             grads = [_local(p.grad) for p in self.model.parameters() if p.grad is not None]
             for bucket in _buckets(grads):
@@ -383,7 +416,8 @@ class ModelRunner:
                 optimizer.zero_grad(set_to_none=True)
                 return False
         if max_grad_norm is not None and max_grad_norm > 0:
-            self.last_grad_norm = float(self.clip_grad_norm_(max_grad_norm, norm_type))
+            # a tensor: read back only when it is logged (no host sync in the step)
+            self.last_grad_norm = self.clip_grad_norm_(max_grad_norm, norm_type)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         return True

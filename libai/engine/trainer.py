@@ -159,6 +159,10 @@ class EagerTrainer(TrainerBase):
         self.batch_transform = batch_transform
         #: tokens of this rank's last batch (None when its batches carry no token ids)
         self.last_batch_tokens: int | None = None
+        #: check that the losses are finite every this many steps (each check reads the
+        #: device; the front doors set their logging period)
+        self.finite_check_period = 1
+        self._unchecked: list = []
 
     @property
     def data_iter(self):
@@ -182,8 +186,11 @@ class EagerTrainer(TrainerBase):
             batch = self.batch_transform(batch)
         self.last_batch_tokens = count_tokens(batch)
         data_time = time.perf_counter() - start
-        loss = self.runner.train_step(
-            batch, self.optimizer, max_grad_norm=self.max_grad_norm, norm_type=self.norm_type
+        # the loss stays a device tensor: nothing in the step waits for the device (the
+        # writers read it back at their period, and so does the finiteness check)
+        loss = self.runner.forward_backward(batch)
+        self.runner.optimizer_step(
+            self.optimizer, max_grad_norm=self.max_grad_norm, norm_type=self.norm_type
         )
         self.consumed_train_samples += self.global_batch_size
         storage = get_event_storage()
@@ -195,5 +202,19 @@ class EagerTrainer(TrainerBase):
             storage.put_scalar(
                 "found_inf", float(self.runner.last_step_skipped), smoothing_hint=False
             )
-        if not math.isfinite(loss):
-            raise FloatingPointError(f"loss became {loss} at iteration {self.iter}")
+        self.last_loss = loss
+        self._unchecked.append((self.iter, loss))
+        if len(self._unchecked) >= self.finite_check_period or self.iter + 1 >= self.max_iter:
+            self.check_finite()
+
+    def check_finite(self) -> None:
+        """Raise ``FloatingPointError`` if a loss recorded since the last check is not finite
+        (one read of the device for all of them)."""
+        if not self._unchecked:
+            return
+        iters, losses = zip(*self._unchecked)
+        self._unchecked = []
+        values = torch.stack([loss.float() for loss in losses]).tolist()
+        for iteration, value in zip(iters, values):
+            if not math.isfinite(value):
+                raise FloatingPointError(f"loss became {value} at iteration {iteration}")

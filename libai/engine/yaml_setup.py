@@ -161,7 +161,10 @@ def train_namespace(
             "dtype": amp_dtype,
             "init_scale": engine.mix_precision.scale_loss,
         },
-        "activation_checkpoint": {"enabled": bool(cfg.Model.get("use_recompute", False))},
+        "activation_checkpoint": {
+            "enabled": bool(cfg.Model.get("use_recompute", False)),
+            "mode": cfg.Model.get("recompute_granularity") or "full",
+        },
         "zero_optimization": {
             "enabled": mode == "train" and sharding.sharding_degree > 1,
             "stage": sharding.sharding_stage,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from libai.layers.attention import KVPair, MultiheadAttention
+from libai.layers.checkpointing import checkpointed
 from libai.layers.kv_cache import LayerKVCache
 from libai.layers.layer_norm import LayerNorm, RMSLayerNorm
 from libai.layers.mlp import MLP
@@ -63,8 +63,9 @@ class TransformerLayer(nn.Module):
     ):
         super().__init__()
         self.layer_idx, self.pre_norm, self.is_decoder = layer_idx, pre_norm, is_decoder
-        #: recompute this block in backward instead of keeping its activations (set by
-        #: ``train.activation_checkpoint.enabled``; see libai.engine.parallel)
+        #: recompute this block in backward instead of keeping its activations: False,
+        #: "full" or "selective" (set by ``train.activation_checkpoint``; see
+        #: libai.layers.checkpointing)
         self.activation_checkpointing = False
         attn_kwargs = dict(
             num_key_value_heads=num_key_value_heads,
@@ -115,7 +116,10 @@ class TransformerLayer(nn.Module):
     def forward(self, hidden_states: torch.Tensor, *args, **kwargs):
         """See :meth:`_forward`; with activation checkpointing the block is recomputed."""
         if self.activation_checkpointing and self.training and torch.is_grad_enabled():
-            return checkpoint(self._forward, hidden_states, *args, use_reentrant=False, **kwargs)
+            mode = (
+                "full" if self.activation_checkpointing is True else self.activation_checkpointing
+            )
+            return checkpointed(self._forward, mode, hidden_states, *args, **kwargs)
         return self._forward(hidden_states, *args, **kwargs)
 
     def _forward(

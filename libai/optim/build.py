@@ -158,4 +158,24 @@ def build_optimizer(optim_cfg: Any, model: nn.Module) -> torch.optim.Optimizer:
             "LazyCall(get_default_optimizer_params)(...), got "
             f"{type(params_cfg).__name__}"
         )
-    return instantiate(optim_cfg, params=params)
+    return instantiate(optim_cfg, params=params, **_fused_default(optim_cfg, model))
+
+
+def _fused_default(optim_cfg: Any, model: nn.Module) -> dict:
+    """``fused=True`` for a torch Adam / AdamW / SGD on CUDA parameters when the config does
+    not choose (one kernel for all parameters instead of one per tensor)."""
+    import inspect
+
+    if not isinstance(optim_cfg, Mapping) or "fused" in optim_cfg:
+        return {}
+    target = optim_cfg.get("_target_")
+    if isinstance(target, str):
+        from libai.config import locate
+
+        target = locate(target)
+    if target not in (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD):
+        return {}
+    if "fused" not in inspect.signature(target).parameters:
+        return {}
+    first = next(model.parameters(), None)
+    return {"fused": True} if first is not None and first.device.type == "cuda" else {}

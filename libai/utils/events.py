@@ -64,7 +64,9 @@ class HistoryBuffer:
     """The values of one scalar over iterations, with windowed statistics.
 
     Keeps at most ``max_length`` recent ``(value, iteration)`` pairs; :meth:`global_avg` is
-    over every value ever added.
+    over every value ever added. A value may be a one-element tensor (a loss still on the
+    GPU): it is read back to the host only when the buffer is read, all pending values in
+    one transfer, so a training step that records its loss does not wait for the device.
     """
 
     def __init__(self, max_length: int = 1_000_000):
@@ -72,35 +74,58 @@ class HistoryBuffer:
         self._data: list[tuple[float, float]] = []
         self._count = 0
         self._global_sum = 0.0
+        self._pending: list[int] = []  # positions in _data still holding tensors
 
-    def update(self, value: float, iteration: float | None = None) -> None:
-        """Append ``value`` at ``iteration`` (default: one past the last recorded iteration)."""
+    def update(self, value, iteration: float | None = None) -> None:
+        """Append ``value`` (a number or a one-element tensor) at ``iteration`` (default:
+        one past the last recorded iteration)."""
         if len(self._data) == self._max_length:
+            self._materialize()
             self._data.pop(0)
         if iteration is None:
             iteration = self._count
+        if isinstance(value, torch.Tensor):
+            self._pending.append(len(self._data))
+            value = value.detach().reshape(())
+        else:
+            self._global_sum += value
         self._data.append((value, iteration))
         self._count += 1
-        self._global_sum += value
+
+    def _materialize(self) -> None:
+        """Read every pending tensor back as a float (one device-to-host transfer)."""
+        if not self._pending:
+            return
+        tensors = [self._data[i][0] for i in self._pending]
+        values = torch.stack([t.float() for t in tensors]).tolist()
+        for i, value in zip(self._pending, values):
+            self._data[i] = (value, self._data[i][1])
+            self._global_sum += value
+        self._pending = []
 
     def latest(self) -> float:
         """The most recent value."""
+        self._materialize()
         return self._data[-1][0]
 
     def median(self, window_size: int) -> float:
         """Median of the last ``window_size`` values."""
+        self._materialize()
         return float(np.median([x[0] for x in self._data[-window_size:]]))
 
     def avg(self, window_size: int) -> float:
         """Mean of the last ``window_size`` values."""
+        self._materialize()
         return float(np.mean([x[0] for x in self._data[-window_size:]]))
 
     def global_avg(self) -> float:
         """Mean of every value ever added (not limited to ``max_length``)."""
+        self._materialize()
         return self._global_sum / max(self._count, 1)
 
     def values(self) -> list[tuple[float, float]]:
         """The stored ``(value, iteration)`` pairs, oldest first."""
+        self._materialize()
         return list(self._data)
 
     def window_at(self, iteration: float, window_size: int) -> list[float] | None:
@@ -109,6 +134,7 @@ class HistoryBuffer:
         ``None`` when no value was put at exactly ``iteration``. Scans from the newest value,
         so looking up a recent iteration is cheap.
         """
+        self._materialize()
         j = len(self._data) - 1
         while j >= 0 and self._data[j][1] > iteration:
             j -= 1
@@ -148,10 +174,11 @@ class EventStorage:
                 results, ETA). Must be the same every time a name is put.
         """
         if isinstance(value, torch.Tensor):
-            value = dist.ttol(value.detach()).item()
-        value = float(value)
+            value = dist.ttol(value.detach())  # a global tensor's value; no host read yet
+        else:
+            value = float(value)
         self._history[name].update(value, self._iter)
-        self._latest_scalars[name] = (value, self._iter)
+        self._latest_scalars[name] = (name, self._iter)
         existing = self._smoothing_hints.get(name)
         if existing is None:
             self._smoothing_hints[name] = smoothing_hint
@@ -179,14 +206,14 @@ class EventStorage:
 
     def latest(self) -> dict[str, tuple[float, int]]:
         """``name -> (latest value, iteration it was put at)`` for every scalar."""
-        return dict(self._latest_scalars)
+        return {n: (self._history[n].latest(), itr) for n, (_, itr) in self._latest_scalars.items()}
 
     def latest_with_smoothing_hint(self, window_size: int = 20) -> dict[str, tuple[float, int]]:
         """Like :meth:`latest`, but smoothed scalars give their median over ``window_size``."""
         result = {}
-        for name, (value, itr) in self._latest_scalars.items():
-            if self._smoothing_hints[name]:
-                value = self._history[name].median(window_size)
+        for name, (_, itr) in self._latest_scalars.items():
+            buf = self._history[name]
+            value = buf.median(window_size) if self._smoothing_hints[name] else buf.latest()
             result[name] = (value, itr)
         return result
 

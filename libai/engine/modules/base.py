@@ -13,7 +13,14 @@ from libai.engine.module import BasicModule, call_with_batch
 __all__ = ["AccuracyModule", "ZooModule", "tokenizer_from"]
 
 #: ``Model`` keys that configure the module, not the model's constructor
-MODULE_KEYS = ("module", "use_recompute", "pretrained", "tokenizer", "name")
+MODULE_KEYS = (
+    "module",
+    "use_recompute",
+    "recompute_granularity",
+    "pretrained",
+    "tokenizer",
+    "name",
+)
 
 
 def _parameters(cls) -> set[str]:
