@@ -55,3 +55,11 @@ def test_graph_enabled_none_compiles_on_cuda_only():
     assert resolve_compile(None, "cuda") is True
     assert resolve_compile(None, "cpu") is False
     assert resolve_compile(True, "cpu") is True and resolve_compile(False, "cuda") is False
+
+
+def test_tensor_parallel_collectives_do_not_break_the_graph():
+    from launch import torchrun
+
+    for rank, r in enumerate(torchrun("compile_tp.py", 2)):
+        assert r["ok"], f"rank {rank}: {r['error']}\n{r['trace']}"
+        assert r["block_breaks"] == 0 and r["model_breaks"] == 0, r["reasons"]
