@@ -1,6 +1,7 @@
 """Parallel layers: each holds DTensor parameters laid out on its pipeline stage's mesh."""
 
 from libai.layers.attention import MultiheadAttention
+from libai.layers.chunked_loss import chunked_lm_loss, lm_head_input
 from libai.layers.collectives import copy_to_tp, gather_from_tp, reduce_from_tp, scatter_to_tp
 from libai.layers.cross_entropy import ParallelCrossEntropyLoss
 from libai.layers.embedding import Embedding, VocabEmbedding
@@ -36,10 +37,12 @@ __all__ = [
     "VocabEmbedding",
     "apply_rotary_pos_emb",
     "build_norm",
+    "chunked_lm_loss",
     "copy_to_tp",
     "create_parameter",
     "gather_from_tp",
     "init_method_normal",
+    "lm_head_input",
     "local_value",
     "reduce_from_tp",
     "relative_position_bucket",

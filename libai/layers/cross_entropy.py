@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.distributed as torch_dist
 import torch.nn.functional as F
@@ -11,28 +13,56 @@ from libai.layers.collectives import all_reduce_tp
 from libai.utils import distributed as dist
 
 
+class VocabShardCrossEntropy(NamedTuple):
+    """:func:`vocab_parallel_cross_entropy`'s results for ``N`` tokens (fp32)."""
+
+    loss: torch.Tensor  # [N], 0 at ignored positions
+    exp: torch.Tensor  # [N, V/tp], exp(logit - row max) on this rank's columns
+    sum_exp: torch.Tensor  # [N], sum of ``exp`` over the whole vocab (all ranks)
+    row_max: torch.Tensor  # [N], max logit over the whole vocab
+    local_target: torch.Tensor  # [N], target column on this rank (0 where ``outside``)
+    outside: torch.Tensor  # [N] bool, target not on this rank (or ignored)
+    ignored: torch.Tensor  # [N] bool, target == ignore_index
+
+    @property
+    def log_normalizer(self) -> torch.Tensor:
+        """``logsumexp`` of each row over the whole vocab: ``softmax = exp(logit - it)``."""
+        return self.sum_exp.log() + self.row_max
+
+
+def vocab_parallel_cross_entropy(
+    logits: torch.Tensor, target: torch.Tensor, ignore_index: int, *, in_place: bool = False
+) -> VocabShardCrossEntropy:
+    """Per-token cross entropy from this rank's vocab shard of fp32 ``logits`` ``[N, V/tp]``
+    (the whole vocab when tp == 1): three all-reduces of ``[N]`` statistics, the full logits
+    never exist anywhere. ``in_place`` reuses ``logits`` for the shifted logits and their exp.
+    """
+    # logits [N, V/tp] (S(-1) over tp), target [N] (B over tp)
+    vocab_per_rank = logits.shape[-1]
+    start = dist.get_tensor_parallel_rank() * vocab_per_rank
+    row_max = all_reduce_tp(logits.max(dim=-1).values, torch_dist.ReduceOp.MAX)
+    shifted = logits.sub_(row_max.unsqueeze(-1)) if in_place else logits - row_max.unsqueeze(-1)
+    ignored = target == ignore_index
+    outside = (target < start) | (target >= start + vocab_per_rank) | ignored
+    local_target = (target - start).masked_fill(outside, 0)
+    rows = torch.arange(logits.shape[0], device=logits.device)
+    # [S(0), P] -> all-reduce -> [S(0), B]: the target logit comes from its owning rank
+    target_logit = all_reduce_tp(shifted[rows, local_target].masked_fill(outside, 0.0))
+    exp = shifted.exp_() if in_place else shifted.exp()
+    sum_exp = all_reduce_tp(exp.sum(dim=-1))
+    loss = (sum_exp.log() - target_logit).masked_fill(ignored, 0.0)
+    return VocabShardCrossEntropy(loss, exp, sum_exp, row_max, local_target, outside, ignored)
+
+
 class _VocabParallelCrossEntropy(torch.autograd.Function):
     """Per-token loss from this rank's vocab shard; the full logits never exist anywhere."""
 
     @staticmethod
     def forward(ctx, logits, target, ignore_index):
-        # logits [N, V/tp] (S(-1) over tp), target [N] (B over tp)
-        logits = logits.float()
-        vocab_per_rank = logits.shape[-1]
-        start = dist.get_tensor_parallel_rank() * vocab_per_rank
-        row_max = all_reduce_tp(logits.max(dim=-1).values, torch_dist.ReduceOp.MAX)
-        shifted = logits - row_max.unsqueeze(-1)
-        ignored = target == ignore_index
-        outside = (target < start) | (target >= start + vocab_per_rank) | ignored
-        local_target = (target - start).masked_fill(outside, 0)
-        rows = torch.arange(logits.shape[0], device=logits.device)
-        # [S(0), P] -> all-reduce -> [S(0), B]: the target logit comes from its owning rank
-        target_logit = all_reduce_tp(shifted[rows, local_target].masked_fill(outside, 0.0))
-        exp = shifted.exp()
-        sum_exp = all_reduce_tp(exp.sum(dim=-1))
-        loss = (sum_exp.log() - target_logit).masked_fill(ignored, 0.0)
-        ctx.save_for_backward(exp.div_(sum_exp.unsqueeze(-1)), local_target, outside, ignored)
-        return loss
+        ce = vocab_parallel_cross_entropy(logits.float(), target, ignore_index)
+        softmax = ce.exp.div_(ce.sum_exp.unsqueeze(-1))
+        ctx.save_for_backward(softmax, ce.local_target, ce.outside, ce.ignored)
+        return ce.loss
 
     @staticmethod
     def backward(ctx, grad_loss):

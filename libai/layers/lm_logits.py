@@ -91,9 +91,21 @@ class LMLogits(nn.Module):
     def tied_weight(self) -> torch.Tensor:
         return self.weight if self.weight is not None else self._tied_embedding.weight
 
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    def local_weight_and_bias(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """This rank's vocab shard of the weight ``[V/tp, hidden]`` and of the bias (or
+        ``None``), differentiable into the parameters (for :func:`chunked_lm_loss`)."""
         weight = local_value(self.tied_weight())
-        bias = None if self.bias is None else local_value(self.bias)
+        return weight, None if self.bias is None else local_value(self.bias)
+
+    def local_vocab_columns(self) -> int:
+        """How many of this rank's ``V/tp`` logit columns are real vocab (the rest, at the
+        end of the last ranks, are padding)."""
+        per_rank = self.padded_vocab_size // dist.get_tensor_parallel_size()
+        start = dist.get_tensor_parallel_rank() * per_rank
+        return max(0, min(per_rank, self.vocab_size - start))
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        weight, bias = self.local_weight_and_bias()
         # [S(0), B] x [S(0), B]^T -> [S(0), S(-1)]  (vocab-split logits, no comm forward)
         logits = F.linear(copy_to_tp(hidden_states), weight, bias)
         if self.padded_vocab_size != self.vocab_size:

@@ -20,6 +20,7 @@ from libai.layers import (
     init_method_normal,
     scaled_init_method_normal,
 )
+from libai.layers.chunked_loss import check_loss_chunk_size, chunked_lm_loss, lm_head_input
 from libai.layers.kv_cache import layer_past, past_length
 from libai.utils import distributed as dist
 
@@ -82,6 +83,7 @@ class GPTModel(nn.Module):
         layernorm_epsilon: float = 1e-5,
         initializer_range: float = 0.02,
         activation: str = "gelu_tanh",
+        loss_chunk_size: int | None = None,
     ):
         super().__init__()
         layout = dist.get_dist_util().layout
@@ -114,6 +116,9 @@ class GPTModel(nn.Module):
 
         self.transformer = Transformer(hidden_layers, block, hidden_size, layernorm_epsilon)
         self.lm_head = LMLogits(self.embeddings.token_embeddings, layer_idx=-1)
+        #: tokens per chunk of the training loss (:func:`~libai.layers.chunked_lm_loss`):
+        #: head + cross entropy without all the logits at once; None = the plain loss
+        self.loss_chunk_size = check_loss_chunk_size(loss_chunk_size)
 
     def forward(
         self,
@@ -123,6 +128,7 @@ class GPTModel(nn.Module):
         past_key_values=None,
         use_cache: bool = False,
         logits_to_keep: int = 0,
+        return_hidden: bool = False,
     ):
         """Args:
         input_ids: ``[batch, seq]`` token ids (hidden states on a later pipeline stage).
@@ -130,6 +136,8 @@ class GPTModel(nn.Module):
         past_key_values: a :class:`~libai.layers.KVCache` (extended in place), or the legacy
             per-layer pairs of a previous call with ``use_cache=True``.
         logits_to_keep: compute the head for the last this many positions only (0 = all).
+        return_hidden: stop before the head: the last stage returns the final hidden states
+            (for a chunked loss).
 
         Returns the vocab-split logits (hidden states on a non-last stage), and with
         ``use_cache=True`` a tuple ``(logits, presents)``.
@@ -151,7 +159,7 @@ class GPTModel(nn.Module):
             hidden = hidden[:, -logits_to_keep:]
         if self.transformer.layernorm_f is not None:
             hidden = self.transformer.layernorm_f(hidden)
-        if self.lm_head is not None:
+        if self.lm_head is not None and not return_hidden:
             hidden = self.lm_head(hidden)
         return (hidden, presents) if use_cache else hidden
 
@@ -161,6 +169,12 @@ class GPTForPreTraining(nn.Module):
 
     ``model(input_ids, labels)`` returns ``{"lm_loss": loss}`` (plus ``"logits"`` in eval
     mode); without labels ``{"logits": full-vocab logits}``.
+
+    With ``loss_chunk_size`` set, the training loss is :func:`~libai.layers.chunked_lm_loss`
+    (the same value and gradients without the ``[tokens, vocab]`` logits); under pipeline
+    parallelism the last stage then returns its hidden states while autograd records (the
+    schedule's training step) and ``pipeline_loss`` applies the head chunked. Evaluation and
+    generation keep the logits.
     """
 
     #: pipeline contract (libai.engine.parallel): batch key fed to the first stage, key of
@@ -174,6 +188,16 @@ class GPTForPreTraining(nn.Module):
         self.loss_func = ParallelCrossEntropyLoss()
 
     def forward(self, input_ids, labels=None, attention_mask=None, position_ids=None):
+        chunk = self.GPT_model.loss_chunk_size
+        if labels is not None and self.training and chunk:  # training returns the loss only
+            hidden = self.GPT_model(
+                input_ids,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                return_hidden=True,
+            )
+            lm_head, ignore_index = self.GPT_model.lm_head, self.loss_func.ignore_index
+            return {"lm_loss": chunked_lm_loss(hidden, lm_head, labels, chunk, ignore_index)}
         logits = self.GPT_model(input_ids, attention_mask=attention_mask, position_ids=position_ids)
         if labels is None:
             return {"logits": self.GPT_model.lm_head.gather(logits)}
@@ -183,10 +207,23 @@ class GPTForPreTraining(nn.Module):
         return out
 
     def pipeline_forward(self, x: torch.Tensor) -> torch.Tensor:
-        """One pipeline stage: token ids or hidden states in, hidden states or logits out."""
+        """One pipeline stage: token ids or hidden states in, hidden states or logits out.
+        With ``loss_chunk_size`` and autograd recording (a training step; eval and predict
+        run under no_grad), the last stage returns its hidden states as the head reads them
+        (:func:`~libai.layers.lm_head_input`) and ``pipeline_loss`` applies the head."""
+        if self.GPT_model.loss_chunk_size and torch.is_grad_enabled():
+            if self.GPT_model.lm_head is not None:
+                return lm_head_input(self.GPT_model(x, return_hidden=True))
         return self.GPT_model(x)
 
     def pipeline_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """The last stage's loss: of vocab-split logits, or (chunked) of the hidden states
+        ``pipeline_forward`` returned in a training step, told apart by their autograd
+        history (logits predicted under no_grad, e.g. for an evaluator, have none)."""
+        chunk = self.GPT_model.loss_chunk_size
+        if chunk and logits.requires_grad:
+            lm_head, ignore_index = self.GPT_model.lm_head, self.loss_func.ignore_index
+            return chunked_lm_loss(logits, lm_head, labels, chunk, ignore_index, prepared=True)
         return self.loss_func(logits, labels)
 
     # ---- generation (libai.inference.generation) ---------------------------------------------

@@ -26,6 +26,7 @@ from libai.layers import (
     VocabEmbedding,
     init_method_normal,
 )
+from libai.layers.chunked_loss import check_loss_chunk_size, chunked_lm_loss, lm_head_input
 from libai.layers.kv_cache import layer_past, past_length
 from libai.layers.rotary import rope_type
 from libai.utils import distributed as dist
@@ -74,6 +75,9 @@ class LlamaModel(nn.Module):
         mlp_bias: biases in the MLP (transformers' Llama ``mlp_bias``).
         tie_word_embeddings: read by :class:`LlamaForCausalLM` (and the Hugging Face export).
         model_type: ``"llama"`` or ``"qwen2"``: which Hugging Face family an export writes.
+        loss_chunk_size: read by :class:`LlamaForCausalLM`: tokens per chunk of its training
+            loss (:func:`~libai.layers.chunked_lm_loss`, the head + cross entropy without all
+            the ``[tokens, vocab]`` logits at once); ``None`` = the plain loss. Not exported.
     """
 
     @configurable
@@ -97,6 +101,7 @@ class LlamaModel(nn.Module):
         attention_dropout_prob: float = 0.0,
         tie_word_embeddings: bool = False,
         model_type: str = "llama",
+        loss_chunk_size: int | None = None,
     ):
         super().__init__()
         if model_type not in MODEL_TYPES:
@@ -139,6 +144,7 @@ class LlamaModel(nn.Module):
         # A ModuleDict keyed by layer index: a pipeline stage drops the others, names stay.
         self.layers = nn.ModuleDict({str(i): block(i) for i in range(hidden_layers)})
         self.norm = RMSLayerNorm(hidden_size, eps=rms_norm_eps, layer_idx=-1)
+        self.loss_chunk_size = check_loss_chunk_size(loss_chunk_size)
         # no parameters, so no layer_idx: every stage keeps it
         self.rotary_emb = RotaryEmbedding(
             head_dim,
@@ -217,6 +223,12 @@ class LlamaForCausalLM(nn.Module):
     Pipeline contract (:class:`libai.engine.parallel.ModelRunner`): the first stage takes
     ``input_ids`` (and ``attention_mask`` when the batch has one, handed on to later stages),
     the last returns vocab-split logits, and the loss shifts the unshifted ``labels``.
+
+    With ``loss_chunk_size`` set, the training loss is :func:`~libai.layers.chunked_lm_loss`
+    (the same value and gradients without the ``[tokens, vocab]`` logits); under pipeline
+    parallelism the last stage then returns its hidden states while autograd records (the
+    schedule's training step) and ``pipeline_loss`` applies the head chunked. Evaluation and
+    generation keep the logits.
     """
 
     def __init__(self, cfg=None, **kwargs):
@@ -247,6 +259,10 @@ class LlamaForCausalLM(nn.Module):
         hidden, presents = self.model.hidden_states(
             input_ids, attention_mask, position_ids, past_key_values, use_cache
         )
+        chunk = self.model.loss_chunk_size
+        if labels is not None and self.training and not use_cache and chunk:  # the loss only
+            targets = shift_labels(labels)
+            return {"lm_loss": chunked_lm_loss(hidden, self.lm_head, targets, chunk, IGNORE_INDEX)}
         logits = self.lm_head(hidden)  # [S(0), S(-1)]: this rank's vocab shard
         out = {}
         if labels is not None:
@@ -268,13 +284,27 @@ class LlamaForCausalLM(nn.Module):
 
     def pipeline_forward(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None):
         """One stage: ids or hidden states in; hidden states (with the mask, if any) to the
-        next stage, or vocab-split logits on the last."""
+        next stage, or vocab-split logits on the last. With ``loss_chunk_size`` and autograd
+        recording (a training step; eval and predict run under no_grad), the last stage
+        returns its hidden states as the head reads them (:func:`~libai.layers.lm_head_input`)
+        and ``pipeline_loss`` applies the head."""
         hidden, _ = self.model.hidden_states(x, attention_mask)
         if self.lm_head is not None:
+            if self.model.loss_chunk_size and torch.is_grad_enabled():
+                return lm_head_input(hidden)
             return self.lm_head(hidden)
         return hidden if attention_mask is None else (hidden, attention_mask)
 
     def pipeline_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """The last stage's loss: of vocab-split logits, or (chunked) of the hidden states
+        ``pipeline_forward`` returned in a training step, told apart by their autograd
+        history (logits predicted under no_grad, e.g. for an evaluator, have none)."""
+        chunk = self.model.loss_chunk_size
+        if chunk and logits.requires_grad:
+            targets = shift_labels(labels)
+            return chunked_lm_loss(
+                logits, self.lm_head, targets, chunk, IGNORE_INDEX, prepared=True
+            )
         return self.loss_func(logits, shift_labels(labels))
 
     # ---- generation (libai.inference.generation) ---------------------------------------------

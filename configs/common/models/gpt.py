@@ -16,6 +16,9 @@ cfg = dict(
     output_dropout_prob=0.1,
     layernorm_epsilon=1e-5,
     initializer_range=0.02,
+    # tokens per chunk of the training loss (LM head + cross entropy without the whole
+    # [tokens, vocab] logits at once, libai.layers.chunked_lm_loss); None = the plain loss
+    loss_chunk_size=None,
 )
 
 model = LazyCall(GPTForPreTraining)(cfg=cfg)

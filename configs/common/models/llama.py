@@ -35,6 +35,9 @@ cfg = dict(
     mlp_bias=False,
     attention_dropout_prob=0.0,
     tie_word_embeddings=False,
+    # tokens per chunk of the training loss (LM head + cross entropy without the whole
+    # [tokens, vocab] logits at once, libai.layers.chunked_lm_loss); None = the plain loss
+    loss_chunk_size=None,
 )
 
 model = LazyCall(LlamaForCausalLM)(cfg=cfg)

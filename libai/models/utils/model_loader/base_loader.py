@@ -142,6 +142,7 @@ class ModelLoaderHuggerFace:
 
 # ---- shared machinery ---------------------------------------------------------------------------
 
+
 def libai_class(model: nn.Module) -> type:
     """``model``'s own class, seen through the subclass FSDP2's ``fully_shard`` gives it
     (ZeRO-3), so a sharded model exports as the class it was built as."""
@@ -151,6 +152,7 @@ def libai_class(model: nn.Module) -> type:
         if not issubclass(cls, FSDPModule):
             return cls
     return type(model)
+
 
 def _shard_spec(param: torch.Tensor) -> ShardSpec | None:
     if not isinstance(param, DTensor):
