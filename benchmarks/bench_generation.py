@@ -11,8 +11,18 @@ with ``load_huggingface`` (the path users take), so both hold the same weights. 
 do_sample=False)`` under ``torch.no_grad()``; neither stops early (no eos). The new tokens of
 the two are compared (random models can have near-ties, so a mismatch is reported, not fatal).
 
-The two are timed in interleaved runs (A B, B A, ...; benchmarks/harness.py) after one warm-up
-each; the figure is the median wall time of a ``generate`` call. Peak memory is the peak
+Fixed-shape decoding (``--paths``, default all three): besides that default "dynamic" path
+(libai's growing ``KVCache``, transformers' ``DynamicCache``), "static" runs libai with
+``ModelStepper(..., static_cache=True)`` and transformers with
+``cache_implementation="static"``; "compiled" runs libai with ``compile=True`` (the static
+cache plus a ``torch.compile``'d decode step: default mode on CPU, CUDA graphs on CUDA) and
+transformers with ``cache_implementation="static"`` and a ``CompileConfig`` (mode "default"
+and ``_compile_all_devices`` on CPU, its "reduce-overhead" default on CUDA). The warm-up run
+includes the compilation. A second table gives every path's tokens/s and its agreement with
+libai's dynamic path.
+
+The contenders are timed in interleaved runs (A B C .., .. C B A, ...; benchmarks/harness.py)
+after one warm-up each; the figure is the median wall time of a ``generate`` call. Peak memory is the peak
 increase of memory during one ``generate`` call with the model already loaded: on CPU the peak
 RSS (VmHWM, reset through /proc/self/clear_refs) of a fresh subprocess per contender
 (this script with ``--memory-only``), on CUDA ``torch.cuda.max_memory_allocated``.
@@ -21,6 +31,7 @@ RSS (VmHWM, reset through /proc/self/clear_refs) of a fresh subprocess per conte
     python benchmarks/bench_generation.py --tiny            # seconds, a smoke test
     python benchmarks/bench_generation.py --models llama --batches 8 --threads 2
     python benchmarks/bench_generation.py --device cuda --amp bf16
+    python benchmarks/bench_generation.py --paths dynamic,compiled   # skip the static rows
 """
 
 from __future__ import annotations
@@ -50,6 +61,7 @@ from libai.utils import distributed as dist  # noqa: E402
 
 TARGET_RATIO = 1.2  # tokens/s libai / HF
 MODELS = ("gpt2", "llama")
+PATHS = ("dynamic", "static", "compiled")
 
 
 def parse_args(argv=None):
@@ -58,6 +70,7 @@ def parse_args(argv=None):
     p.add_argument("--batches", default="1,8", help="comma-separated batch sizes")
     p.add_argument("--prompt-len", type=int, default=16)
     p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--paths", default=",".join(PATHS), help="comma-separated: " + ", ".join(PATHS))
     p.add_argument("--tiny", action="store_true", help="tiny models: a smoke test in seconds")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--amp", default="none", choices=["none", "bf16"], help="autocast dtype")
@@ -76,6 +89,10 @@ def parse_args(argv=None):
     args.models = [m for m in args.models.split(",") if m]
     assert all(m in MODELS for m in args.models), f"--models: choose from {MODELS}"
     args.batches = [int(b) for b in args.batches.split(",") if b]
+    args.paths = [m for m in args.paths.split(",") if m]
+    assert "dynamic" in args.paths and all(m in PATHS for m in args.paths), (
+        f"--paths: 'dynamic' and any of {PATHS}"
+    )
     return args
 
 
@@ -111,22 +128,39 @@ def amp_context(args):
     return torch.autocast(args.device, dtype=torch.bfloat16)
 
 
-def hf_generate_fn(hf, args):
+def hf_generate_fn(hf, args, path: str = "dynamic"):
     hf.generation_config.eos_token_id = None
     hf.generation_config.pad_token_id = 0
+    extra = {}
+    if path != "dynamic":
+        extra["cache_implementation"] = "static"
+    if path == "compiled":
+        if args.device == "cuda":  # transformers compiles static-cache decoding on CUDA itself
+            extra["compile_config"] = transformers.CompileConfig()
+        else:
+            extra["compile_config"] = transformers.CompileConfig(mode="default")
+            extra["compile_config"]._compile_all_devices = True  # its switch for CPU
+    else:
+        extra["disable_compile"] = True
 
     def run(ids, mask):
         with torch.no_grad(), amp_context(args):
             return hf.generate(
-                ids, attention_mask=mask, max_new_tokens=args.new_tokens, do_sample=False
+                ids, attention_mask=mask, max_new_tokens=args.new_tokens, do_sample=False, **extra
             )
 
     return run
 
 
-def libai_generate_fn(model, args):
+def libai_generate_fn(model, args, path: str = "dynamic"):
     amp_dtype = torch.bfloat16 if args.amp == "bf16" else None
-    stepper = ModelStepper(model.eval(), amp_dtype=amp_dtype, decode_layout=True)
+    stepper = ModelStepper(
+        model.eval(),
+        amp_dtype=amp_dtype,
+        decode_layout=True,
+        static_cache=path == "static",
+        compile=path == "compiled",
+    )
 
     def run(ids, mask):
         return generate(
@@ -211,6 +245,9 @@ def bench_case(name: str, batch: int, hf, libai_model, weights: str, args, devic
         return step
 
     runs = {"libai": libai_generate_fn(libai_model, args), "HF": hf_generate_fn(hf, args)}
+    for path in args.paths[1:]:
+        runs[f"libai {path}"] = libai_generate_fn(libai_model, args, path)
+        runs[f"HF {path}"] = hf_generate_fn(hf, args, path)
     contenders = [Contender(k, step_fn(k, fn), None) for k, fn in runs.items()]
     run_interleaved(contenders, [(ids, mask)], args.warmup, args.repeats, 1)
 
@@ -233,6 +270,7 @@ def bench_case(name: str, batch: int, hf, libai_model, weights: str, args, devic
         agree=agree,
         total=a.numel(),
         ratio=tps["libai"] / tps["HF"],
+        paths={k: (v, _agreement(outputs[k], outputs["libai"], args)) for k, v in tps.items()},
     )
     if args.no_memory:
         row["mem_libai"] = row["mem_hf"] = float("nan")
@@ -248,7 +286,26 @@ def bench_case(name: str, batch: int, hf, libai_model, weights: str, args, devic
         f"tokens agree {agree}/{a.numel()}",
         flush=True,
     )
+    for k in list(runs)[2:]:
+        print(f"    {k}: {tps[k]:.1f} tok/s; tokens agree with libai {row['paths'][k][1]}")
     return row
+
+
+def _agreement(out: torch.Tensor, reference: torch.Tensor, args) -> str:
+    a, b = out[:, args.prompt_len :], reference[:, args.prompt_len :]
+    return f"{int((a == b).sum())}/{b.numel()}" if a.shape == b.shape else f"shape {a.shape}"
+
+
+def print_paths_table(rows: list[dict], args) -> None:
+    """tokens/s of every cache / compile path (and agreement with libai's dynamic path)."""
+    names = [f"{lib} {p}" for p in args.paths for lib in ("libai", "HF")]
+    head = [n.replace(" dynamic", "") for n in names]
+    print("| model | batch | " + " | ".join(f"{h} tok/s" for h in names) + " |")
+    print("|---|---:|" + "---:|" * len(names))
+    for r in rows:
+        cells = [f"{r['paths'][h][0]:.1f} ({r['paths'][h][1]})" for h in head]
+        print(f"| {r['model']} | {r['batch']} | " + " | ".join(cells) + " |")
+    print("(cells: tok/s (new tokens equal to libai dynamic's / all))")
 
 
 def main(args: argparse.Namespace) -> list[dict]:
@@ -288,6 +345,9 @@ def main(args: argparse.Namespace) -> list[dict]:
             f"| {r['ratio']:.3f} | {r['mem_libai']:.1f} | {r['mem_hf']:.1f} "
             f"| {r['agree']}/{r['total']} |"
         )
+    if len(args.paths) > 1:
+        print()
+        print_paths_table(rows, args)
     worst = min(r["ratio"] for r in rows)
     print()
     print(

@@ -18,6 +18,17 @@ new token ids ``[rows]`` after every step, on global rank 0), ``return_full_text
 ``skip_special_tokens``. Defaults come from the model directory's ``generation_config.json``
 / ``config.json`` (or the tokenizer's eos / pad tokens).
 
+Fixed-shape decoding (transformers' option names, as call or construction parameters):
+``cache_implementation="static"`` keeps the KV cache in buffers of ``max_cache_len`` slots
+(default prompt + ``max_new_tokens``) so that every decode step has the same shapes, and
+``compile=True`` (which implies it) runs each decode step through ``torch.compile``: with CUDA
+graphs (``mode="reduce-overhead"``) on ``device="cuda"``, with the default mode on CPU. The
+first call of a new (batch rows, cache length) compiles; give a fixed ``max_cache_len`` so that
+calls of different lengths share it. The tokens equal the default dynamic cache's::
+
+    pipe = TextGenerationPipeline(model_path=..., mode="huggingface", device="cuda",
+                                  compile=True, max_cache_len=512)
+
 Prompts longer than the model's positions are rejected (``ValueError`` naming the lengths);
 nothing is truncated silently. Batched prompts are left-padded; each row's result equals
 its unbatched run.

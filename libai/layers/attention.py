@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from libai.layers.kv_cache import LayerKVCache
+from libai.layers.kv_cache import LayerKVCache, StaticLayerKVCache
 from libai.layers.linear import Linear
 from libai.layers.param import InitMethod, default_init_method
 from libai.layers.rotary import apply_rotary_pos_emb
@@ -34,7 +34,12 @@ class MultiheadAttention(nn.Module):
     ``forward`` takes an explicit KV cache, ``past_key_value``: this layer's
     :class:`~libai.layers.kv_cache.LayerKVCache` (extended in place), or a legacy pair
     ``(k, v)``, each ``[batch, local_kv_heads, past_len, head_size]``; with ``use_cache=True``
-    it returns ``(output, present_key_value)``. The module itself keeps no state.
+    it returns ``(output, present_key_value)``. The module itself keeps no state. With a
+    :class:`~libai.layers.kv_cache.StaticLayerKVCache` (causal self-attention), attention
+    runs over all of its ``max_length`` slots behind the cache's ``keep`` mask (the query
+    written at slot i keeps key slot j iff ``j <= i`` and j is no padding, computed once per
+    step by :meth:`~libai.layers.kv_cache.StaticKVCache.step`); an ``attention_mask``, if
+    given, must cover every slot.
     """
 
     def __init__(
@@ -162,14 +167,17 @@ class MultiheadAttention(nn.Module):
         if rotary_pos_emb is not None:
             q = apply_rotary_pos_emb(q, *rotary_pos_emb)
             k = apply_rotary_pos_emb(k, *rotary_pos_emb)
+        static_keep = None  # a static cache: which slots each query attends to
         if past_key_value is not None and not self.is_cross_attention:
+            if isinstance(past_key_value, StaticLayerKVCache):
+                static_keep = past_key_value.owner.keep
             if isinstance(past_key_value, LayerKVCache):
                 k, v = past_key_value.update(k, v)
             else:
                 k = torch.cat((past_key_value[0], k), dim=2)
                 v = torch.cat((past_key_value[1], v), dim=2)
         present = (k, v) if use_cache else None
-        mask, is_causal = self._attention_bias(q, k, attention_mask, position_bias)
+        mask, is_causal = self._attention_bias(q, k, attention_mask, position_bias, static_keep)
         # [S(0), S(heads)] per rank: attention is local to this rank's heads
         context = F.scaled_dot_product_attention(
             q,
@@ -189,17 +197,18 @@ class MultiheadAttention(nn.Module):
             out = self.output_dropout(out)
         return (out, present) if use_cache else out
 
-    def _attention_bias(self, q, k, attention_mask, position_bias):
-        """Return ``(attn_mask, is_causal)`` for SDPA; masked scores get the dtype's min."""
+    def _attention_bias(self, q, k, attention_mask, position_bias, static_keep=None):
+        """Return ``(attn_mask, is_causal)`` for SDPA; masked scores get the dtype's min.
+        ``static_keep``: a static cache's bool mask over its slots (instead of causality)."""
         q_len, kv_len = q.shape[2], k.shape[2]
         causal = self.causal and not self.is_cross_attention and q_len > 1
-        if attention_mask is None and position_bias is None:
+        if attention_mask is None and position_bias is None and static_keep is None:
             if causal and q_len == kv_len:
                 return None, True
             if not causal:
                 return None, False
-        keep = None
-        if causal:  # query i sits at absolute position kv_len - q_len + i
+        keep = static_keep
+        if keep is None and causal:  # query i sits at absolute position kv_len - q_len + i
             keep = torch.ones(q_len, kv_len, dtype=torch.bool, device=q.device).tril(kv_len - q_len)
         bias = None
         if attention_mask is not None:

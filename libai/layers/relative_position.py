@@ -86,12 +86,22 @@ class RelativePositionBias(nn.Module):
             (num_buckets, num_heads), init_method, layer_idx=layer_idx, tp_split_dim=1
         )
 
-    def forward(self, query_length: int, key_length: int, past_length: int = 0) -> torch.Tensor:
-        """Bias for queries at positions ``past_length + [0, query_length)`` against keys at
+    def forward(
+        self,
+        query_length: int,
+        key_length: int,
+        past_length: int = 0,
+        query_positions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Bias for queries at positions ``past_length + [0, query_length)`` (or the tensor
+        ``query_positions``, e.g. a static KV cache's ``cache_position``) against keys at
         ``[0, key_length)``: ``[1, local_heads, query_length, key_length]``."""
         weight = local_value(self.weight)
         device = weight.device
-        query = torch.arange(past_length, past_length + query_length, device=device)[:, None]
+        if query_positions is not None:
+            query = query_positions.to(device)[:, None]
+        else:
+            query = torch.arange(past_length, past_length + query_length, device=device)[:, None]
         key = torch.arange(key_length, device=device)[None, :]
         buckets = relative_position_bucket(
             key - query, self.bidirectional, self.num_buckets, self.max_distance

@@ -37,7 +37,7 @@ from libai.layers import (
     init_method_normal,
     local_value,
 )
-from libai.layers.kv_cache import layer_past, past_length
+from libai.layers.kv_cache import is_static, layer_past, past_length
 from libai.layers.relative_position import RelativePositionBias
 from libai.utils import distributed as dist
 
@@ -100,7 +100,14 @@ class T5Stack(nn.Module):
         block is here (else it must be given)."""
         if self.relative_attention_bias is not None:
             q_len, past = hidden_states.shape[1], past_length(past_key_values)
-            position_bias = self.relative_attention_bias(q_len, past + q_len, past)
+            if is_static(past_key_values):  # the written slots against every slot
+                position_bias = self.relative_attention_bias(
+                    q_len,
+                    past_key_values.max_length,
+                    query_positions=past_key_values.cache_position,
+                )
+            else:
+                position_bias = self.relative_attention_bias(q_len, past + q_len, past)
         presents = []
         for key, layer in self.layers.items():
             out = layer(

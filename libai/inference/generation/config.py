@@ -20,6 +20,12 @@ class GenerationConfig:
     (needs a tokenizer; a sequence ends once its generated text contains one). Finished
     sequences are padded with ``pad_token_id`` (eos when unset). Encoder-decoder models start
     the decoder with ``decoder_start_token_id``.
+
+    KV cache and compilation (transformers' names; None = the stepper's default, see
+    :mod:`libai.inference.generation.stepper`): ``cache_implementation`` ``"dynamic"`` (a
+    cache that grows) or ``"static"`` (fixed-shape buffers of ``max_cache_len`` slots, default
+    prompt + ``max_new_tokens``); ``compile=True`` runs each decode step through
+    ``torch.compile`` on the static cache (CUDA graphs on CUDA). Tokens are the same either way.
     """
 
     max_new_tokens: int = 20
@@ -39,6 +45,9 @@ class GenerationConfig:
     decoder_start_token_id: int | None = None
     stop_strings: str | list[str] | None = None
     seed: int | None = None
+    cache_implementation: str | None = None
+    max_cache_len: int | None = None
+    compile: bool | None = None
 
     @classmethod
     def names(cls) -> list[str]:
@@ -62,6 +71,11 @@ class GenerationConfig:
         return (
             [self.eos_token_id] if isinstance(self.eos_token_id, int) else list(self.eos_token_id)
         )
+
+    def cache_settings(self) -> dict:
+        """The cache / compile settings that are set (for ``stepper.start``)."""
+        names = ("cache_implementation", "max_cache_len", "compile")
+        return {n: getattr(self, n) for n in names if getattr(self, n) is not None}
 
     @property
     def stop_string_list(self) -> list[str]:
@@ -91,6 +105,16 @@ class GenerationConfig:
              "True, False or 'never'")  # fmt: skip
         need(_is_int(self.num_return_sequences) and self.num_return_sequences >= 1,
              "num_return_sequences", ">= 1")  # fmt: skip
+        need(self.cache_implementation in (None, "dynamic", "static"), "cache_implementation",
+             "'dynamic' or 'static'")  # fmt: skip
+        need(self.max_cache_len is None or (_is_int(self.max_cache_len) and self.max_cache_len > 0),
+             "max_cache_len", "an integer >= 1 (or None: prompt + max_new_tokens)")  # fmt: skip
+        need(self.compile in (None, True, False), "compile", "True, False or None")
+        dynamic = self.cache_implementation == "dynamic"
+        need(not (dynamic and self.compile), "compile",
+             "a compiled decode step needs cache_implementation='static'")  # fmt: skip
+        need(not (dynamic and self.max_cache_len), "max_cache_len",
+             "applies to cache_implementation='static' only")  # fmt: skip
         if self.num_beams > 1:
             need(not self.do_sample, "do_sample", "beam sampling is not supported; use num_beams=1")
             need(self.num_return_sequences <= self.num_beams, "num_return_sequences",

@@ -74,7 +74,13 @@ def generate(
             f"{config.max_new_tokens} needs {max_length} positions but the model has "
             f"{limit}; shorten the prompt or lower max_new_tokens"
         )
-    stepper.start(input_ids, attention_mask, expand, max_length)
+    cache_settings = config.cache_settings()
+    if cache_settings and not getattr(stepper, "supports_static_cache", False):
+        raise ValueError(
+            f"{type(stepper).__name__} keeps its own cache: {sorted(cache_settings)} apply to "
+            "ModelStepper only"
+        )
+    stepper.start(input_ids, attention_mask, expand, max_length, **cache_settings)
     if config.num_beams > 1:
         return beam_search(stepper, sequences, mask, config, tokenizer=tokenizer)
     generators = None

@@ -9,6 +9,22 @@ and :meth:`share` broadcasts what it decides to the other stages.
 A model generates when it defines ``decode_stage(x, attention_mask, position_ids, cache)``
 (decoder-only: GPT-2, Llama, Qwen2) or ``encode_stage`` + ``decode_stage(x, position_bias,
 cache=, encoder_states=, encoder_mask=)`` (encoder-decoder: T5, mT5).
+
+**Caches and compilation** (per stepper, overridable per ``generate`` call through the
+:class:`~libai.inference.generation.GenerationConfig` fields of the same names):
+
+- ``cache_implementation="dynamic"`` (default): a :class:`~libai.layers.KVCache`; attention
+  reads the tokens cached so far, so every step has new shapes.
+- ``"static"``: a :class:`~libai.layers.kv_cache.StaticKVCache` of ``max_cache_len`` slots (default
+  prompt + ``max_new_tokens``): attention always runs over every slot behind a mask, so every
+  decode step (after the prompt step) has the same shapes. Reused by the next generation of
+  the same rows and length (its buffers keep their addresses).
+- ``compile=True`` (implies the static cache): the decode step (``decode_stage`` for
+  ``[rows, 1]`` tokens) runs through ``torch.compile``; on CUDA with
+  ``mode="reduce-overhead"`` (CUDA graphs: one graph replay per token), elsewhere with the
+  default mode (Inductor's fused CPU kernels). The prompt step runs eagerly. It compiles once
+  per (rows, cache length, stage): pass a fixed ``max_cache_len`` to serve calls of different
+  lengths with one compiled step.
 """
 
 from __future__ import annotations
@@ -20,7 +36,7 @@ import torch
 from torch import nn
 
 from libai.inference.stage_comm import StagePipe
-from libai.layers.kv_cache import KVCache
+from libai.layers.kv_cache import KVCache, StaticKVCache
 from libai.models.utils.hf_export import model_libai_cfg
 
 
@@ -52,7 +68,17 @@ class ModelStepper:
         amp_dtype: run the forward under ``torch.autocast`` with this dtype (e.g. bf16).
         decode_layout: store the weights column-major first (:func:`use_decode_layout`; it
             changes the model's parameter strides in place, not their values).
+        static_cache: use a :class:`~libai.layers.kv_cache.StaticKVCache` by default (see the module
+            docstring); a call's ``cache_implementation`` overrides it.
+        compile: run the decode step through ``torch.compile`` by default (implies
+            ``static_cache``); a call's ``compile`` overrides it.
+        max_cache_len: default slots of the static cache (None: prompt + max_new_tokens).
+        compile_mode: ``torch.compile`` mode; None: ``"reduce-overhead"`` (CUDA graphs) on
+            CUDA, ``"default"`` elsewhere.
     """
+
+    #: ``generate`` may pass ``cache_implementation`` / ``max_cache_len`` / ``compile``
+    supports_static_cache = True
 
     def __init__(
         self,
@@ -60,6 +86,11 @@ class ModelStepper:
         pipe: StagePipe | None = None,
         amp_dtype=None,
         decode_layout: bool = False,
+        *,
+        static_cache: bool = False,
+        compile: bool = False,
+        max_cache_len: int | None = None,
+        compile_mode: str | None = None,
     ):
         if not hasattr(model, "decode_stage"):
             raise TypeError(
@@ -77,18 +108,51 @@ class ModelStepper:
         self.max_positions = hparams.get("max_seq_length") or hparams.get("max_position_embeddings")
         if self.is_encoder_decoder:
             self.max_positions = None
+        self.static_cache, self.compile, self.max_cache_len = static_cache, compile, max_cache_len
+        if compile_mode is None:
+            compile_mode = "reduce-overhead" if self.pipe.device.type == "cuda" else "default"
+        self.compile_mode = compile_mode
         self.cache: KVCache | None = None
+        self._static: StaticKVCache | None = None  # kept for the next generation
+        self._compiled = None  # torch.compile of model.decode_stage, built on first use
+        self.compiled_step = False
 
     def _autocast(self):
         if self.amp_dtype is None:
             return contextlib.nullcontext()
         return torch.autocast(self.pipe.device.type, dtype=self.amp_dtype)
 
-    def start(self, input_ids, attention_mask, expand: int, max_length: int) -> None:
-        """Begin a generation: a fresh cache for ``max_length`` positions; encoder-decoder
-        models encode ``input_ids`` (each row repeated ``expand`` times) once, here."""
-        self.cache, self.cached = KVCache(max_length), 0
+    def start(
+        self,
+        input_ids,
+        attention_mask,
+        expand: int,
+        max_length: int,
+        *,
+        cache_implementation: str | None = None,
+        max_cache_len: int | None = None,
+        compile: bool | None = None,
+    ) -> None:
+        """Begin a generation of ``max_length`` positions (prompt + new tokens): a fresh
+        cache (see the module docstring for the options); encoder-decoder models encode
+        ``input_ids`` (each row repeated ``expand`` times) once, here."""
+        static, self.compiled_step = self._cache_kind(cache_implementation, compile)
+        if max_cache_len is not None and not static:
+            raise ValueError("max_cache_len applies to cache_implementation='static' only")
+        rows = input_ids.shape[0] * expand
+        self.cached = 0
         self.padded = attention_mask is not None and not bool(attention_mask.all())
+        if static:
+            self.cache = self._static_cache(rows, max_cache_len or self.max_cache_len, max_length)
+            self.slot_mask = None
+            if not self.is_encoder_decoder:  # padding of every slot: the prompt's, then ones
+                self.slot_mask = torch.ones(
+                    rows, self.cache.max_length, dtype=torch.bool, device=input_ids.device
+                )
+                prompt = attention_mask.repeat_interleave(expand, dim=0)
+                self.slot_mask[:, : prompt.shape[1]] = prompt.bool()
+        else:
+            self.cache = KVCache(max_length)
         if not self.is_encoder_decoder:
             return
         ids = input_ids.repeat_interleave(expand, dim=0)
@@ -99,24 +163,74 @@ class ModelStepper:
             (states,) = self.pipe.broadcast_from_last((states,))
         self.encoder_states, self.encoder_mask = states, mask if self.padded else None
 
+    def _cache_kind(self, cache_implementation, compile) -> tuple[bool, bool]:
+        """``(static, compiled)`` of a call's settings over this stepper's defaults."""
+        if cache_implementation not in (None, "dynamic", "static"):
+            raise ValueError(
+                f"cache_implementation must be 'dynamic' or 'static', got {cache_implementation!r}"
+            )
+        if cache_implementation == "dynamic":
+            if compile:
+                raise ValueError(
+                    "compile=True needs cache_implementation='static': a compiled decode step "
+                    "needs the fixed shapes of the static cache"
+                )
+            return False, False
+        compiled = self.compile if compile is None else compile
+        return cache_implementation == "static" or self.static_cache or compiled, compiled
+
+    def _static_cache(self, rows: int, length: int | None, needed: int) -> StaticKVCache:
+        """The static cache of the last generation when it fits (same rows and length),
+        emptied; else a new one."""
+        length = needed if length is None else length
+        if length < needed:
+            raise ValueError(
+                f"the static KV cache holds max_cache_len={length} positions but the prompt "
+                f"plus max_new_tokens need {needed}; raise max_cache_len or lower "
+                "max_new_tokens"
+            )
+        cache = self._static
+        if cache is None or cache.max_length != length or self._static_rows != rows:
+            cache, self._static_rows = StaticKVCache(length), rows
+        cache.reset()
+        self._static = cache
+        return cache
+
+    def _decode_fn(self, new_tokens: int):
+        """``model.decode_stage`` or its compiled version (single-token steps after the
+        first, once the cache holds its buffers)."""
+        if not (self.compiled_step and new_tokens == 1 and self.cached > 0):
+            return self.model.decode_stage
+        if self._compiled is None:
+            self._compiled = torch.compile(
+                self.model.decode_stage, mode=self.compile_mode, dynamic=False
+            )
+        if self.compile_mode == "reduce-overhead":
+            return _fresh_outputs(self._compiled)
+        return self._compiled
+
     def next_logits(self, sequences: torch.Tensor, attention_mask: torch.Tensor):
         """Float32 logits ``[B, vocab]`` of the token after ``sequences`` on the last stage
         (None elsewhere), feeding only the tokens the cache has not seen."""
-        new = sequences[:, self.cached :]
+        new = _dense(sequences[:, self.cached :])
+        decode = self._decode_fn(new.shape[1])
+        static = isinstance(self.cache, StaticKVCache)
+        if static:  # the slots this step writes and the mask of every layer, computed once
+            self.cache.step(self.cached, new.shape[1], self.slot_mask, device=new.device)
         if self.is_encoder_decoder:
             stage = functools.partial(
-                self.model.decode_stage,
+                decode,
                 cache=self.cache,
                 encoder_states=self.encoder_states,
                 encoder_mask=self.encoder_mask,
             )
         else:
             # left padding: a token's position counts the real tokens before it
-            positions = (attention_mask.cumsum(-1) - 1).clamp_(min=0)[:, self.cached :]
-            mask = attention_mask if self.padded else None
+            positions = _dense((attention_mask.cumsum(-1) - 1).clamp_(min=0)[:, self.cached :])
+            mask = attention_mask if self.padded and not static else None
 
             def stage(x):
-                return self.model.decode_stage(x, mask, positions, self.cache)
+                return decode(x, mask, positions, self.cache)
 
         with self._autocast():
             logits = self.pipe.run(stage, new)
@@ -126,7 +240,30 @@ class ModelStepper:
     def reorder(self, beam_idx: torch.Tensor) -> None:
         """Beam search: keep cache rows ``beam_idx``."""
         self.cache.reorder(beam_idx)
+        if isinstance(self.cache, StaticKVCache) and self.slot_mask is not None:
+            self.slot_mask = self.slot_mask.index_select(0, beam_idx)
 
     def share(self, tensors: tuple) -> tuple:
         """The last stage's ``tensors`` on every stage."""
         return self.pipe.broadcast_from_last(tensors)
+
+
+def _dense(view: torch.Tensor) -> torch.Tensor:
+    """A copy with standard strides: a column of the growing sequences has a new row stride
+    every step (even at batch 1, where ``contiguous()`` keeps it), which a compiled step
+    would guard on and recompile for."""
+    return view.clone(memory_format=torch.contiguous_format)
+
+
+def _fresh_outputs(compiled):
+    """Call a CUDA-graph step so that its outputs survive the next replay: mark a new step
+    (the previous outputs are dead) and copy what it returns."""
+
+    def call(*args, **kwargs):
+        torch.compiler.cudagraph_mark_step_begin()
+        out = compiled(*args, **kwargs)
+        if isinstance(out, tuple):
+            return tuple(None if t is None else t.clone() for t in out)
+        return out.clone()
+
+    return call
