@@ -18,29 +18,43 @@ def _is_tp_sharded(p: torch.Tensor) -> bool:
     )
 
 
-class _Term:
-    """A parameter's norm term computed elsewhere (ZeRO stage 2: on its owner dp rank)."""
-
-    def __init__(self, p: torch.Tensor, value: torch.Tensor):
-        self.value, self.sharded = value, _is_tp_sharded(p)
-        self.libai_tied_copy = getattr(p, "libai_tied_copy", False)
-
-
-def _term(grad: torch.Tensor, norm_type: float) -> torch.Tensor:
-    g = grad.to_local() if isinstance(grad, DTensor) else grad
+def _terms(grads: list[torch.Tensor], norm_type: float) -> list[torch.Tensor]:
+    """Each gradient's fp32 norm term (``|g|_p ** p``, or ``max |g|`` for inf) of its local
+    shard, from one multi-tensor kernel (``torch._foreach_norm``) instead of one per
+    gradient."""
+    if not grads:
+        return []
+    local = [(g.to_local() if isinstance(g, DTensor) else g).detach() for g in grads]
+    norms = torch._foreach_norm(local, norm_type, dtype=torch.float32)
     if norm_type == float("inf"):
-        return g.detach().abs().max().float()
-    return g.detach().float().norm(norm_type) ** norm_type
+        return list(norms)
+    return list(torch._foreach_pow(norms, norm_type))
 
 
-def _gather_dp_sharded_terms(parameters, norm_type: float) -> list[_Term]:
-    """Every parameter's term on every dp rank: 0 where a rank holds no gradient, then a sum
-    over dp (exact: one rank holds it), so the total adds the terms in parameter order."""
+def _combine(terms: list[torch.Tensor], norm_type: float) -> torch.Tensor:
+    """Norm terms combined into one fp32 scalar: their sum, or their max for inf (0 for
+    none)."""
+    if not terms:
+        return torch.zeros((), device=dist.get_dist_util().device, dtype=torch.float32)
+    stacked = torch.stack(terms)
+    return stacked.max() if norm_type == float("inf") else stacked.sum()
+
+
+def _parameter_terms(parameters: list, norm_type: float, dp_sharded: bool) -> list:
+    """One fp32 norm term per parameter in parameter order, 0 for a parameter without a
+    gradient. With ``dp_sharded`` (ZeRO stage 2: a dp rank holds the gradients of its own
+    part only) they are summed over dp, which is exact (one rank holds each), so the terms
+    and their sum equal those of an unsharded run to the bit."""
     util = dist.get_dist_util()
+    held = [p for p in parameters if p.grad is not None]
+    computed = dict(zip(map(id, held), _terms([p.grad for p in held], norm_type)))
     zero = torch.zeros((), device=util.device, dtype=torch.float32)
-    terms = torch.stack([zero if p.grad is None else _term(p.grad, norm_type) for p in parameters])
-    torch_dist.all_reduce(terms, group=util.dp_group)
-    return [_Term(p, value) for p, value in zip(parameters, terms.unbind())]
+    terms = [computed.get(id(p), zero) for p in parameters]
+    if dp_sharded and util.dp_group is not None and terms:
+        stacked = torch.stack(terms)
+        torch_dist.all_reduce(stacked, group=util.dp_group)
+        terms = list(stacked.unbind())
+    return terms
 
 
 def clip_grad_norm_(
@@ -61,30 +75,12 @@ def clip_grad_norm_(
     parameters = list(parameters)
     params = [p for p in parameters if p.grad is not None]
     norm_type = float(norm_type)
-    if dp_sharded and util.dp_group is not None:
-        parameters = _gather_dp_sharded_terms(parameters, norm_type)
-    device = util.device
-    sharded = torch.zeros((), device=device, dtype=torch.float32)
-    replicated = torch.zeros((), device=device, dtype=torch.float32)
-    for p in parameters:
-        if getattr(p, "libai_tied_copy", False):
-            continue  # the last stage's copy of a weight already counted on the first stage
-        if isinstance(p, _Term):
-            value = p.value
-        elif p.grad is None:
-            continue
-        else:
-            value = _term(p.grad, norm_type)
-        if p.sharded if isinstance(p, _Term) else _is_tp_sharded(p):
-            sharded = (
-                torch.maximum(sharded, value) if norm_type == float("inf") else sharded + value
-            )
-        else:
-            replicated = (
-                torch.maximum(replicated, value)
-                if norm_type == float("inf")
-                else replicated + value
-            )
+    # the last stage's copy of a tied weight is already counted on the first stage
+    counted = [p for p in parameters if not getattr(p, "libai_tied_copy", False)]
+    terms = _parameter_terms(counted, norm_type, dp_sharded)
+    is_sharded = [_is_tp_sharded(p) for p in counted]
+    sharded = _combine([t for t, s in zip(terms, is_sharded) if s], norm_type)
+    replicated = _combine([t for t, s in zip(terms, is_sharded) if not s], norm_type)
     op = torch_dist.ReduceOp.MAX if norm_type == float("inf") else torch_dist.ReduceOp.SUM
     if util.tp_group is not None:
         torch_dist.all_reduce(sharded, op=op, group=util.tp_group)
