@@ -236,6 +236,7 @@ class ModelRunner:
             stage_models = [
                 prune_to_stages(_copy_sharing_parameters(self.model), {s}) for s in stages
             ]
+        self._stage_models = stage_models
         self.stages = [
             pipelining.PipelineStage(
                 _StageModule(m, self), s, layout.num_stages, util.device, group=util.pp_group
@@ -306,9 +307,17 @@ class ModelRunner:
     def _pipeline_step(self, batch) -> torch.Tensor:
         return self._run_schedule(self.schedule.step, batch)
 
+    def _sync_stage_modes(self) -> None:
+        """Give the stage copies of a multi-stage (interleaved) rank the model's train / eval
+        mode: ``model.eval()`` does not reach them, and dropout would stay on."""
+        for stage_model in self._stage_models:
+            if stage_model is not self.model:
+                stage_model.train(self.model.training)
+
     def _run_schedule(self, run, batch) -> torch.Tensor:
         """Drive ``run`` (the schedule's ``step`` or ``eval``) with this rank's stage inputs;
         returns the last stage's mean micro-batch loss, 0 on other stages."""
+        self._sync_stage_modes()
         args, kwargs = (), {}
         if self.is_first:
             args = pipeline_inputs(self.model, batch)
@@ -341,6 +350,7 @@ class ModelRunner:
         if not self.pipeline:
             with self.autocast():
                 return self.model.pipeline_forward(*pipeline_inputs(self.model, batch))
+        self._sync_stage_modes()
         args, kwargs = (), {}
         if self.is_first:
             args = pipeline_inputs(self.model, batch)

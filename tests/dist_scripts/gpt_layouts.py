@@ -65,6 +65,12 @@ def check_layout(layout: dict, ref: dict) -> dict:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     final_diff, final_name = max_diff(full_state(model), ref["final"])
+    # model.eval() reaches every stage the rank runs (interleaved: copies of the model)
+    model.eval()
+    runner.eval_loss(batch)
+    stage_modules = [m for s in runner.stages for m in s.submod.modules()]
+    eval_everywhere = not any(m.training for m in stage_modules) if runner.pipeline else True
+    model.train()
     loss_diff = max(abs(a - b) for a, b in zip(losses, ref["losses"]))
     norm_diff = max(abs(a - b) for a, b in zip(norms, ref["grad_norms"]))
     result = {
@@ -83,7 +89,9 @@ def check_layout(layout: dict, ref: dict) -> dict:
         "local_numel": local_numel,
         "pipeline_rank": util.pipeline_rank,
         "stage_ids": list(util.layout.layer_stage_ids),
+        "eval_everywhere": eval_everywhere,
     }
+    assert eval_everywhere, f"{layout['name']}: a pipeline stage stayed in training mode"
     assert init_diff == 0.0, f"{layout['name']}: initial weights differ ({init_name})"
     for key in ("loss_diff", "grad_diff", "final_diff", "grad_norm_diff"):
         assert result[key] <= TOL, f"{layout['name']}: {key}={result[key]:.3g} > {TOL}"
