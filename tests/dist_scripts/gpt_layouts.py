@@ -68,8 +68,10 @@ def check_layout(layout: dict, ref: dict) -> dict:
     # model.eval() reaches every stage the rank runs (interleaved: copies of the model)
     model.eval()
     runner.eval_loss(batch)
-    stage_modules = [m for s in runner.stages for m in s.submod.modules()]
-    eval_everywhere = not any(m.training for m in stage_modules) if runner.pipeline else True
+    eval_everywhere = True
+    if runner.pipeline:
+        stage_modules = [m for s in runner.stages for m in s.submod.model.modules()]
+        eval_everywhere = not any(m.training for m in stage_modules)
     model.train()
     loss_diff = max(abs(a - b) for a, b in zip(losses, ref["losses"]))
     norm_diff = max(abs(a - b) for a, b in zip(norms, ref["grad_norms"]))
