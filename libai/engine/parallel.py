@@ -86,7 +86,19 @@ class _StageModule(nn.Module):
 
     def forward(self, *args):
         with self._runner.autocast():
-            return self.model.pipeline_forward(*args)
+            return _contiguous(self.model.pipeline_forward(*args))
+
+
+def _contiguous(value):
+    """``value`` (a tensor, or a tuple / list of them) in the contiguous layout the pipeline
+    stages were built with: before torch 2.13, ``torch.distributed.pipelining`` rejects a
+    tensor whose strides differ from the ones it inferred (e.g. a ``tokens[:, :-1]`` view
+    of a ``seq + 1`` buffer). A no-op for tensors that are contiguous already."""
+    if isinstance(value, torch.Tensor):
+        return value.contiguous()
+    if isinstance(value, (tuple, list)):
+        return type(value)(_contiguous(v) for v in value)
+    return value
 
 
 class ModelRunner:
@@ -314,16 +326,24 @@ class ModelRunner:
             if stage_model is not self.model:
                 stage_model.train(self.model.training)
 
+    def _schedule_arguments(self, batch) -> tuple[tuple, dict]:
+        """``(args, kwargs)`` of a schedule call on this rank: the first stage's inputs and
+        the last stage's ``target``, contiguous (see :func:`_contiguous`)."""
+        args, kwargs = (), {}
+        if self.is_first:
+            args = _contiguous(pipeline_inputs(self.model, batch))
+        if self.is_last:
+            kwargs["target"] = _contiguous(pipeline_target(self.model, batch))
+        return args, kwargs
+
     def _run_schedule(self, run, batch) -> torch.Tensor:
         """Drive ``run`` (the schedule's ``step`` or ``eval``) with this rank's stage inputs;
         returns the last stage's mean micro-batch loss, 0 on other stages."""
         self._sync_stage_modes()
-        args, kwargs = (), {}
-        if self.is_first:
-            args = pipeline_inputs(self.model, batch)
+        args, kwargs = self._schedule_arguments(batch)
         losses: list[torch.Tensor] = []
         if self.is_last:
-            kwargs = {"target": pipeline_target(self.model, batch), "losses": losses}
+            kwargs["losses"] = losses
         run(*args, **kwargs)
         if self.is_last:
             return torch.stack([loss.detach().float() for loss in losses]).mean() / self._loss_scale
@@ -351,11 +371,9 @@ class ModelRunner:
             with self.autocast():
                 return self.model.pipeline_forward(*pipeline_inputs(self.model, batch))
         self._sync_stage_modes()
-        args, kwargs = (), {}
-        if self.is_first:
-            args = pipeline_inputs(self.model, batch)
+        args, kwargs = self._schedule_arguments(batch)
         if self.is_last:
-            kwargs = {"target": pipeline_target(self.model, batch), "losses": []}
+            kwargs["losses"] = []
         out = self.schedule.eval(*args, **kwargs)
         return out if self.is_last else None
 

@@ -35,6 +35,32 @@ def held_layers(model) -> list[int]:
     return sorted(int(k) for k in model.GPT_model.transformer.layers.keys())
 
 
+def strided_view(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s values in a view with a row stride one larger (not contiguous)."""
+    buffer = torch.zeros(*t.shape[:-1], t.shape[-1] + 1, dtype=t.dtype)
+    buffer[..., :-1] = t
+    view = buffer[..., :-1]
+    assert not view.is_contiguous()
+    return view
+
+
+def watch_schedule_inputs(runner) -> list[bool]:
+    """Wrap the pipeline schedule's ``step``: the list gets, per call, whether every tensor
+    handed to ``torch.distributed.pipelining`` was contiguous (torch < 2.13 checks strides
+    against the ones the stage was built with)."""
+    handed: list[bool] = []
+    if runner.pipeline:
+        step = runner.schedule.step
+
+        def watched(*args, **kwargs):
+            tensors = [*args, *(v for v in kwargs.values() if isinstance(v, torch.Tensor))]
+            handed.append(all(t.is_contiguous() for t in tensors))
+            return step(*args, **kwargs)
+
+        runner.schedule.step = watched
+    return handed
+
+
 def check_layout(layout: dict, ref: dict) -> dict:
     util = dist.setup_dist_util(dict(layout["dist"]))
     tp, dp = util.layout.tensor_parallel_size, util.layout.data_parallel_size
@@ -56,8 +82,11 @@ def check_layout(layout: dict, ref: dict) -> dict:
     )
     optimizer = make_optimizer(model)
     losses, grad_diff, grad_name, norms = [], None, None, []
+    handed = watch_schedule_inputs(runner)
     for step in range(STEPS):
         batch = {k: v.chunk(dp)[util.data_parallel_rank] for k, v in make_batch(step).items()}
+        if step == 0:  # a strided view, as `tokens[:, :-1]` of a seq + 1 buffer is
+            batch = {k: strided_view(v) for k, v in batch.items()}
         losses.append(float(runner.forward_backward(batch)))
         if step == 0:
             grad_diff, grad_name = max_diff(full_state(model, with_grads=True), ref["grads"])
@@ -93,6 +122,9 @@ def check_layout(layout: dict, ref: dict) -> dict:
         "stage_ids": list(util.layout.layer_stage_ids),
         "eval_everywhere": eval_everywhere,
     }
+    assert all(handed) and (handed or not runner.pipeline), (
+        f"{layout['name']}: a non-contiguous tensor reached the schedule ({handed})"
+    )
     assert eval_everywhere, f"{layout['name']}: a pipeline stage stayed in training mode"
     assert init_diff == 0.0, f"{layout['name']}: initial weights differ ({init_name})"
     for key in ("loss_diff", "grad_diff", "final_diff", "grad_norm_diff"):
