@@ -109,12 +109,13 @@ def run_tool(tool, config, *overrides, nproc=1, env=None, timeout=300, check=Tru
 def run_command(cmd, overrides, *, nproc=1, env=None, timeout=300, check=True):
     """``cmd -o override ...`` from the repository root (a launcher script or a tool), with
     the repository and tests/ importable and a per-test port."""
+    from launch import free_port
     from train_net_helpers import train_env
 
     cmd = [*cmd, *[x for o in overrides for x in ("-o", o)]]
     env = dict(env or train_env())
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "tests"), env.get("PYTHONPATH", "")])
-    env["PORT"] = str(20000 + (os.getpid() + 7919 * nproc) % 20000)
+    env["PORT"] = str(free_port())
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
     if check:
         assert proc.returncode == 0, (

@@ -8,12 +8,21 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 SCRIPTS = Path(__file__).parent / "dist_scripts"
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on now, from the OS (bind to port 0): for the ``PORT`` of
+    ``tools/train.sh`` runs, so parallel test workers (``pytest -n``) never share one."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def torchrun(script: str, nproc: int, *args: str, timeout: float = 600) -> list[dict]:

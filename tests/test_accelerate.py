@@ -14,7 +14,7 @@ import pytest
 import torch
 import transformers
 from accelerate_helpers import METRICS, TASKS, task_argv
-from launch import torchrun
+from launch import free_port, torchrun
 from safetensors.torch import load_file
 from train_net_helpers import ROOT, read_metrics, train_env
 
@@ -193,7 +193,7 @@ def test_bad_input_is_refused_before_any_collective(accelerate_files, tmp_path, 
 
 
 def test_the_command_line_exits_non_zero_with_one_line(accelerate_files, tmp_path):
-    env = {**train_env(), "PORT": str(20000 + os.getpid() % 20000)}
+    env = {**train_env(), "PORT": str(free_port())}
     base = task_argv(accelerate_files, "sequence_classification", tmp_path)
     tool = str(ROOT / "tools" / "libai_accelerate.py")
     cmd = [

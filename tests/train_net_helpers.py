@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from launch import free_port
+
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN_NET = ROOT / "tools" / "train_net.py"
 TRAIN_SH = ROOT / "tools" / "train.sh"
@@ -53,7 +55,7 @@ def run_train_net(
         cmd = [sys.executable, str(TRAIN_NET), "--config-file", config, *extra_args, *opts]
     else:
         cmd = ["bash", str(TRAIN_SH), str(TRAIN_NET), config, str(nproc), *extra_args, *opts]
-    env = {**(train_env() if env is None else env), "PORT": str(20000 + os.getpid() % 20000)}
+    env = {**(train_env() if env is None else env), "PORT": str(free_port())}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
     if check:
         assert proc.returncode == 0, (
