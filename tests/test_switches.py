@@ -182,7 +182,7 @@ def held_activation_bytes(runner, batch) -> int:
                     continue
                 st = obj.untyped_storage()
                 found[st.data_ptr()] = st.nbytes()
-            except (ReferenceError, RuntimeError):
+            except (AttributeError, ReferenceError, RuntimeError):
                 # a dead weak proxy, or a fake / functional tensor that earlier compile
                 # tests left behind: no storage of this forward
                 continue
