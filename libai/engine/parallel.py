@@ -393,6 +393,7 @@ class ModelRunner:
             max_norm,
             norm_type,
             dp_sharded=self.grad_sharder is not None,
+            shard_group=getattr(self.grad_sharder, "norm_group", None),
         )
 
     def train_step(
