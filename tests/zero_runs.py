@@ -18,7 +18,10 @@ def make_run(stage=None, num_microbatches=1, *, hsdp_replicate_size=1, **runner_
     model = build_model()
     runner = ModelRunner(model, num_microbatches=num_microbatches, **runner_kwargs)
     prepare_model(runner, stage, hsdp_replicate_size=hsdp_replicate_size)
-    optimizer = torch.optim.AdamW(model.parameters(), **ADAMW)
+    params = list(model.parameters())
+    # two groups (same hyper-parameters, same numbers as one), the second of one parameter:
+    # the other dp ranks of a ZeRO 1/2 run own nothing in it, which checkpoints must handle
+    optimizer = torch.optim.AdamW([{"params": params[:-1]}, {"params": params[-1:]}], **ADAMW)
     if stage is not None:
         optimizer = shard_optimizer(runner, optimizer, stage)
     return model, runner, optimizer

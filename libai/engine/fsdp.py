@@ -171,6 +171,9 @@ def apply_fully_shard(runner, *, hsdp_replicate_size: int = 1) -> FullyShardedGr
             for name, p in module.named_parameters(recurse=False):
                 if _libai_attributes(p):
                     attributes[(id(module), name)] = _libai_attributes(p)
+        # [S(k)] on tp -> [S(0), S(k)] on (dp, tp) (_StridedShard(0) when k = 0), a plain
+        # tensor -> [S(0)] on dp; HSDP prepends R on dp_replicate. Forward all-gathers over
+        # the shard dim, backward reduce-scatters there (and all-reduces over replicas).
         for block in blocks:
             fully_shard(block, **kwargs)
         fully_shard(root, **kwargs)

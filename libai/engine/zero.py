@@ -116,6 +116,54 @@ def partition_parameters(numels: Sequence[int], world: int) -> list[int]:
     return owners
 
 
+def _init_hooks(optimizer: torch.optim.Optimizer) -> None:
+    """What ``torch.optim.Optimizer.__init__`` would set and other code may touch (for
+    wrappers that do not call it)."""
+    optimizer._optimizer_step_pre_hooks = {}
+    optimizer._optimizer_step_post_hooks = {}
+    optimizer._optimizer_state_dict_pre_hooks = {}
+    optimizer._optimizer_state_dict_post_hooks = {}
+    optimizer._optimizer_load_state_dict_pre_hooks = {}
+    optimizer._optimizer_load_state_dict_post_hooks = {}
+
+
+class _OwnedGroups(torch.optim.Optimizer):
+    """A ZeRO rank's inner optimizer seen without the param groups that own no parameter
+    here (torch's distributed state-dict helpers accept at most one empty group). State and
+    group dicts are the inner optimizer's own; ``load_state_dict`` lands in it."""
+
+    def __init__(self, inner: torch.optim.Optimizer):
+        self.inner = inner
+        _init_hooks(self)
+
+    @property
+    def param_groups(self):
+        return [g for g in self.inner.param_groups if g["params"]]
+
+    @property
+    def state(self):
+        return self.inner.state
+
+    @property
+    def defaults(self):
+        return self.inner.defaults
+
+    def step(self, closure=None):  # a local step (the state helpers' zero-lr state init)
+        return self.inner.step(closure)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.inner.zero_grad(set_to_none)
+
+    def __setstate__(self, state: dict) -> None:
+        """The end of ``Optimizer.load_state_dict``: the loaded state and the (non-empty)
+        groups go into the inner optimizer, whose empty groups stay as they are."""
+        self.inner.state = state["state"]
+        loaded = iter(state["param_groups"])
+        self.inner.param_groups = [
+            next(loaded) if g["params"] else g for g in self.inner.param_groups
+        ]
+
+
 class ZeroOptimizer(torch.optim.Optimizer):
     """ZeRO stage 1/2 around an optimizer built over all of the model's parameters.
 
@@ -130,9 +178,10 @@ class ZeroOptimizer(torch.optim.Optimizer):
 
     @property
     def libai_checkpoint_optimizer(self) -> torch.optim.Optimizer:
-        """What the Checkpointer saves and loads through DCP: the inner optimizer, whose
-        state is keyed by the names of the parameters this rank owns (layout-free)."""
-        return self.inner
+        """What the Checkpointer saves and loads through DCP: the inner optimizer (without
+        its groups that own nothing here), whose state is keyed by the names of the
+        parameters this rank owns (layout-free)."""
+        return _OwnedGroups(self.inner)
 
     def __init__(self, optimizer: torch.optim.Optimizer, model: nn.Module, *, stage: int = 1):
         if stage not in SUPPORTED_STAGES:
@@ -166,13 +215,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
                 if self.owner[id(p)] == self.dp_rank
             ],
         }
-        # what torch.optim.Optimizer.__init__ would set and other code may touch
-        self._optimizer_step_pre_hooks = {}
-        self._optimizer_step_post_hooks = {}
-        self._optimizer_state_dict_pre_hooks = {}
-        self._optimizer_state_dict_post_hooks = {}
-        self._optimizer_load_state_dict_pre_hooks = {}
-        self._optimizer_load_state_dict_post_hooks = {}
+        _init_hooks(self)
 
     # the inner optimizer's, live (its load_state_dict replaces the param_groups list)
     @property
@@ -254,7 +297,9 @@ class ZeroOptimizer(torch.optim.Optimizer):
 
     # ---- state ------------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        """This rank's partial optimizer state (DTensor states as local tensors)."""
+        """This rank's partial optimizer state (DTensor states as local tensors): the
+        ``torch.optim`` API, loadable on the same layout only. Checkpoints do not use it (the
+        Checkpointer saves :attr:`libai_checkpoint_optimizer` through DCP, which reshards)."""
         sd = self.inner.state_dict()
         state, dtensor_keys = {}, []
         for index, entry in sd["state"].items():
