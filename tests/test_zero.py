@@ -21,7 +21,7 @@ from gpt_reference import (
 from launch import torchrun
 from zero_runs import ADAMW, make_run, train
 
-from libai.engine.fsdp import check_fsdp_units
+from libai.engine.fsdp import _check_disjoint, check_fsdp_units
 from libai.engine.parallel import ModelRunner
 from libai.engine.zero import optimizer_state_bytes, partition_parameters, resolve_zero_stage
 from libai.utils import distributed as dist
@@ -222,15 +222,27 @@ def test_zero_dp2xtp2_stages_1_2_3_and_hsdp(dp2xtp2_run):
 
 
 def test_zero_dp2xpp2_stages_1_2_3_with_activation_checkpointing(reference):
-    layout = {
-        "name": "dp2xpp2",
-        "dist": {"data_parallel_size": 2, "pipeline_parallel_size": 2, "pipeline_num_layers": 4},
-        "microbatches": 2,
-        "stages": [1, 2, 3],
-        "activation_checkpointing": "full",
-    }
-    ref, results = run_zero(reference, 4, [layout])
-    print("dp2xpp2 optimizer-state bytes per rank:", state_bytes_table(results))
+    """One 4-rank launch: dp2 x pp2 (1F1B, stages 1-3, activation checkpointing) and dp2 x
+    pp2 x 2 virtual stages (Interleaved1F1B, ZeRO-3: each local stage its own FSDP root)."""
+    pp = {"data_parallel_size": 2, "pipeline_parallel_size": 2, "pipeline_num_layers": 4}
+    layouts = [
+        {
+            "name": "dp2xpp2",
+            "dist": pp,
+            "microbatches": 2,
+            "stages": [1, 2, 3],
+            "activation_checkpointing": "full",
+        },
+        {
+            "name": "dp2xpp2_interleaved",
+            "dist": {**pp, "virtual_pipeline_size": 2, "pipeline_schedule": "Interleaved1F1B"},
+            "microbatches": 2,
+            "stages": [3],
+        },
+    ]
+    ref, results = run_zero(reference, 4, layouts)
+    for index in (0, 1):
+        print("optimizer-state bytes per rank:", state_bytes_table(results, index))
     check_results(ref, results)
 
 
@@ -298,9 +310,8 @@ def test_unsupported_stage_and_layout_raise():
         resolve_zero_stage({**hsdp, "stage": 2}, _layout(dp=4))
     with pytest.raises(ValueError, match="hsdp_replicate_size must be a positive integer"):
         resolve_zero_stage({**hsdp, "hsdp_replicate_size": 0}, _layout(dp=4))
-    # interleaved stages share parameter objects between a rank's stage modules
-    with pytest.raises(ValueError, match=r"stage=3 does not support interleaved.*size=2"):
-        resolve_zero_stage({"enabled": True, "stage": 3}, _layout(pp=2, vpp=2))
+    # interleaved schedules too (each local stage is its own FSDP root)
+    assert resolve_zero_stage({"enabled": True, "stage": 3}, _layout(pp=2, vpp=2)) == 3
 
 
 class _Block(torch.nn.Module):
@@ -325,6 +336,11 @@ def test_a_model_fsdp_cannot_wrap_is_a_clear_error():
         check_fsdp_units(model, [shared])
     with pytest.raises(ValueError, match="has no parameters on this rank to shard"):
         check_fsdp_units(torch.nn.ReLU(), [])
+    # two interleaved stages of one rank (two FSDP roots) holding the same module
+    first, second = _Block(), _Block(shared.linear)
+    _check_disjoint([(first, []), (shared, [])])
+    with pytest.raises(ValueError, match=r"parameter linear.weight is used by two pipeline"):
+        _check_disjoint([(shared, []), (first, []), (second, [])])
 
 
 def test_checkpoints_reshard_across_layouts_and_stages(reference, dp2_run, dp2xtp2_run, kept):

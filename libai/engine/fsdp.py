@@ -21,7 +21,9 @@ Under pipeline parallel the stage root is the module a ``PipelineStage`` runs, s
 schedule drives FSDP itself: no gradient reduce-scatter per micro-batch, one after the last
 (``perform_reduce_grad``), and ``reshard_after_forward=False`` keeps the gathered weights
 between a micro-batch's forward and backward (torchtitan's choice) instead of all-gathering
-them again for every micro-batch.
+them again for every micro-batch. With an interleaved schedule each of the rank's stages
+(structural copies of the model sharing its parameters) is its own FSDP root, and the
+model is given the copies' sharded parameters (:func:`_share_back`).
 """
 
 from __future__ import annotations
@@ -147,6 +149,34 @@ def _drop_dp_dim(model: nn.Module, util) -> None:
             setattr(module, name, replaced[id(p)])
 
 
+def _share_back(runner) -> None:
+    """Interleaved schedules: a rank's stages are structural copies of ``runner.model`` that
+    shared its parameter objects, and FSDP2 registered new (sharded) ones on the copies. Give
+    ``runner.model`` those: the optimizer, clipping and checkpoints see the shards. (FSDP2
+    swaps gathered weights in and out on the copies only; nothing runs ``runner.model``
+    itself under pp.)"""
+    for stage_model in runner._stage_models:
+        for path, module in stage_model.named_modules():
+            target = runner.model.get_submodule(path)
+            for name, p in module.named_parameters(recurse=False):
+                setattr(target, name, p)
+
+
+def _check_disjoint(units) -> None:
+    """Each parameter in one stage root only (a rank's interleaved stages are separate FSDP
+    roots)."""
+    seen: dict[int, int] = {}
+    for index, (root, _) in enumerate(units):
+        for name, p in root.named_parameters():
+            if seen.setdefault(id(p), index) != index:
+                raise ValueError(
+                    f"train.zero_optimization.stage=3: parameter {name} is used by two pipeline "
+                    f"stages of this rank ({seen[id(p)]} and {index} of its local stages); "
+                    "FSDP2 shards each stage on its own. Give the module a layer_idx of one "
+                    "stage, or use virtual_pipeline_size=1 or stage 1/2"
+                )
+
+
 def apply_fully_shard(runner, *, hsdp_replicate_size: int = 1) -> FullyShardedGrads:
     """ZeRO stage 3 on ``runner``'s model (after the ModelRunner is built, before the
     optimizer): see the module doc. Checks every stage root first (no collective before an
@@ -158,6 +188,7 @@ def apply_fully_shard(runner, *, hsdp_replicate_size: int = 1) -> FullyShardedGr
     units = _units(roots)
     for root, blocks in units:
         check_fsdp_units(root, blocks)
+    _check_disjoint(units)
     mesh = fsdp_mesh(util, hsdp_replicate_size)
     kwargs = {"mesh": mesh, "reshard_after_forward": not runner.pipeline}
     if runner.amp_dtype is not None:
@@ -180,6 +211,8 @@ def apply_fully_shard(runner, *, hsdp_replicate_size: int = 1) -> FullyShardedGr
         for module in root.modules():
             for name, p in module.named_parameters(recurse=False):
                 p.__dict__.update(attributes.get((id(module), name), {}))
+    if runner.pipeline and len(roots) > 1:
+        _share_back(runner)
     runner.tied_parameters = [
         p for p in runner.model.parameters() if getattr(p, "libai_tied_group", None) is not None
     ]

@@ -94,13 +94,6 @@ def resolve_zero_stage(zero_cfg, layout) -> int | None:
             f"{HSDP_KEY}={replicate} must divide data_parallel_size={dp} and leave at least 2 "
             f"ranks per shard group (dp / replicate); use one of {divisors}."
         )
-    if stage == 3 and getattr(layout, "virtual_pipeline_size", 1) > 1:
-        raise ValueError(
-            "train.zero_optimization.stage=3 does not support interleaved pipeline schedules "
-            f"(train.dist.virtual_pipeline_size={layout.virtual_pipeline_size}): a rank's stage "
-            "modules share parameter objects that FSDP2 would replace on one of them only. Use "
-            "virtual_pipeline_size=1 (GPipe / 1F1B) or stage 1/2."
-        )
     return int(stage)
 
 
