@@ -35,7 +35,10 @@ def torchrun(script: str, nproc: int, *args: str, timeout: float = 600) -> list[
             out_dir,
             *args,
         ]
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(SCRIPTS.parent)}
+        # the caller's PYTHONPATH stays after tests/ (a worktree's libai before an editable
+        # install of another checkout)
+        path = os.pathsep.join(p for p in (str(SCRIPTS.parent), os.environ.get("PYTHONPATH")) if p)
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
         paths = [Path(out_dir) / f"rank{rank}.json" for rank in range(nproc)]
         written = {r: json.loads(p.read_text()) for r, p in enumerate(paths) if p.exists()}
