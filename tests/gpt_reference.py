@@ -27,9 +27,9 @@ def make_batch(step: int, vocab_size: int = TINY_GPT["vocab_size"]) -> dict[str,
     return {"input_ids": tokens[:, :-1], "labels": tokens[:, 1:].contiguous()}
 
 
-def build_model() -> GPTForPreTraining:
+def build_model(**overrides) -> GPTForPreTraining:
     torch.manual_seed(SEED)
-    return GPTForPreTraining(**TINY_GPT)
+    return GPTForPreTraining(**{**TINY_GPT, **overrides})
 
 
 def full_state(model, with_grads=False) -> dict[str, torch.Tensor]:

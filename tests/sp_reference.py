@@ -21,9 +21,9 @@ TINY_LLAMA = dict(
 )
 
 
-def build_llama() -> LlamaForCausalLM:
+def build_llama(**overrides) -> LlamaForCausalLM:
     torch.manual_seed(SEED)
-    return LlamaForCausalLM(**TINY_LLAMA)
+    return LlamaForCausalLM(**{**TINY_LLAMA, **overrides})
 
 
 def llama_batch(step: int) -> dict[str, torch.Tensor]:

@@ -37,6 +37,7 @@ from libai.engine.blocks import compile_layers, enable_activation_checkpointing
 from libai.engine.grad_clip import clip_grad_norm_
 from libai.engine.sequence_parallel import (
     all_reduce_sequence_parallel_grads,
+    check_sequence_parallel_batch,
     check_sequence_parallel_support,
     sequence_parallel_parameter_names,
 )
@@ -326,6 +327,7 @@ class ModelRunner:
     def _run_schedule(self, run, batch) -> torch.Tensor:
         """Drive ``run`` (the schedule's ``step`` or ``eval``) with this rank's stage inputs;
         returns the last stage's mean micro-batch loss, 0 on other stages."""
+        check_sequence_parallel_batch(batch)  # on every stage, before any send
         self._sync_stage_modes()
         args, kwargs = (), {}
         if self.is_first:
@@ -359,6 +361,7 @@ class ModelRunner:
         if not self.pipeline:
             with self.autocast():
                 return self.model.pipeline_forward(*pipeline_inputs(self.model, batch))
+        check_sequence_parallel_batch(batch)
         self._sync_stage_modes()
         args, kwargs = (), {}
         if self.is_first:

@@ -1,5 +1,6 @@
-"""Sequence parallel in the runner (``train.dist.sequence_parallel``): which models run it,
-and the gradient all-reduce of the parameters that live in the sequence-parallel region.
+"""Sequence parallel in the runner (``train.dist.sequence_parallel``): which models and batches
+run it, and the gradient all-reduce of the parameters that live in the sequence-parallel
+region.
 
 The layers split the sequence themselves (:mod:`libai.layers.collectives`). What they cannot
 do alone is the gradient of a *replicated* parameter used on a sequence shard (norm weights
@@ -12,12 +13,15 @@ sums them, in one flat buffer per dtype.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 import torch.distributed as torch_dist
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.distributed.tensor import DTensor
 
+from libai.layers.collectives import check_sequence_split
 from libai.utils import distributed as dist
 
 
@@ -57,3 +61,17 @@ def all_reduce_sequence_parallel_grads(model: nn.Module, names: set[str], group)
         torch_dist.all_reduce(flat, group=group)
         for grad, summed in zip(bucket, _unflatten_dense_tensors(flat, bucket)):
             grad.copy_(summed)
+
+
+def check_sequence_parallel_batch(batch) -> None:
+    """Raise on every rank if the batch's sequences do not split over tp.
+
+    Under pipeline parallel only the first stage sees the token ids, and a later stage would
+    wait for activations that never come; so each rank checks dim 1 of the batch's
+    ``[batch, seq, ...]`` tensors (ids, labels, masks) before the schedule runs.
+    """
+    if not dist.is_sequence_parallel() or not isinstance(batch, Mapping):
+        return
+    for value in batch.values():
+        if isinstance(value, torch.Tensor) and value.dim() >= 2:
+            check_sequence_split(value.shape[1])

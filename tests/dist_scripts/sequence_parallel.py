@@ -6,7 +6,10 @@ optimizer steps equal the reference; forward hooks record the activation shapes 
 forward (the test checks that norms, residuals and stage boundaries hold seq / tp positions);
 the names of the parameters whose gradients are summed over tp are reported. With
 ``"control": true`` one extra step runs without that sum first, to show it matters. With
-``"errors": true`` the bad inputs are tried on the sequence-parallel mesh.
+``"errors": true`` the bad inputs are tried on the sequence-parallel mesh (with
+``"pipeline_errors": true`` an odd sequence through the pipeline schedule). ``"model_kwargs"``
+go to the model (e.g. ``loss_chunk_size``: the same loss and gradients as the reference's
+plain head), ``"runner"`` to the ModelRunner (e.g. activation checkpointing).
 """
 
 from __future__ import annotations
@@ -97,8 +100,10 @@ def check_case(case: dict, refs: dict) -> dict:
     dp = util.layout.data_parallel_size
     build, batch_fn, state = MODELS[case["model"]]
     ref = refs[case["model"]]
-    model = build()
-    runner = ModelRunner(model, num_microbatches=case.get("microbatches", 1))
+    model = build(**case.get("model_kwargs", {}))
+    runner = ModelRunner(
+        model, num_microbatches=case.get("microbatches", 1), **case.get("runner", {})
+    )
     init_diff, init_name = max_diff(state(model), ref["init"])
 
     def local_batch(step):
@@ -139,6 +144,9 @@ def check_case(case: dict, refs: dict) -> dict:
     }
     if case.get("errors"):
         result["errors"] = bad_inputs(model)
+    if case.get("pipeline_errors"):  # every stage raises, none waits for the first one
+        odd = {k: v[:, :11] for k, v in local_batch(0).items()}
+        result["errors"] = {"odd_sequence": _error(lambda: runner.forward_backward(odd))}
     return result
 
 
