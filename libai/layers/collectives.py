@@ -62,8 +62,8 @@ def _chunk(x: torch.Tensor, dim: int, group) -> torch.Tensor:
 
 #: torch >= 2.13 names the single-tensor reduce-scatter ``reduce_scatter_single`` and
 #: deprecates ``reduce_scatter_tensor`` (same arguments)
-_reduce_scatter_single = getattr(
-    torch_dist, "reduce_scatter_single", getattr(torch_dist, "reduce_scatter_tensor", None)
+_reduce_scatter_single = getattr(torch_dist, "reduce_scatter_single", None) or (
+    torch_dist.reduce_scatter_tensor
 )
 
 

@@ -166,7 +166,7 @@ class GPTModel(nn.Module):
             per-layer pairs of a previous call with ``use_cache=True``.
         logits_to_keep: compute the head for the last this many positions only (0 = all).
         return_hidden: stop before the head: the last stage returns the final hidden states
-            (for a chunked loss).
+            (for a chunked loss; this rank's sequence shard under sequence parallel).
 
         Returns the vocab-split logits (hidden states on a non-last stage), and with
         ``use_cache=True`` a tuple ``(logits, presents)``.
