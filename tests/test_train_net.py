@@ -148,8 +148,9 @@ def test_bad_input_fails_early_with_a_clear_message(
     [
         ["train.dist.tensor_parallel_size=2"],
         ["train.dist.pipeline_parallel_size=2", "train.num_accumulation_steps=2"],
+        ["train.dist.tensor_parallel_size=2", "train.dist.sequence_parallel=true"],
     ],
-    ids=["tp2", "pp2"],
+    ids=["tp2", "pp2", "tp2-sequence-parallel"],
 )
 def test_two_processes_train_evaluate_and_checkpoint(sample_env, tmp_path, layout):
     out = tmp_path / "run"

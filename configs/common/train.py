@@ -90,6 +90,9 @@ train = dict(
         virtual_pipeline_size=1,
         # ours: "1F1B", "GPipe", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble"
         pipeline_schedule="1F1B",
+        # ours: Megatron-style sequence parallel (norms / dropout / residuals split along the
+        # sequence over the tp group; needs tensor_parallel_size > 1; GPT-2 and Llama/Qwen2)
+        sequence_parallel=False,
     ),
 )
 # fmt: on
