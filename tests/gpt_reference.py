@@ -27,9 +27,9 @@ def make_batch(step: int, vocab_size: int = TINY_GPT["vocab_size"]) -> dict[str,
     return {"input_ids": tokens[:, :-1], "labels": tokens[:, 1:].contiguous()}
 
 
-def build_model() -> GPTForPreTraining:
+def build_model(**overrides) -> GPTForPreTraining:
     torch.manual_seed(SEED)
-    return GPTForPreTraining(**TINY_GPT)
+    return GPTForPreTraining(**{**TINY_GPT, **overrides})
 
 
 def full_state(model, with_grads=False) -> dict[str, torch.Tensor]:
@@ -87,18 +87,21 @@ def make_optimizer(model):
     return torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
 
 
-def reference_run(num_microbatches: int = 1) -> dict:
-    """Single-process losses, initial parameters, first-step grads and params after STEPS."""
+def reference_run(
+    num_microbatches: int = 1, build=build_model, batch=make_batch, state=full_state
+) -> dict:
+    """Single-process losses, initial parameters, first-step grads and params after STEPS
+    (of the tiny GPT, or of the model ``build()`` on ``batch(step)``, read by ``state``)."""
     dist.setup_dist_util({})
-    model = build_model()
-    init = full_state(model)
+    model = build()
+    init = state(model)
     runner = ModelRunner(model, num_microbatches=num_microbatches)
     opt = make_optimizer(model)
     losses, grads, norms = [], None, []
     for step in range(STEPS):
-        loss = runner.forward_backward(make_batch(step))
+        loss = runner.forward_backward(batch(step))
         if step == 0:
-            grads = full_state(model, with_grads=True)
+            grads = state(model, with_grads=True)
         norms.append(float(runner.clip_grad_norm_(MAX_GRAD_NORM)))
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -108,5 +111,5 @@ def reference_run(num_microbatches: int = 1) -> dict:
         "losses": losses,
         "grads": grads,
         "grad_norms": norms,
-        "final": full_state(model),
+        "final": state(model),
     }

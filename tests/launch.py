@@ -44,7 +44,14 @@ def torchrun(script: str, nproc: int, *args: str, timeout: float = 600) -> list[
             out_dir,
             *args,
         ]
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(SCRIPTS.parent)}
+        # tests/ for the helpers, then this checkout's root: its libai, not an editable
+        # install of another checkout (a git worktree shares the environment)
+        path = [str(SCRIPTS.parent), str(SCRIPTS.parent.parent), os.environ.get("PYTHONPATH", "")]
+        env = {
+            **os.environ,
+            "OMP_NUM_THREADS": "1",
+            "PYTHONPATH": os.pathsep.join(filter(None, path)),
+        }
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
         paths = [Path(out_dir) / f"rank{rank}.json" for rank in range(nproc)]
         written = {r: json.loads(p.read_text()) for r, p in enumerate(paths) if p.exists()}

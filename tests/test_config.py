@@ -241,7 +241,11 @@ def test_packaged_configs_have_libai_shape():
         assert key in train, key
     assert dict(train.amp) == {"enabled": False, "dtype": "bf16", "init_scale": 65536.0}
     assert train.activation_checkpoint.enabled is False
-    assert dict(train.zero_optimization) == {"enabled": False, "stage": 1}
+    assert dict(train.zero_optimization) == {
+        "enabled": False,
+        "stage": 1,
+        "hsdp_replicate_size": 1,
+    }
     assert set(train.checkpointer) == {"period", "max_to_keep"}
     assert train.evaluation.evaluator._target_ == "libai.evaluation.PPLEvaluator"
     assert {"enabled", "eval_period", "eval_iter", "evaluator"} <= set(train.evaluation)

@@ -148,8 +148,9 @@ def test_bad_input_fails_early_with_a_clear_message(
     [
         ["train.dist.tensor_parallel_size=2"],
         ["train.dist.pipeline_parallel_size=2", "train.num_accumulation_steps=2"],
+        ["train.dist.tensor_parallel_size=2", "train.dist.sequence_parallel=true"],
     ],
-    ids=["tp2", "pp2"],
+    ids=["tp2", "pp2", "tp2-sequence-parallel"],
 )
 def test_two_processes_train_evaluate_and_checkpoint(sample_env, tmp_path, layout):
     out = tmp_path / "run"
@@ -168,7 +169,8 @@ def test_two_processes_train_evaluate_and_checkpoint(sample_env, tmp_path, layou
 
 def test_zero_optimization_shards_the_optimizer_and_keeps_the_losses(sample_env, tmp_path):
     """train.zero_optimization on 2 processes (dp2): the trainer uses the ZeRO optimizer, the
-    losses equal those of the same run without it, and a resume restores its per-rank state."""
+    losses equal those of the same run without it, and a resume restores its state (saved through
+    DCP under parameter names)."""
     common = ("train.train_iter=4", "train.evaluation.enabled=False", "train.checkpointer.period=2")
     plain = tmp_path / "plain"
     train_net(sample_env, plain, *common, nproc=2)
@@ -218,9 +220,9 @@ def test_zero_optimization_shards_the_optimizer_and_keeps_the_losses(sample_env,
         (["train.zero_optimization.stage=4"], 1, "train.zero_optimization.stage=4 is invalid"),
         (["train.zero_optimization.stage=1"], 1, "data_parallel_size > 1"),
         (
-            ["train.zero_optimization.stage=3", "train.dist.tensor_parallel_size=2"],
+            ["train.zero_optimization.stage=3", "train.zero_optimization.hsdp_replicate_size=3"],
             2,
-            "supports only the pure data-parallel layout",
+            "train.zero_optimization.hsdp_replicate_size=3 must divide data_parallel_size=2",
         ),
     ],
 )

@@ -47,8 +47,10 @@ train = dict(
     # Recompute each TransformerLayer in backward instead of storing its activations;
     # mode "full", or "selective": keep matmul / attention outputs, recompute the rest (ours)
     activation_checkpoint=dict(enabled=False, mode="full"),
-    # ZeRO: stage 1 shards optimizer states, 2 also gradients, 3 also parameters (FSDP2)
-    zero_optimization=dict(enabled=False, stage=1),
+    # ZeRO: stage 1 shards optimizer states, 2 also gradients, 3 also parameters (FSDP2,
+    # any dp x tp x pp layout); hsdp_replicate_size > 1 (stage 3, ours): HSDP, parameters
+    # sharded within dp / hsdp_replicate_size ranks and replicated across the groups
+    zero_optimization=dict(enabled=False, stage=1, hsdp_replicate_size=1),
 
     # Save a checkpoint every `period` iterations, keep the last `max_to_keep`
     checkpointer=dict(period=5000, max_to_keep=100),
@@ -88,6 +90,9 @@ train = dict(
         virtual_pipeline_size=1,
         # ours: "1F1B", "GPipe", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble"
         pipeline_schedule="1F1B",
+        # ours: Megatron-style sequence parallel (norms / dropout / residuals split along the
+        # sequence over the tp group; needs tensor_parallel_size > 1; GPT-2 and Llama/Qwen2)
+        sequence_parallel=False,
     ),
 )
 # fmt: on

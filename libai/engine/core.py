@@ -110,7 +110,9 @@ def build_runner(
         backward_fn=backward_fn,
         autocast_op_lists=autocast_op_lists,
     )
-    prepare_model(runner, zero_stage)  # ZeRO stage 3: fully_shard (before the optimizer)
+    # ZeRO stage 3: fully_shard (before the optimizer), HSDP when hsdp_replicate_size > 1
+    hsdp = try_get_key(train, "zero_optimization.hsdp_replicate_size", default=1) or 1
+    prepare_model(runner, zero_stage, hsdp_replicate_size=hsdp)
     return RunnerParts(runner, grad_scaler, zero_stage)
 
 

@@ -31,6 +31,7 @@ from libai.engine.core import (
 )
 from libai.engine.parallel import pipeline_target
 from libai.engine.trainer import EagerTrainer
+from libai.engine.zero import resolve_zero_stage
 from libai.optim import build_optimizer, get_clip_grad_settings
 from libai.scheduler import build_lr_scheduler
 from libai.tokenizer import build_tokenizer
@@ -99,6 +100,7 @@ def default_setup(cfg, args) -> None:
     _fill_pipeline_num_layers(cfg)
     world = int(os.environ.get("WORLD_SIZE", 1))
     layout = dist.resolve_layout(cfg.train.dist, world)  # raises before any collective
+    resolve_zero_stage(try_get_key(cfg, "train.zero_optimization"), layout)  # so does ZeRO
     cfg.train.update(resolve_batch_sizes(cfg.train, layout.data_parallel_size)._asdict())
     dist.setup_dist_util(cfg.train.dist)
     output_dir = cfg.train.output_dir

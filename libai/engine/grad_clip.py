@@ -10,12 +10,12 @@ from libai.utils import distributed as dist
 
 
 def _is_tp_sharded(p: torch.Tensor) -> bool:
+    """Whether ``p`` is sharded over the ``tp`` dim of its mesh (the stage's (dp, tp) mesh,
+    or the (dp, tp) / (dp_replicate, dp_shard, tp) mesh of a ZeRO-3 parameter)."""
     if not isinstance(p, DTensor):
         return False
-    util = dist.get_dist_util()
-    return any(
-        isinstance(pl, Shard) and util.stage_dims[i] == "tp" for i, pl in enumerate(p.placements)
-    )
+    names = p.device_mesh.mesh_dim_names or dist.get_dist_util().stage_dims
+    return any(isinstance(pl, Shard) and names[i] == "tp" for i, pl in enumerate(p.placements))
 
 
 def _terms(grads: list[torch.Tensor], norm_type: float) -> list[torch.Tensor]:
@@ -40,25 +40,32 @@ def _combine(terms: list[torch.Tensor], norm_type: float) -> torch.Tensor:
     return stacked.max() if norm_type == float("inf") else stacked.sum()
 
 
-def _parameter_terms(parameters: list, norm_type: float, dp_sharded: bool) -> list:
+def _parameter_terms(parameters: list, norm_type: float, dp_sharded: bool, group=None) -> list:
     """One fp32 norm term per parameter in parameter order, 0 for a parameter without a
     gradient. With ``dp_sharded`` (ZeRO stage 2: a dp rank holds the gradients of its own
-    part only) they are summed over dp, which is exact (one rank holds each), so the terms
-    and their sum equal those of an unsharded run to the bit."""
+    part only; stage 3: a piece of each) they are summed over ``group`` (default: dp); for
+    stage 2 that is exact (one rank holds each), so the terms and their sum equal those of
+    an unsharded run to the bit."""
     util = dist.get_dist_util()
     held = [p for p in parameters if p.grad is not None]
     computed = dict(zip(map(id, held), _terms([p.grad for p in held], norm_type)))
     zero = torch.zeros((), device=util.device, dtype=torch.float32)
     terms = [computed.get(id(p), zero) for p in parameters]
-    if dp_sharded and util.dp_group is not None and terms:
+    group = util.dp_group if group is None else group
+    if dp_sharded and group is not None and terms:
         stacked = torch.stack(terms)
-        torch_dist.all_reduce(stacked, group=util.dp_group)
+        torch_dist.all_reduce(stacked, group=group)
         terms = list(stacked.unbind())
     return terms
 
 
 def clip_grad_norm_(
-    parameters, max_norm: float, norm_type: float = 2.0, *, dp_sharded: bool = False
+    parameters,
+    max_norm: float,
+    norm_type: float = 2.0,
+    *,
+    dp_sharded: bool = False,
+    shard_group=None,
 ) -> torch.Tensor:
     """Clip gradients in place so that their global norm is at most ``max_norm``.
 
@@ -68,8 +75,9 @@ def clip_grad_norm_(
     are already averaged over dp, so dp ranks agree. With ``dp_sharded`` (ZeRO stage 2) each
     dp rank holds the gradients of a disjoint part of ``parameters`` (the others are None):
     the per-parameter terms are then summed over dp first, so the norm adds them in the same
-    order as without sharding (bitwise equal). Returns the total norm (same on all ranks), a
-    tensor: nothing in here waits for the device.
+    order as without sharding (bitwise equal). ZeRO-3 passes ``shard_group``: the ranks
+    whose gradient pieces make up a whole (HSDP's shard group; dp otherwise). Returns the
+    total norm (same on all ranks), a tensor: nothing in here waits for the device.
     """
     util = dist.get_dist_util()
     parameters = list(parameters)
@@ -77,7 +85,7 @@ def clip_grad_norm_(
     norm_type = float(norm_type)
     # the last stage's copy of a tied weight is already counted on the first stage
     counted = [p for p in parameters if not getattr(p, "libai_tied_copy", False)]
-    terms = _parameter_terms(counted, norm_type, dp_sharded)
+    terms = _parameter_terms(counted, norm_type, dp_sharded, shard_group)
     is_sharded = [_is_tp_sharded(p) for p in counted]
     sharded = _combine([t for t, s in zip(terms, is_sharded) if s], norm_type)
     replicated = _combine([t for t, s in zip(terms, is_sharded) if not s], norm_type)

@@ -8,7 +8,9 @@ their shards; this module adds what crosses layers:
   schedule (GPipe, 1F1B, interleaved 1F1B, ...);
 - **data parallel**: gradients are averaged over the dp group after backward;
 - **tied weights across stages**: gradients of parameters marked ``libai_tied_group`` (the
-  word embedding on the first stage and its copy on the last) are summed between the two.
+  word embedding on the first stage and its copy on the last) are summed between the two;
+- **sequence parallel**: gradients of parameters marked ``libai_sequence_parallel`` are
+  summed over tp (:mod:`libai.engine.sequence_parallel`).
 
 Usage::
 
@@ -33,6 +35,12 @@ from torch.distributed.tensor import DTensor
 from libai.engine.amp import DynamicLossScaler, autocast
 from libai.engine.blocks import compile_layers, enable_activation_checkpointing
 from libai.engine.grad_clip import clip_grad_norm_
+from libai.engine.sequence_parallel import (
+    all_reduce_sequence_parallel_grads,
+    check_sequence_parallel_batch,
+    check_sequence_parallel_support,
+    sequence_parallel_parameter_names,
+)
 from libai.utils import distributed as dist
 
 #: schedule name -> (class, holds several stages per rank)
@@ -147,6 +155,7 @@ class ModelRunner:
     ):
         util = dist.get_dist_util()
         layout = util.layout
+        check_sequence_parallel_support(model)
         if not isinstance(num_microbatches, int) or num_microbatches < 1:
             raise ValueError(
                 f"num_microbatches must be a positive integer, got {num_microbatches!r}"
@@ -185,6 +194,7 @@ class ModelRunner:
         self.tied_parameters = [
             p for p in model.parameters() if getattr(p, "libai_tied_group", None) is not None
         ]
+        self.sequence_parallel_names = sequence_parallel_parameter_names(model)
 
     def autocast(self):
         """The autocast context of this run (a null context in fp32), with the custom op
@@ -339,6 +349,7 @@ class ModelRunner:
     def _run_schedule(self, run, batch) -> torch.Tensor:
         """Drive ``run`` (the schedule's ``step`` or ``eval``) with this rank's stage inputs;
         returns the last stage's mean micro-batch loss, 0 on other stages."""
+        check_sequence_parallel_batch(batch)  # on every stage, before any send
         self._sync_stage_modes()
         args, kwargs = self._schedule_arguments(batch)
         losses: list[torch.Tensor] = []
@@ -370,6 +381,7 @@ class ModelRunner:
         if not self.pipeline:
             with self.autocast():
                 return self.model.pipeline_forward(*pipeline_inputs(self.model, batch))
+        check_sequence_parallel_batch(batch)
         self._sync_stage_modes()
         args, kwargs = self._schedule_arguments(batch)
         if self.is_last:
@@ -378,7 +390,9 @@ class ModelRunner:
         return out if self.is_last else None
 
     def sync_gradients(self) -> None:
-        """Sum tied-weight grads between first and last stage; average grads over dp."""
+        """Sum tied-weight grads between first and last stage; average grads over dp; then
+        sum the grads of sequence-parallel parameters over tp (after dp: the overlapped and
+        ZeRO reducers write their results into the grads)."""
         if self.util.embedding_group is not None:
             for p in self.tied_parameters:
                 if p.grad is not None:
@@ -395,6 +409,9 @@ class ModelRunner:
                 flat /= self.util.layout.data_parallel_size
                 for g, synced in zip(bucket, _unflatten_dense_tensors(flat, bucket)):
                     g.copy_(synced)
+        all_reduce_sequence_parallel_grads(
+            self.model, self.sequence_parallel_names, self.util.tp_group
+        )
 
     def _reduce_loss(self, loss: torch.Tensor) -> torch.Tensor:
         if self.util.pp_group is not None:  # only the last stage has it; others hold 0
@@ -411,6 +428,7 @@ class ModelRunner:
             max_norm,
             norm_type,
             dp_sharded=self.grad_sharder is not None,
+            shard_group=getattr(self.grad_sharder, "norm_group", None),
         )
 
     def train_step(

@@ -10,17 +10,19 @@ them between those ranks:
 - **stage 2** (also gradient sharding): instead of all-reducing every gradient, each bucket
   of gradients is reduced to its owner only, and a rank drops (sets to ``None``) the
   gradients it does not own. Gradient clipping then sums the squared norms over dp too.
-- **stage 3** (also parameter sharding): FSDP2 ``fully_shard`` on the dp mesh, one unit per
-  block (:func:`~libai.engine.blocks.model_blocks`: each TransformerLayer) plus the root, for the pure data-parallel layout (tensor and pipeline
-  parallel size 1; :func:`resolve_zero_stage` raises otherwise). Parameters become
-  ``Shard(0)`` DTensors, so the plain optimizer's state is sharded too and checkpoints go
-  through DCP as usual.
+- **stage 3** (also parameter sharding): FSDP2 ``fully_shard`` over the dp dim of any
+  dp x tp x pp mesh, one unit per block plus the stage root (:mod:`libai.engine.fsdp`;
+  HSDP with ``hsdp_replicate_size``). Parameters become dp-sharded DTensors, so the plain
+  optimizer's state is sharded too.
 
 :class:`ZeroOptimizer` is a ``torch.optim.Optimizer`` (so LR schedulers accept it) whose
-``param_groups`` and ``state`` are those of the inner optimizer. Its ``state_dict`` is this
-rank's partial state; the :class:`~libai.utils.checkpoint.Checkpointer` stores it in the
-rank's own file (``libai_per_rank_state``), so a resume needs the same layout (a different
-one is refused with a clear error).
+``param_groups`` and ``state`` are those of the inner optimizer over the parameters this
+rank owns. Checkpoints hold no per-rank optimizer part: the
+:class:`~libai.utils.checkpoint.Checkpointer` saves the inner optimizer through DCP, each
+owner writing its parameters' state under their names (``optimizer.state.<fqn>.exp_avg``,
+the tensor-parallel shards as DTensor chunks). That is the form a run without ZeRO saves,
+so a checkpoint of any stage loads on any layout and any stage: each rank reads the
+entries it owns there.
 
 Usage::
 
@@ -40,6 +42,7 @@ from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.distributed.tensor import DTensor
 
+from libai.engine.fsdp import HSDP_KEY, FullyShardedGrads, apply_fully_shard
 from libai.utils import distributed as dist
 
 SUPPORTED_STAGES = (1, 2)  # by ZeroOptimizer; stage 3 is FSDP2
@@ -58,19 +61,13 @@ def _buckets(tensors, bucket_bytes: int = 25 * 2**20):
 def resolve_zero_stage(zero_cfg, layout) -> int | None:
     """The ZeRO stage to use (``None`` when disabled); raises for what cannot apply.
 
-    ``zero_cfg`` is ``train.zero_optimization`` (``enabled``, ``stage``); ``layout`` the
-    resolved :class:`~libai.utils.distributed.DistLayout`.
+    ``zero_cfg`` is ``train.zero_optimization`` (``enabled``, ``stage``,
+    ``hsdp_replicate_size``); ``layout`` the resolved
+    :class:`~libai.utils.distributed.DistLayout`. Runs no collective.
     """
     if zero_cfg is None or not zero_cfg.get("enabled", False):
         return None
     stage = zero_cfg.get("stage", 1)
-    if stage == 3 and (layout.tensor_parallel_size > 1 or layout.pipeline_parallel_size > 1):
-        raise ValueError(
-            "train.zero_optimization.stage=3 (FSDP2 parameter sharding) supports only the pure "
-            "data-parallel layout (tensor_parallel_size=1, pipeline_parallel_size=1; got "
-            f"tp={layout.tensor_parallel_size}, pp={layout.pipeline_parallel_size}); use "
-            "stage=1 or stage=2, which work on every dp x tp x pp layout."
-        )
     if stage not in (1, 2, 3):
         raise ValueError(
             f"train.zero_optimization.stage={stage!r} is invalid; supported stages are 1, 2 and 3."
@@ -80,6 +77,22 @@ def resolve_zero_stage(zero_cfg, layout) -> int | None:
             "train.zero_optimization.enabled=True shards over the data-parallel ranks and needs "
             f"data_parallel_size > 1 (got {layout.data_parallel_size}); disable it or launch "
             "with more data-parallel ranks."
+        )
+    replicate = zero_cfg.get("hsdp_replicate_size", 1)
+    replicate = 1 if replicate is None else replicate
+    dp = layout.data_parallel_size
+    if isinstance(replicate, bool) or not isinstance(replicate, int) or replicate < 1:
+        raise ValueError(f"{HSDP_KEY} must be a positive integer, got {replicate!r}.")
+    if replicate > 1 and stage != 3:
+        raise ValueError(
+            f"{HSDP_KEY}={replicate} (HSDP) applies to stage=3 only (got stage={stage}); "
+            "set train.zero_optimization.stage=3 or hsdp_replicate_size=1."
+        )
+    if dp % replicate or replicate == dp:
+        divisors = [d for d in range(1, dp) if dp % d == 0]
+        raise ValueError(
+            f"{HSDP_KEY}={replicate} must divide data_parallel_size={dp} and leave at least 2 "
+            f"ranks per shard group (dp / replicate); use one of {divisors}."
         )
     return int(stage)
 
@@ -96,6 +109,54 @@ def partition_parameters(numels: Sequence[int], world: int) -> list[int]:
     return owners
 
 
+def _init_hooks(optimizer: torch.optim.Optimizer) -> None:
+    """What ``torch.optim.Optimizer.__init__`` would set and other code may touch (for
+    wrappers that do not call it)."""
+    optimizer._optimizer_step_pre_hooks = {}
+    optimizer._optimizer_step_post_hooks = {}
+    optimizer._optimizer_state_dict_pre_hooks = {}
+    optimizer._optimizer_state_dict_post_hooks = {}
+    optimizer._optimizer_load_state_dict_pre_hooks = {}
+    optimizer._optimizer_load_state_dict_post_hooks = {}
+
+
+class _OwnedGroups(torch.optim.Optimizer):
+    """A ZeRO rank's inner optimizer seen without the param groups that own no parameter
+    here (torch's distributed state-dict helpers accept at most one empty group). State and
+    group dicts are the inner optimizer's own; ``load_state_dict`` lands in it."""
+
+    def __init__(self, inner: torch.optim.Optimizer):
+        self.inner = inner
+        _init_hooks(self)
+
+    @property
+    def param_groups(self):
+        return [g for g in self.inner.param_groups if g["params"]]
+
+    @property
+    def state(self):
+        return self.inner.state
+
+    @property
+    def defaults(self):
+        return self.inner.defaults
+
+    def step(self, closure=None):  # a local step (the state helpers' zero-lr state init)
+        return self.inner.step(closure)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.inner.zero_grad(set_to_none)
+
+    def __setstate__(self, state: dict) -> None:
+        """The end of ``Optimizer.load_state_dict``: the loaded state and the (non-empty)
+        groups go into the inner optimizer, whose empty groups stay as they are."""
+        self.inner.state = state["state"]
+        loaded = iter(state["param_groups"])
+        self.inner.param_groups = [
+            next(loaded) if g["params"] else g for g in self.inner.param_groups
+        ]
+
+
 class ZeroOptimizer(torch.optim.Optimizer):
     """ZeRO stage 1/2 around an optimizer built over all of the model's parameters.
 
@@ -108,8 +169,12 @@ class ZeroOptimizer(torch.optim.Optimizer):
             :class:`~libai.engine.parallel.ModelRunner`.
     """
 
-    #: the Checkpointer stores this optimizer's state in each rank's own file (not via DCP)
-    libai_per_rank_state = True
+    @property
+    def libai_checkpoint_optimizer(self) -> torch.optim.Optimizer:
+        """What the Checkpointer saves and loads through DCP: the inner optimizer (without
+        its groups that own nothing here), whose state is keyed by the names of the
+        parameters this rank owns (layout-free)."""
+        return _OwnedGroups(self.inner)
 
     def __init__(self, optimizer: torch.optim.Optimizer, model: nn.Module, *, stage: int = 1):
         if stage not in SUPPORTED_STAGES:
@@ -143,13 +208,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
                 if self.owner[id(p)] == self.dp_rank
             ],
         }
-        # what torch.optim.Optimizer.__init__ would set and other code may touch
-        self._optimizer_step_pre_hooks = {}
-        self._optimizer_step_post_hooks = {}
-        self._optimizer_state_dict_pre_hooks = {}
-        self._optimizer_state_dict_post_hooks = {}
-        self._optimizer_load_state_dict_pre_hooks = {}
-        self._optimizer_load_state_dict_post_hooks = {}
+        _init_hooks(self)
 
     # the inner optimizer's, live (its load_state_dict replaces the param_groups list)
     @property
@@ -231,7 +290,9 @@ class ZeroOptimizer(torch.optim.Optimizer):
 
     # ---- state ------------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        """This rank's partial optimizer state (DTensor states as local tensors)."""
+        """This rank's partial optimizer state (DTensor states as local tensors): the
+        ``torch.optim`` API, loadable on the same layout only. Checkpoints do not use it (the
+        Checkpointer saves :attr:`libai_checkpoint_optimizer` through DCP, which reshards)."""
         sd = self.inner.state_dict()
         state, dtensor_keys = {}, []
         for index, entry in sd["state"].items():
@@ -287,51 +348,17 @@ def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
     return total
 
 
-class _FullyShardedGrads:
-    """Stage 3's place in ``ModelRunner.grad_sharder``: FSDP2 reduce-scatters the gradients
-    over dp in backward, so the runner's dp sync has nothing left to do; each rank's gradient
-    shards are disjoint, so clipping sums the norm over dp."""
-
-    def reduce_gradients(self) -> None:
-        pass
-
-
-def _plain_parameters(model: nn.Module) -> None:
-    """Replace the (dp, tp=1)-replicated DTensor parameters by plain ones (FSDP2 shards plain
-    parameters over its own mesh); attributes and sharing between modules are kept."""
-    replaced: dict[int, nn.Parameter] = {}
-    for module in model.modules():
-        for name, p in list(module.named_parameters(recurse=False)):
-            if not isinstance(p, DTensor):
-                continue
-            if id(p) not in replaced:
-                new = nn.Parameter(p.to_local().detach().clone(), requires_grad=p.requires_grad)
-                new.__dict__.update({k: v for k, v in p.__dict__.items() if k.startswith("libai_")})
-                replaced[id(p)] = new
-            setattr(module, name, replaced[id(p)])
-
-
-def prepare_model(runner, stage: int | None) -> None:
-    """Stage 3: ``fully_shard`` each block and the model on the dp mesh (call after
-    the ModelRunner is built, before the optimizer). Stages 1 and 2 leave the model alone."""
+def prepare_model(runner, stage: int | None, *, hsdp_replicate_size: int = 1) -> None:
+    """Stage 3: ``fully_shard`` each block and the stage root on the dp mesh (call after the
+    ModelRunner is built, before the optimizer; :func:`libai.engine.fsdp.apply_fully_shard`).
+    Stages 1 and 2 leave the model alone."""
     if stage != 3:
         return
-    from torch.distributed.fsdp import fully_shard
-
-    from libai.engine.blocks import model_blocks
-
-    util = dist.get_dist_util()
-    layout = util.layout
-    if layout.tensor_parallel_size > 1 or layout.pipeline_parallel_size > 1:
-        resolve_zero_stage({"enabled": True, "stage": 3}, layout)  # raises
-    if layout.data_parallel_size < 2:
-        resolve_zero_stage({"enabled": True, "stage": 3}, layout)  # raises
-    mesh = util.mesh["dp"]
-    _plain_parameters(runner.model)
-    for block in model_blocks(runner.model):
-        fully_shard(block, mesh=mesh)
-    fully_shard(runner.model, mesh=mesh)
-    runner.grad_sharder = _FullyShardedGrads()
+    resolve_zero_stage(
+        {"enabled": True, "stage": 3, "hsdp_replicate_size": hsdp_replicate_size},
+        runner.util.layout,
+    )  # raises for a layout it cannot apply to
+    apply_fully_shard(runner, hsdp_replicate_size=hsdp_replicate_size)
 
 
 def shard_optimizer(runner, optimizer: torch.optim.Optimizer, stage: int):
@@ -340,7 +367,7 @@ def shard_optimizer(runner, optimizer: torch.optim.Optimizer, stage: int):
     by :func:`prepare_model`) returns ``optimizer`` itself: its state follows the sharded
     parameters."""
     if stage == 3:
-        if not isinstance(runner.grad_sharder, _FullyShardedGrads):
+        if not isinstance(runner.grad_sharder, FullyShardedGrads):
             raise RuntimeError("ZeRO stage 3: call prepare_model(runner, 3) before the optimizer")
         return optimizer
     zero = ZeroOptimizer(optimizer, runner.model, stage=stage)

@@ -40,6 +40,10 @@ class MultiheadAttention(nn.Module):
     written at slot i keeps key slot j iff ``j <= i`` and j is no padding, computed once per
     step by :meth:`~libai.layers.kv_cache.StaticKVCache.step`); an ``attention_mask``, if
     given, must cover every slot.
+
+    With ``sequence_parallel=True`` (self-attention only) ``hidden_states`` and the output
+    are this rank's share of the sequence ``[S(0), S(1)]``: the q/k/v projection all-gathers
+    the sequence and ``dense`` reduce-scatters it (see :class:`~libai.layers.Linear`).
     """
 
     def __init__(
@@ -59,8 +63,14 @@ class MultiheadAttention(nn.Module):
         attn_mask_type: str = "padding",
         *,
         layer_idx: int = 0,
+        sequence_parallel: bool = False,
     ):
         super().__init__()
+        if sequence_parallel and is_cross_attention:
+            raise ValueError(
+                "cross-attention does not support sequence parallel (train.dist."
+                "sequence_parallel=True): its keys/values come from the encoder's full sequence"
+            )
         if attn_mask_type not in ("padding", "causal"):
             raise ValueError(
                 f"attn_mask_type must be 'padding' or 'causal', got {attn_mask_type!r}"
@@ -101,7 +111,13 @@ class MultiheadAttention(nn.Module):
             )
         else:
             self.query_key_value = Linear(
-                hidden_size, q_out + 2 * kv_out, qkv_bias, "col", init_method, layer_idx=layer_idx
+                hidden_size,
+                q_out + 2 * kv_out,
+                qkv_bias,
+                "col",
+                init_method,
+                layer_idx=layer_idx,
+                sequence_parallel=sequence_parallel,
             )
         self.dense = Linear(
             q_out,
@@ -110,15 +126,18 @@ class MultiheadAttention(nn.Module):
             "row",
             output_layer_init_method or init_method,
             layer_idx=layer_idx,
+            sequence_parallel=sequence_parallel,
         )
         self.output_dropout = nn.Dropout(output_dropout_prob)
 
     def _project(self, hidden_states, encoder_states, past_key_value):
-        b, s, _ = hidden_states.shape
         kvh, g, hd = self.local_kv_heads, self.group_size, self.head_size
         if not self.is_cross_attention:
             # [S(0), B] x [B, S(0)]^T -> [S(0), S(-1)]: whole kv groups per rank
-            qkv = self.query_key_value(hidden_states).view(b, s, kvh, g + 2, hd)
+            # (sequence parallel: [S(0), S(1)] -> all-gather -> [S(0), B] first)
+            qkv = self.query_key_value(hidden_states)
+            b, s = qkv.shape[:2]  # the whole sequence, also under sequence parallel
+            qkv = qkv.view(b, s, kvh, g + 2, hd)
             # unbind / split, whose backward is one stack / cat (indexing would zero-fill a
             # full-size gradient per index and add them up)
             if g == 1:
@@ -127,6 +146,7 @@ class MultiheadAttention(nn.Module):
                 q, k, v = qkv.split((g, 1, 1), dim=3)
                 q, k, v = q.reshape(b, s, kvh * g, hd), k.squeeze(3), v.squeeze(3)
             return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        b, s, _ = hidden_states.shape
         q = self.query(hidden_states).view(b, s, kvh * g, hd).transpose(1, 2)
         cached = _cached_cross(past_key_value)
         if cached is not None:  # encoder keys/values were computed on the first step
@@ -192,6 +212,7 @@ class MultiheadAttention(nn.Module):
         b, _, s, _ = context.shape
         context = context.transpose(1, 2).reshape(b, s, -1)
         # [S(0), S(-1)] x [B, S(1)]^T -> [S(0), P] -> all-reduce -> [S(0), B]
+        # (sequence parallel: [S(0), P] -> reduce-scatter -> [S(0), S(1)])
         out = self.dense(context)
         if self.output_dropout.p > 0:  # skip the identity call: ~5 us a time on CPU
             out = self.output_dropout(out)

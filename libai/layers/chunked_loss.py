@@ -24,15 +24,16 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-from libai.layers.collectives import copy_to_tp
 from libai.layers.cross_entropy import vocab_parallel_cross_entropy
-from libai.layers.lm_logits import LMLogits
+from libai.layers.lm_logits import LMLogits, enter_head
 from libai.utils import distributed as dist
 
 
-def lm_head_input(hidden: torch.Tensor) -> torch.Tensor:
+def lm_head_input(hidden: torch.Tensor, sequence_parallel: bool = False) -> torch.Tensor:
     """``hidden`` as the head's matmul reads it: entered into the tensor-parallel region
-    (backward all-reduces ``d hidden`` over tp) and cast to the autocast dtype when autocast
+    (backward all-reduces ``d hidden`` over tp; with ``sequence_parallel``, the head's
+    ``sequence_parallel``, the sequence shards are all-gathered first, see
+    :func:`~libai.layers.lm_logits.enter_head`) and cast to the autocast dtype when autocast
     is on (what autocast does to a matmul's input).
 
     A last pipeline stage returns this from its forward (inside the runner's autocast) and
@@ -44,8 +45,7 @@ def lm_head_input(hidden: torch.Tensor) -> torch.Tensor:
         if torch.is_autocast_enabled(device_type)
         else hidden.dtype
     )
-    # [S(0), B] -> [S(0), B]  (identity forward; d hidden [P] -> [B] all-reduce backward)
-    return copy_to_tp(hidden).to(dtype)
+    return enter_head(hidden, sequence_parallel).to(dtype)
 
 
 def check_loss_chunk_size(value) -> int | None:
@@ -136,7 +136,7 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
                 grad.mul_((grad_total * (~ignored).to(grad.dtype)).unsqueeze(-1))
                 grad = grad.to(dtype)
                 if grad_hidden is not None:
-                    # [S(0), S(-1)] x [S(0), B] -> [S(0), P]  (copy_to_tp all-reduces it)
+                    # [S(0), S(-1)] x [S(0), B] -> [S(0), P]  (lm_head_input reduces it over tp)
                     grad_hidden[rows] = grad @ w
                 if grad_weight is not None:
                     if dtype == torch.float32:
@@ -168,14 +168,17 @@ def chunked_lm_loss(
     ``hidden``, the head's weight (tied to the word embedding or its own) and its bias.
 
     Args:
-        hidden: ``[..., hidden]`` final hidden states (replicated over tp), or with
-            ``prepared=True`` the output of :func:`lm_head_input`.
+        hidden: ``[..., hidden]`` final hidden states (replicated over tp; this rank's share
+            of the sequence ``[batch, seq / tp, hidden]`` if the head is sequence-parallel),
+            or with ``prepared=True`` the output of :func:`lm_head_input`.
         lm_head: the (vocab-split) :class:`LMLogits` head.
         labels: ``[...]`` target token ids, shaped like ``hidden`` without its last dim.
         chunk_size: tokens per chunk; the last chunk may be smaller.
     """
     if check_loss_chunk_size(chunk_size) is None:
         raise ValueError("chunk_size must be a positive number of tokens, got None")
+    if not prepared:
+        hidden = lm_head_input(hidden, lm_head.sequence_parallel)
     if labels.shape != hidden.shape[:-1]:
         raise ValueError(
             f"labels of shape {tuple(labels.shape)} do not match hidden states of shape "
@@ -189,8 +192,6 @@ def chunked_lm_loss(
         )
     flat = hidden.reshape(-1, hidden.shape[-1])
     target = labels.reshape(-1)
-    if not prepared:
-        flat = lm_head_input(flat)
     total = _ChunkedLinearCrossEntropy.apply(
         flat, weight, bias, target, ignore_index, chunk_size, lm_head.local_vocab_columns()
     )

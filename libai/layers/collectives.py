@@ -1,17 +1,26 @@
 """Differentiable tensor-parallel collectives on local tensors.
 
 Layers hold DTensor parameters but compute on local shards (DESIGN: the single-device path
-must not pay DTensor dispatch); these four functions are the only places where activations
+must not pay DTensor dispatch); these functions are the only places where activations
 cross ranks. Each is a no-op (no autograd node, no communication) when tp == 1.
 
-=================  ======================  ======================
-function           forward                 backward
-=================  ======================  ======================
-copy_to_tp         identity   [B]          all-reduce  [P] -> [B]
-reduce_from_tp     all-reduce [P] -> [B]   identity
-gather_from_tp     all-gather [S] -> [B]   take own chunk
-scatter_to_tp      take own chunk          all-gather
-=================  ======================  ======================
+====================  =============================  =============================
+function              forward                        backward
+====================  =============================  =============================
+copy_to_tp            identity   [B]                 all-reduce  [P] -> [B]
+reduce_from_tp        all-reduce [P] -> [B]          identity
+gather_from_tp        all-gather [S] -> [B]          take own chunk
+scatter_to_tp         take own chunk                 all-gather
+gather_from_sp        all-gather [S(1)] -> [B]       reduce-scatter [P] -> [S(1)]
+reduce_scatter_to_sp  reduce-scatter [P] -> [S(1)]   all-gather [S(1)] -> [B]
+scatter_to_sp         take own chunk [B] -> [S(1)]   all-gather [S(1)] -> [B]
+====================  =============================  =============================
+
+The ``*_sp`` functions are Megatron's sequence-parallel collectives (``train.dist.sequence_parallel``):
+between tensor-parallel regions activations ``[batch, seq, hidden]`` are split along the
+sequence (:data:`SEQ_DIM`) over the tp group. Entering a region (column-parallel Linear)
+all-gathers the sequence instead of :func:`copy_to_tp`; leaving one (row-parallel Linear)
+reduce-scatters it instead of :func:`reduce_from_tp`.
 """
 
 from __future__ import annotations
@@ -20,6 +29,9 @@ import torch
 import torch.distributed as torch_dist
 
 from libai.utils import distributed as dist
+
+#: the sequence dimension of activations ``[batch, seq, hidden]`` under sequence parallel
+SEQ_DIM = 1
 
 
 def _tp_group():
@@ -46,6 +58,33 @@ def _chunk(x: torch.Tensor, dim: int, group) -> torch.Tensor:
     if x.shape[dim] % world:
         raise ValueError(f"dim {dim} of size {x.shape[dim]} does not split into {world} shards")
     return x.chunk(world, dim=dim)[rank].contiguous()
+
+
+#: torch >= 2.13 names the single-tensor reduce-scatter ``reduce_scatter_single`` and
+#: deprecates ``reduce_scatter_tensor`` (same arguments)
+_reduce_scatter_single = getattr(torch_dist, "reduce_scatter_single", None) or (
+    torch_dist.reduce_scatter_tensor
+)
+
+
+def _reduce_scatter(x: torch.Tensor, dim: int, group) -> torch.Tensor:
+    """Sum ``x`` over ``group`` and keep this rank's chunk along ``dim``: one reduce-scatter
+    collective on every backend.
+
+    On NCCL that is a true reduce-scatter (each rank receives 1/world of the bytes). gloo has
+    no reduce-scatter algorithm for CPU tensors; PyTorch's gloo backend implements the same
+    call as an all-reduce followed by this rank's chunk (pytorch#118911): the same values,
+    with the traffic of an all-reduce (about twice a reduce-scatter's).
+    """
+    world = torch_dist.get_world_size(group)
+    if x.shape[dim] % world:
+        raise ValueError(f"dim {dim} of size {x.shape[dim]} does not split into {world} shards")
+    # the collective splits dim 0: [batch, seq, hidden] is copied to [seq, batch, hidden] and
+    # back (Megatron keeps activations sequence-first to save these two copies)
+    full = x.movedim(dim, 0).contiguous()
+    out = full.new_empty((full.shape[0] // world, *full.shape[1:]))
+    _reduce_scatter_single(out, full, group=group)
+    return out.movedim(0, dim).contiguous()
 
 
 class _CopyToTP(torch.autograd.Function):
@@ -91,6 +130,28 @@ class _ScatterToTP(torch.autograd.Function):
         return _all_gather(grad, ctx.dim, ctx.group), None, None
 
 
+class _GatherFromSP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _all_gather(x, SEQ_DIM, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _reduce_scatter(grad, SEQ_DIM, ctx.group), None
+
+
+class _ReduceScatterToSP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _reduce_scatter(x, SEQ_DIM, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _all_gather(grad, SEQ_DIM, ctx.group), None
+
+
 def copy_to_tp(x: torch.Tensor) -> torch.Tensor:
     """Enter a tensor-parallel region: ``[B]`` stays ``[B]``; grads ``[P] -> [B]`` (all-reduce)."""
     group = _tp_group()
@@ -119,3 +180,49 @@ def all_reduce_tp(x: torch.Tensor, op=torch_dist.ReduceOp.SUM) -> torch.Tensor:
     """Non-differentiable all-reduce over the tp group (for statistics such as a max)."""
     group = _tp_group()
     return x if group is None else _all_reduce(x, group, op)
+
+
+def check_sequence_split(seq_len: int) -> None:
+    """Raise before any collective if ``seq_len`` does not split over the tp ranks."""
+    tp = dist.get_tensor_parallel_size()
+    if seq_len % tp:
+        raise ValueError(
+            f"sequence length {seq_len} is not divisible by tensor_parallel_size={tp}: "
+            "train.dist.sequence_parallel=True splits every sequence over the tensor-parallel "
+            f"ranks. Use sequences whose length is a multiple of {tp} (pad them), or set "
+            "train.dist.sequence_parallel=False."
+        )
+
+
+def gather_from_sp(x: torch.Tensor) -> torch.Tensor:
+    """Enter a tensor-parallel region from the sequence-parallel one.
+
+    ``[S(0), S(1)] -> all-gather -> [S(0), B]``; backward: the region's input gradient is a
+    partial sum over tp, ``[S(0), P] -> reduce-scatter -> [S(0), S(1)]``.
+    """
+    group = _tp_group()
+    return x if group is None else _GatherFromSP.apply(x, group)
+
+
+def reduce_scatter_to_sp(x: torch.Tensor) -> torch.Tensor:
+    """Leave a row-parallel region into the sequence-parallel one (or leave a vocab-parallel
+    embedding): ``[S(0), P] -> reduce-scatter -> [S(0), S(1)]``; backward all-gathers.
+
+    One reduce-scatter collective; on gloo PyTorch runs it as an all-reduce plus this rank's
+    chunk (see :func:`_reduce_scatter`).
+    """
+    group = _tp_group()
+    if group is None:
+        return x
+    check_sequence_split(x.shape[SEQ_DIM])
+    return _ReduceScatterToSP.apply(x, group)
+
+
+def scatter_to_sp(x: torch.Tensor) -> torch.Tensor:
+    """``[S(0), B] -> [S(0), S(1)]``: this rank's chunk of the sequence (also for position
+    ids, which need no gradient); backward all-gathers."""
+    group = _tp_group()
+    if group is None:
+        return x
+    check_sequence_split(x.shape[SEQ_DIM])
+    return _ScatterToTP.apply(x, SEQ_DIM, group)

@@ -8,8 +8,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from libai.layers.collectives import reduce_from_tp
-from libai.layers.param import InitMethod, create_parameter, default_init_method, local_value
+from libai.layers.collectives import reduce_from_tp, reduce_scatter_to_sp, scatter_to_sp
+from libai.layers.param import (
+    InitMethod,
+    create_parameter,
+    default_init_method,
+    local_value,
+    mark_sequence_parallel,
+)
 from libai.utils import distributed as dist
 
 logger = logging.getLogger(__name__)
@@ -34,6 +40,9 @@ class VocabEmbedding(nn.Module):
 
     The vocabulary is padded up to a multiple of tp; the padding rows are zeros and never
     looked up (ids must be < ``num_embeddings``).
+
+    With ``sequence_parallel=True`` the partial lookups are reduce-scattered along the
+    sequence instead of all-reduced: the output is this rank's share of the sequence.
     """
 
     def __init__(
@@ -43,9 +52,11 @@ class VocabEmbedding(nn.Module):
         init_method: InitMethod = default_init_method,
         *,
         layer_idx: int = 0,
+        sequence_parallel: bool = False,
     ):
         super().__init__()
         tp = dist.get_tensor_parallel_size()
+        self.sequence_parallel = sequence_parallel
         self.num_embeddings, self.embedding_dim, self.layer_idx = (
             num_embeddings,
             embedding_dim,
@@ -70,6 +81,9 @@ class VocabEmbedding(nn.Module):
         outside = (input_ids < start) | (input_ids >= start + weight.shape[0])
         local_ids = (input_ids - start).masked_fill(outside, 0)
         out = F.embedding(local_ids, weight).masked_fill(outside.unsqueeze(-1), 0.0)
+        if self.sequence_parallel:
+            # [S(0), P] -> reduce-scatter -> [S(0), S(1)]  (all-gather backward)
+            return reduce_scatter_to_sp(out)
         return reduce_from_tp(out)
 
     def extra_repr(self) -> str:
@@ -80,7 +94,12 @@ class VocabEmbedding(nn.Module):
 
 
 class Embedding(nn.Module):
-    """A replicated embedding table ``[B, B]`` (positions, token types)."""
+    """A replicated embedding table ``[B, B]`` (positions, token types).
+
+    With ``sequence_parallel=True`` it looks up only this rank's share of the sequence
+    (``ids`` ``[batch, seq]`` in, ``[batch, seq / tp, dim]`` out) and its table is marked for
+    the gradient all-reduce over tp.
+    """
 
     def __init__(
         self,
@@ -89,6 +108,7 @@ class Embedding(nn.Module):
         init_method: InitMethod = default_init_method,
         *,
         layer_idx: int = 0,
+        sequence_parallel: bool = False,
     ):
         super().__init__()
         self.num_embeddings, self.embedding_dim, self.layer_idx = (
@@ -96,11 +116,17 @@ class Embedding(nn.Module):
             embedding_dim,
             layer_idx,
         )
+        self.sequence_parallel = sequence_parallel
         self.weight = create_parameter(
             (num_embeddings, embedding_dim), init_method, layer_idx=layer_idx
         )
+        if sequence_parallel:
+            mark_sequence_parallel(self.weight)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.sequence_parallel:
+            # [S(0), B] ids -> [S(0), S(1)]: this rank's positions (ids need no gradient)
+            ids = scatter_to_sp(ids)
         # [S(0), B] x [B, B] -> [S(0), B]
         return F.embedding(ids, local_value(self.weight))
 

@@ -266,3 +266,16 @@ def past_length(past_key_values) -> int:
     first = past_key_values[0]
     keys = first[0][0] if isinstance(first[0], tuple) else first[0]
     return keys.shape[2]
+
+
+def check_no_cache_under_sequence_parallel(
+    sequence_parallel: bool, past_key_values, use_cache: bool
+) -> None:
+    """Raise if a sequence-parallel model is asked to decode with a KV cache: a decoding step
+    feeds one position, which does not split over the tp ranks."""
+    if sequence_parallel and (past_key_values is not None or use_cache):
+        raise ValueError(
+            "generation with a KV cache does not run sequence-parallel: a decoding step has "
+            "one position to split over the tensor-parallel ranks. Build the model for "
+            "inference with train.dist.sequence_parallel=False (the weights are the same)."
+        )

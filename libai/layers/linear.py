@@ -6,8 +6,20 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from libai.layers.collectives import copy_to_tp, reduce_from_tp
-from libai.layers.param import InitMethod, create_parameter, local_value, xavier_normal, zeros
+from libai.layers.collectives import (
+    copy_to_tp,
+    gather_from_sp,
+    reduce_from_tp,
+    reduce_scatter_to_sp,
+)
+from libai.layers.param import (
+    InitMethod,
+    create_parameter,
+    local_value,
+    mark_sequence_parallel,
+    xavier_normal,
+    zeros,
+)
 from libai.utils import distributed as dist
 
 _PARALLEL_MODES = ("data", "col", "row")
@@ -24,6 +36,12 @@ class Linear(nn.Module):
 
     With ``skip_bias_add=True`` the forward returns ``(output, bias)`` so the caller can fuse
     the bias into the next op (bias dropout add).
+
+    With ``sequence_parallel=True`` (``train.dist.sequence_parallel``; col and row layers of
+    a Transformer block) the activations outside the layer are split along the sequence: a
+    ``col`` layer all-gathers its input's sequence, a ``row`` layer reduce-scatters its
+    output along the sequence, and its bias (added to a sequence shard) is marked for the
+    gradient all-reduce over tp.
     """
 
     def __init__(
@@ -36,6 +54,7 @@ class Linear(nn.Module):
         skip_bias_add: bool = False,
         *,
         layer_idx: int = 0,
+        sequence_parallel: bool = False,
     ):
         super().__init__()
         if parallel not in _PARALLEL_MODES:
@@ -50,7 +69,10 @@ class Linear(nn.Module):
                     f"{parallel}-parallel Linear: {side}={size} is not divisible by "
                     f"tensor_parallel_size={tp}"
                 )
+        if sequence_parallel and parallel == "data":
+            raise ValueError("sequence_parallel applies to col / row parallel Linear layers only")
         self.in_features, self.out_features = in_features, out_features
+        self.sequence_parallel = sequence_parallel
         self.parallel, self.skip_bias_add, self.layer_idx = parallel, skip_bias_add, layer_idx
         self.weight = create_parameter(
             (out_features, in_features), init_method, layer_idx=layer_idx, tp_split_dim=split_dim
@@ -60,6 +82,8 @@ class Linear(nn.Module):
             self.bias = create_parameter(
                 (out_features,), zeros, layer_idx=layer_idx, tp_split_dim=bias_split
             )
+            if parallel == "row" and sequence_parallel:
+                mark_sequence_parallel(self.bias)
         else:
             self.register_parameter("bias", None)
 
@@ -67,12 +91,23 @@ class Linear(nn.Module):
         weight = local_value(self.weight)
         bias = None if self.bias is None else local_value(self.bias)
         if self.parallel == "col":
-            # [S(0), B] x [B, S(0)]^T -> [S(0), S(-1)]  (no comm forward; all-reduce dx backward)
-            x = copy_to_tp(x)
+            if self.sequence_parallel:
+                # [S(0), S(1)] -> all-gather -> [S(0), B]  (reduce-scatter dx backward)
+                x = gather_from_sp(x)
+            else:
+                # [S(0), B] -> [S(0), B]  (no comm forward; all-reduce dx backward)
+                x = copy_to_tp(x)
+            # [S(0), B] x [B, S(0)]^T -> [S(0), S(-1)]
             out = F.linear(x, weight, None if self.skip_bias_add else bias)
         elif self.parallel == "row":
-            # [S(0), S(-1)] x [B, S(1)]^T -> [S(0), P] -> all-reduce -> [S(0), B]
-            out = reduce_from_tp(F.linear(x, weight))
+            # [S(0), S(-1)] x [B, S(1)]^T -> [S(0), P]
+            partial = F.linear(x, weight)
+            if self.sequence_parallel:
+                # [S(0), P] -> reduce-scatter -> [S(0), S(1)]  (all-gather dy backward)
+                out = reduce_scatter_to_sp(partial)
+            else:
+                # [S(0), P] -> all-reduce -> [S(0), B]
+                out = reduce_from_tp(partial)
             if bias is not None and not self.skip_bias_add:
                 out = out + bias
         else:
@@ -86,4 +121,5 @@ class Linear(nn.Module):
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, "
             f"bias={self.bias is not None}, parallel={self.parallel}, layer_idx={self.layer_idx}"
+            + (", sequence_parallel=True" if self.sequence_parallel else "")
         )

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from libai.layers.collectives import copy_to_tp, gather_from_tp
+from libai.layers.collectives import copy_to_tp, gather_from_sp, gather_from_tp
 from libai.layers.embedding import VocabEmbedding, pad_vocab_size
 from libai.layers.param import create_parameter, default_init_method, local_value, zeros
 from libai.utils import distributed as dist
@@ -25,6 +25,9 @@ class LMLogits(nn.Module):
 
     ``forward`` returns this rank's vocab shard of the logits, ``[S(0), S(-1)]``; columns of
     vocab padding hold the dtype's minimum so they never win a softmax.
+
+    With ``sequence_parallel=True`` the head's input is this rank's share of the sequence
+    and is all-gathered on entry (see :func:`enter_head`); the logits cover the whole sequence.
     """
 
     def __init__(
@@ -36,9 +39,10 @@ class LMLogits(nn.Module):
         vocab_size: int | None = None,
         hidden_size: int | None = None,
         init_method=None,
+        sequence_parallel: bool = False,
     ):
         super().__init__()
-        self.layer_idx = layer_idx
+        self.layer_idx, self.sequence_parallel = layer_idx, sequence_parallel
         if embedding is None:  # an untied head (Llama, T5 v1.1 / mT5): its own weight
             if vocab_size is None or hidden_size is None:
                 raise ValueError(
@@ -106,8 +110,8 @@ class LMLogits(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         weight, bias = self.local_weight_and_bias()
-        # [S(0), B] x [S(0), B]^T -> [S(0), S(-1)]  (vocab-split logits, no comm forward)
-        logits = F.linear(copy_to_tp(hidden_states), weight, bias)
+        # [S(0), B] x [S(0), B]^T -> [S(0), S(-1)]  (vocab-split logits)
+        logits = F.linear(enter_head(hidden_states, self.sequence_parallel), weight, bias)
         if self.padded_vocab_size != self.vocab_size:
             start = dist.get_tensor_parallel_rank() * weight.shape[0]
             column = torch.arange(start, start + weight.shape[0], device=logits.device)
@@ -117,3 +121,13 @@ class LMLogits(nn.Module):
     def gather(self, logits: torch.Tensor) -> torch.Tensor:
         """``[S(0), S(-1)] -> [S(0), B]``: full-vocab logits (padding dropped)."""
         return gather_from_tp(logits, dim=-1)[..., : self.vocab_size]
+
+
+def enter_head(hidden: torch.Tensor, sequence_parallel: bool = False) -> torch.Tensor:
+    """The head's input entered into its (vocab-parallel) region.
+
+    ``[S(0), B] -> [S(0), B]``: identity forward, ``d hidden`` all-reduced over tp backward;
+    with ``sequence_parallel``: ``[S(0), S(1)] -> all-gather -> [S(0), B]``, ``d hidden``
+    reduce-scattered back to the sequence shards.
+    """
+    return gather_from_sp(hidden) if sequence_parallel else copy_to_tp(hidden)

@@ -164,6 +164,16 @@ def _wrap(local: torch.Tensor, tp_split_dim: int | None) -> torch.Tensor:
     return DTensor.from_local(local, util.stage_mesh, placements, run_check=False)
 
 
+def mark_sequence_parallel(*params: torch.Tensor | None) -> None:
+    """Mark replicated parameters used inside the sequence-parallel region (norm weights,
+    row-parallel biases): each tp rank sees only its share of the sequence, so their
+    gradients are partial sums over tp that the runner all-reduces
+    (:meth:`~libai.engine.parallel.ModelRunner.sync_gradients`), as Megatron does."""
+    for param in params:
+        if param is not None:
+            param.libai_sequence_parallel = True
+
+
 def local_value(param: torch.Tensor) -> torch.Tensor:
     """The local shard used in compute (differentiable); plain tensors pass through."""
     return param.to_local() if isinstance(param, DTensor) else param

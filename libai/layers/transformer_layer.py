@@ -13,12 +13,15 @@ from libai.layers.mlp import MLP
 from libai.layers.param import InitMethod, default_init_method
 
 
-def build_norm(norm_type: str, hidden_size: int, eps: float, *, layer_idx: int) -> nn.Module:
+def build_norm(
+    norm_type: str, hidden_size: int, eps: float, *, layer_idx: int, sequence_parallel=False
+) -> nn.Module:
     """``"layernorm"`` or ``"rmsnorm"``."""
+    sp = dict(layer_idx=layer_idx, sequence_parallel=sequence_parallel)
     if norm_type == "layernorm":
-        return LayerNorm(hidden_size, eps=eps, layer_idx=layer_idx)
+        return LayerNorm(hidden_size, eps=eps, **sp)
     if norm_type == "rmsnorm":
-        return RMSLayerNorm(hidden_size, eps=eps, layer_idx=layer_idx)
+        return RMSLayerNorm(hidden_size, eps=eps, **sp)
     raise ValueError(f"norm_type must be 'layernorm' or 'rmsnorm', got {norm_type!r}")
 
 
@@ -34,6 +37,11 @@ class TransformerLayer(nn.Module):
 
     ``bias`` sets the biases of the attention output and the MLP; ``qkv_bias`` /
     ``mlp_bias`` override it for the q/k/v projections / the MLP (e.g. Qwen2: q/k/v only).
+
+    ``sequence_parallel=True`` (Megatron's sequence parallel, ``train.dist.sequence_parallel``;
+    not with ``is_decoder``): ``hidden_states`` and the output are this rank's share of the
+    sequence ``[batch, seq / tp, hidden]``, so norms, dropout and residuals hold 1/tp of the
+    activations; attention and MLP gather the sequence on entry and reduce-scatter it on exit.
     """
 
     def __init__(
@@ -60,9 +68,16 @@ class TransformerLayer(nn.Module):
         *,
         layer_idx: int = 0,
         mlp_bias: bool | None = None,
+        sequence_parallel: bool = False,
     ):
         super().__init__()
+        if sequence_parallel and is_decoder:
+            raise ValueError(
+                "a decoder block with cross-attention does not support sequence parallel "
+                "(train.dist.sequence_parallel=True); set it to False for this model."
+            )
         self.layer_idx, self.pre_norm, self.is_decoder = layer_idx, pre_norm, is_decoder
+        self.sequence_parallel = sequence_parallel
         #: recompute this block in backward instead of keeping its activations: False,
         #: "full" or "selective" (set by ``train.activation_checkpoint``; see
         #: libai.layers.checkpointing)
@@ -79,11 +94,14 @@ class TransformerLayer(nn.Module):
             scale_attention=scale_attention,
             layer_idx=layer_idx,
         )
-        self.input_layernorm = build_norm(
-            norm_type, hidden_size, layernorm_epsilon, layer_idx=layer_idx
-        )
+        sp = dict(layer_idx=layer_idx, sequence_parallel=sequence_parallel)
+        self.input_layernorm = build_norm(norm_type, hidden_size, layernorm_epsilon, **sp)
         self.self_attention = MultiheadAttention(
-            hidden_size, num_attention_heads, attn_mask_type=attn_mask_type, **attn_kwargs
+            hidden_size,
+            num_attention_heads,
+            attn_mask_type=attn_mask_type,
+            sequence_parallel=sequence_parallel,
+            **attn_kwargs,
         )
         if is_decoder:
             self.post_attention_layernorm = build_norm(
@@ -93,7 +111,7 @@ class TransformerLayer(nn.Module):
                 hidden_size, num_attention_heads, is_cross_attention=True, **attn_kwargs
             )
         self.post_cross_attention_layernorm = build_norm(
-            norm_type, hidden_size, layernorm_epsilon, layer_idx=layer_idx
+            norm_type, hidden_size, layernorm_epsilon, **sp
         )
         self.mlp = MLP(
             hidden_size,
@@ -104,7 +122,7 @@ class TransformerLayer(nn.Module):
             bias if mlp_bias is None else mlp_bias,
             init_method,
             output_layer_init_method,
-            layer_idx=layer_idx,
+            **sp,
         )
 
     def _residual(self, x, norm, fn):

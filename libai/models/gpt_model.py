@@ -21,19 +21,36 @@ from libai.layers import (
     scaled_init_method_normal,
 )
 from libai.layers.chunked_loss import check_loss_chunk_size, chunked_lm_loss, lm_head_input
-from libai.layers.kv_cache import layer_past, past_length
+from libai.layers.kv_cache import (
+    check_no_cache_under_sequence_parallel,
+    layer_past,
+    past_length,
+)
 from libai.utils import distributed as dist
 
 
 class GPTEmbedding(nn.Module):
-    """Token (vocab-parallel) + learned position embeddings, then dropout."""
+    """Token (vocab-parallel) + learned position embeddings, then dropout.
 
-    def __init__(self, vocab_size, hidden_size, max_seq_length, init_method, dropout_prob):
+    With ``sequence_parallel`` the output is this rank's share of the sequence: the token
+    lookups are reduce-scattered and only this rank's positions are looked up.
+    """
+
+    def __init__(
+        self,
+        vocab_size,
+        hidden_size,
+        max_seq_length,
+        init_method,
+        dropout_prob,
+        sequence_parallel=False,
+    ):
         super().__init__()
         self.layer_idx = 0
         self.max_seq_length = max_seq_length
-        self.token_embeddings = VocabEmbedding(vocab_size, hidden_size, init_method, layer_idx=0)
-        self.position_embeddings = Embedding(max_seq_length, hidden_size, init_method, layer_idx=0)
+        sp = dict(layer_idx=0, sequence_parallel=sequence_parallel)
+        self.token_embeddings = VocabEmbedding(vocab_size, hidden_size, init_method, **sp)
+        self.position_embeddings = Embedding(max_seq_length, hidden_size, init_method, **sp)
         self.dropout = nn.Dropout(dropout_prob)
 
     def forward(self, input_ids, position_ids=None, past_length: int = 0):
@@ -47,6 +64,7 @@ class GPTEmbedding(nn.Module):
             position_ids = torch.arange(
                 past_length, past_length + seq_len, device=input_ids.device
             ).unsqueeze(0)
+        # [S(0), B] (sequence parallel: [S(0), S(1)], this rank's positions)
         hidden = self.token_embeddings(input_ids) + self.position_embeddings(position_ids)
         return self.dropout(hidden) if self.dropout.p > 0 else hidden  # skip the identity call
 
@@ -54,11 +72,15 @@ class GPTEmbedding(nn.Module):
 class Transformer(nn.Module):
     """The stack of blocks plus the final LayerNorm (``layernorm_f``)."""
 
-    def __init__(self, num_layers: int, layer_factory, hidden_size: int, eps: float):
+    def __init__(
+        self, num_layers: int, layer_factory, hidden_size: int, eps: float, sequence_parallel=False
+    ):
         super().__init__()
         # A ModuleDict keyed by layer index: a pipeline stage drops the others, names stay.
         self.layers = nn.ModuleDict({str(i): layer_factory(i) for i in range(num_layers)})
-        self.layernorm_f = LayerNorm(hidden_size, eps=eps, layer_idx=-1)
+        self.layernorm_f = LayerNorm(
+            hidden_size, eps=eps, layer_idx=-1, sequence_parallel=sequence_parallel
+        )
 
 
 class GPTModel(nn.Module):
@@ -66,6 +88,9 @@ class GPTModel(nn.Module):
 
     As a pipeline stage, parts of other stages are ``None`` and ``forward`` takes and returns
     hidden states instead of token ids / logits.
+
+    Under ``train.dist.sequence_parallel`` the hidden states between the embedding and the
+    head (and between pipeline stages) are this rank's share of the sequence.
     """
 
     @configurable
@@ -95,8 +120,9 @@ class GPTModel(nn.Module):
         init_method = init_method_normal(initializer_range)
         output_init = scaled_init_method_normal(initializer_range, hidden_layers)
         self.num_layers = hidden_layers
+        self.sequence_parallel = sp = dist.is_sequence_parallel()
         self.embeddings = GPTEmbedding(
-            vocab_size, hidden_size, max_seq_length, init_method, embedding_dropout_prob
+            vocab_size, hidden_size, max_seq_length, init_method, embedding_dropout_prob, sp
         )
 
         def block(i):
@@ -112,10 +138,13 @@ class GPTModel(nn.Module):
                 output_layer_init_method=output_init,
                 attn_mask_type="causal",
                 layer_idx=i,
+                sequence_parallel=sp,
             )
 
-        self.transformer = Transformer(hidden_layers, block, hidden_size, layernorm_epsilon)
-        self.lm_head = LMLogits(self.embeddings.token_embeddings, layer_idx=-1)
+        self.transformer = Transformer(hidden_layers, block, hidden_size, layernorm_epsilon, sp)
+        self.lm_head = LMLogits(
+            self.embeddings.token_embeddings, layer_idx=-1, sequence_parallel=sp
+        )
         #: tokens per chunk of the training loss (:func:`~libai.layers.chunked_lm_loss`):
         #: head + cross entropy without all the logits at once; None = the plain loss
         self.loss_chunk_size = check_loss_chunk_size(loss_chunk_size)
@@ -137,11 +166,14 @@ class GPTModel(nn.Module):
             per-layer pairs of a previous call with ``use_cache=True``.
         logits_to_keep: compute the head for the last this many positions only (0 = all).
         return_hidden: stop before the head: the last stage returns the final hidden states
-            (for a chunked loss).
+            (for a chunked loss; this rank's sequence shard under sequence parallel).
 
         Returns the vocab-split logits (hidden states on a non-last stage), and with
         ``use_cache=True`` a tuple ``(logits, presents)``.
         """
+        check_no_cache_under_sequence_parallel(
+            self.sequence_parallel, past_key_values, use_cache or bool(logits_to_keep)
+        )
         hidden = input_ids
         if self.embeddings is not None:
             hidden = self.embeddings(input_ids, position_ids, past_length(past_key_values))
@@ -181,6 +213,8 @@ class GPTForPreTraining(nn.Module):
     #: the target handed to the loss on the last stage
     pipeline_input_key = "input_ids"
     pipeline_target_key = "labels"
+    #: runs with train.dist.sequence_parallel (checked by the ModelRunner)
+    supports_sequence_parallel = True
 
     def __init__(self, cfg=None, **kwargs):
         super().__init__()
@@ -213,7 +247,8 @@ class GPTForPreTraining(nn.Module):
         (:func:`~libai.layers.lm_head_input`) and ``pipeline_loss`` applies the head."""
         if self.GPT_model.loss_chunk_size and torch.is_grad_enabled():
             if self.GPT_model.lm_head is not None:
-                return lm_head_input(self.GPT_model(x, return_hidden=True))
+                hidden = self.GPT_model(x, return_hidden=True)
+                return lm_head_input(hidden, self.GPT_model.sequence_parallel)
         return self.GPT_model(x)
 
     def pipeline_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

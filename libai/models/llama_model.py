@@ -27,7 +27,11 @@ from libai.layers import (
     init_method_normal,
 )
 from libai.layers.chunked_loss import check_loss_chunk_size, chunked_lm_loss, lm_head_input
-from libai.layers.kv_cache import layer_past, past_length
+from libai.layers.kv_cache import (
+    check_no_cache_under_sequence_parallel,
+    layer_past,
+    past_length,
+)
 from libai.layers.rotary import rope_type
 from libai.utils import distributed as dist
 
@@ -61,6 +65,8 @@ class LlamaModel(nn.Module):
 
     ``forward`` returns ``{"last_hidden_state"}`` (plus ``"past_key_values"`` with
     ``use_cache=True``). As a pipeline stage, the parts of other stages are ``None``.
+    Under ``train.dist.sequence_parallel`` the hidden states (also between pipeline stages
+    and the returned ones) are this rank's share of the sequence ``[batch, seq / tp, hidden]``.
 
     Args:
         hidden_layers, vocab_size, hidden_size, intermediate_size, num_attention_heads:
@@ -118,7 +124,10 @@ class LlamaModel(nn.Module):
         head_dim = head_dim or hidden_size // num_attention_heads
         init_method = init_method_normal(initializer_range)
         self.num_layers = hidden_layers
-        self.embed_tokens = VocabEmbedding(vocab_size, hidden_size, init_method, layer_idx=0)
+        self.sequence_parallel = sp = dist.is_sequence_parallel()
+        self.embed_tokens = VocabEmbedding(
+            vocab_size, hidden_size, init_method, layer_idx=0, sequence_parallel=sp
+        )
 
         def block(i):
             return TransformerLayer(
@@ -139,11 +148,12 @@ class LlamaModel(nn.Module):
                 init_method=init_method,
                 attn_mask_type="causal",
                 layer_idx=i,
+                sequence_parallel=sp,
             )
 
         # A ModuleDict keyed by layer index: a pipeline stage drops the others, names stay.
         self.layers = nn.ModuleDict({str(i): block(i) for i in range(hidden_layers)})
-        self.norm = RMSLayerNorm(hidden_size, eps=rms_norm_eps, layer_idx=-1)
+        self.norm = RMSLayerNorm(hidden_size, eps=rms_norm_eps, layer_idx=-1, sequence_parallel=sp)
         self.loss_chunk_size = check_loss_chunk_size(loss_chunk_size)
         # no parameters, so no layer_idx: every stage keeps it
         self.rotary_emb = RotaryEmbedding(
@@ -169,9 +179,12 @@ class LlamaModel(nn.Module):
         ``attention_mask.cumsum(-1) - 1``, for left-padded batches). ``presents`` is the list
         of per-layer caches with ``use_cache=True``, else None.
         """
+        check_no_cache_under_sequence_parallel(self.sequence_parallel, past_key_values, use_cache)
         hidden = input_ids if self.embed_tokens is None else self.embed_tokens(input_ids)
         if position_ids is None:
             seq, past = hidden.shape[1], past_length(past_key_values)
+            if self.sequence_parallel:  # hidden holds this rank's share of the sequence
+                seq *= dist.get_tensor_parallel_size()
             position_ids = torch.arange(past, past + seq, device=hidden.device).unsqueeze(0)
         rotary = self.rotary_emb(position_ids, dtype=hidden.dtype)
         mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
@@ -231,12 +244,15 @@ class LlamaForCausalLM(nn.Module):
     generation keep the logits.
     """
 
+    #: runs with train.dist.sequence_parallel (checked by the ModelRunner)
+    supports_sequence_parallel = True
+
     def __init__(self, cfg=None, **kwargs):
         super().__init__()
         self.model = LlamaModel(cfg=cfg, **kwargs)
-        c = self.model.libai_cfg
+        c, sp = self.model.libai_cfg, self.model.sequence_parallel
         if c["tie_word_embeddings"]:
-            self.lm_head = LMLogits(self.model.embed_tokens, layer_idx=-1)
+            self.lm_head = LMLogits(self.model.embed_tokens, layer_idx=-1, sequence_parallel=sp)
         else:
             self.lm_head = LMLogits(
                 None,
@@ -244,6 +260,7 @@ class LlamaForCausalLM(nn.Module):
                 hidden_size=c["hidden_size"],
                 init_method=init_method_normal(c["initializer_range"]),
                 layer_idx=-1,
+                sequence_parallel=sp,
             )
         self.loss_func = ParallelCrossEntropyLoss(ignore_index=IGNORE_INDEX)
 
@@ -291,7 +308,7 @@ class LlamaForCausalLM(nn.Module):
         hidden, _ = self.model.hidden_states(x, attention_mask)
         if self.lm_head is not None:
             if self.model.loss_chunk_size and torch.is_grad_enabled():
-                return lm_head_input(hidden)
+                return lm_head_input(hidden, self.model.sequence_parallel)
             return self.lm_head(hidden)
         return hidden if attention_mask is None else (hidden, attention_mask)
 

@@ -14,6 +14,10 @@ layout-independent as well:
   name: canonical name}``.
 - **Padding.** A parameter padded for tensor parallelism (vocab rounded up to a multiple of
   tp; ``libai_logical_shape`` holds the real shape) is stored in its logical shape.
+- **ZeRO.** Optimizer state is stored under parameter names and global shapes whatever the
+  stage: a ZeRO-1/2 rank writes the state of the parameters it owns, a ZeRO-3 rank its dp
+  shard of every state (FSDP2 DTensors). A checkpoint of any stage loads into any other
+  stage and layout, each rank reading the pieces it holds there.
 
 Directory layout (``save_dir`` is e.g. ``train.output_dir``)::
 
@@ -441,7 +445,9 @@ class Checkpointer:
         save_to_disk: ``False`` makes :meth:`save` a no-op; must agree on all ranks (every
             rank writes its own shards). Default ``True``.
         **checkpointables: objects with ``state_dict`` / ``load_state_dict``. Optimizers
-            (``torch.optim.Optimizer``) are sharded through DCP like the model; anything
+            (``torch.optim.Optimizer``) are sharded through DCP like the model, keyed by
+            parameter name: ZeRO 1/2 (each rank writes the state of the parameters it owns)
+            and ZeRO 3 (dp-sharded DTensors) included, so every stage reshards; anything
             else (scheduler, grad scaler, ...) is pickled into each rank's ``rank_{r}.pt``.
 
     All methods that save or load are collective: call them on every rank.
@@ -464,13 +470,14 @@ class Checkpointer:
 
     # ---- bookkeeping ------------------------------------------------------------------------
     def _sharded_names(self, names: Iterable[str]) -> list[str]:
-        return [
-            n
-            for n in names
-            if isinstance(self.checkpointables[n], torch.optim.Optimizer)
-            # a ZeRO optimizer holds only this rank's part: it goes into the rank's own file
-            and not getattr(self.checkpointables[n], "libai_per_rank_state", False)
-        ]
+        return [n for n in names if isinstance(self.checkpointables[n], torch.optim.Optimizer)]
+
+    def _dcp_optimizer(self, name: str) -> torch.optim.Optimizer:
+        """The optimizer whose state DCP saves for checkpointable ``name``: a ZeRO 1/2
+        optimizer's inner one (the state of the parameters this rank owns, keyed by their
+        names like any other), else the optimizer itself."""
+        optimizer = self.checkpointables[name]
+        return getattr(optimizer, "libai_checkpoint_optimizer", optimizer)
 
     def has_checkpoint(self) -> bool:
         """Whether ``save_dir/last_checkpoint`` exists."""
@@ -528,7 +535,7 @@ class Checkpointer:
         model_sd = get_model_state_dict(self.model)
         optim_sds, empty = {}, {}
         for opt_name in self._sharded_names(self.checkpointables):
-            optimizer = self.checkpointables[opt_name]
+            optimizer = self._dcp_optimizer(opt_name)
             empty[opt_name] = not optimizer.state
             osd = get_optimizer_state_dict(self.model, optimizer, options=_OPTIM_OPTIONS)
             if empty[opt_name]:  # DSD initialized the state with a zero-lr step: undo that
@@ -652,7 +659,7 @@ class Checkpointer:
             if opt_name not in state["sharded"]:
                 logger.warning("'%s' is not in checkpoint %s; not loaded", opt_name, path)
                 continue
-            optimizer = self.checkpointables[opt_name]
+            optimizer = self._dcp_optimizer(opt_name)
             osd = get_optimizer_state_dict(self.model, optimizer, options=_OPTIM_OPTIONS)
             if state["optimizer_empty"].get(opt_name, False):  # saved before its first step
                 optimizer.state.clear()
@@ -668,7 +675,7 @@ class Checkpointer:
         view.write_back()
         set_model_state_dict(self.model, model_sd)
         for opt_name, osd in optim_sds.items():
-            optimizer = self.checkpointables[opt_name]
+            optimizer = self._dcp_optimizer(opt_name)
             if state["optimizer_empty"].get(opt_name, False):
                 _load_param_groups(self.model, optimizer, osd)  # DSD would init the state
             else:

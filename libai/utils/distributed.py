@@ -55,6 +55,8 @@ DIST_CONFIG_KEYS = {
     "virtual_pipeline_size": 1,
     # ours: torch.distributed.pipelining schedule name, see libai.engine.parallel
     "pipeline_schedule": "1F1B",
+    # ours: Megatron-style sequence parallel over the tp group (needs tensor_parallel_size > 1)
+    "sequence_parallel": False,
 }
 
 
@@ -98,6 +100,8 @@ class DistLayout:
     layer_stage_ids: tuple[int, ...] = field(default_factory=tuple)
     device_type: str = "cpu"
     pipeline_schedule: str = "1F1B"
+    #: norms, dropout and residuals of each block split along the sequence over tp
+    sequence_parallel: bool = False
 
     @property
     def num_stages(self) -> int:
@@ -129,6 +133,7 @@ def resolve_layout(dist_cfg, world_size: int) -> DistLayout:
             f"tensor_parallel_size ({tp}) x pipeline_parallel_size ({pp}) = {tp * pp}. "
             f"Launch a multiple of {tp * pp} processes or change train.dist."
         )
+    sequence_parallel = _sequence_parallel(cfg["sequence_parallel"], tp)
     dp = world_size // (tp * pp)
     configured_dp = cfg["data_parallel_size"]
     if configured_dp not in (None, -1, "auto") and int(configured_dp) != dp:
@@ -171,7 +176,21 @@ def resolve_layout(dist_cfg, world_size: int) -> DistLayout:
         layer_stage_ids=stage_ids,
         device_type=device_type,
         pipeline_schedule=str(cfg["pipeline_schedule"]),
+        sequence_parallel=sequence_parallel,
     )
+
+
+def _sequence_parallel(value, tp: int) -> bool:
+    """Validate ``train.dist.sequence_parallel`` (a bool that needs tp > 1)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"train.dist.sequence_parallel must be True or False, got {value!r}.")
+    if value and tp == 1:
+        raise ValueError(
+            "train.dist.sequence_parallel=True needs tensor_parallel_size > 1: it splits the "
+            "sequence over the tensor-parallel group. Set train.dist.tensor_parallel_size to 2 "
+            "or more, or train.dist.sequence_parallel=False."
+        )
+    return bool(value)
 
 
 def _check_custom_stage_ids(ids: list[int], num_layers: int, num_stages: int) -> tuple[int, ...]:
@@ -410,6 +429,12 @@ def get_tensor_parallel_rank() -> int:
 
 def get_tensor_parallel_size() -> int:
     return get_dist_util().layout.tensor_parallel_size
+
+
+def is_sequence_parallel() -> bool:
+    """Whether ``train.dist.sequence_parallel`` is on (then tp > 1): models that support it
+    keep the activations between their tensor-parallel regions split along the sequence."""
+    return get_dist_util().layout.sequence_parallel
 
 
 def get_pipeline_parallel_rank() -> int:

@@ -1,64 +1,73 @@
-"""ZeRO stages 1 and 2 against the same layout without ZeRO and the single-process reference.
+"""ZeRO stages 1-3 against the same layout without ZeRO and the single-process reference.
 
 For every layout and stage: 3 AdamW steps with global-norm clipping give the parameters of
 the run without ZeRO (and of the single-process AdamW run); each rank's optimizer state is
-its share; stage 2 leaves a rank only the gradients it owns; a save -> load -> continue on the
-same layout equals the uninterrupted run. The script records the differences; the test
-(tests/test_zero.py) judges them, with the tolerances of ``gpt_reference``.
+its share; stage 2 leaves a rank only the gradients it owns; stage 3 holds a shard of every
+parameter and gradient; a save -> load -> continue on the same layout equals the
+uninterrupted run. A layout may ask for HSDP (``hsdp``), activation checkpointing
+(``activation_checkpointing``), an AMP check (``amp``) and to keep its checkpoints
+(``keep_checkpoints``: a directory the resharding tests load from). The script records the
+differences; the test (tests/test_zero.py) judges them, with the tolerances of
+``gpt_reference``.
 """
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import torch
 from common import parse_out_dir, run_checks
-from gpt_reference import MAX_GRAD_NORM, STEPS, build_model, full_state, make_batch, max_diff
+from gpt_reference import STEPS, full_state, max_diff
+from zero_runs import make_run as _make_run
+from zero_runs import train
 
-from libai.engine.parallel import ModelRunner
-from libai.engine.zero import (
-    ZeroOptimizer,
-    optimizer_state_bytes,
-    owned_parameters,
-    prepare_model,
-    shard_optimizer,
-)
+from libai.engine.zero import ZeroOptimizer, optimizer_state_bytes, owned_parameters
+from libai.layers import TransformerLayer
 from libai.utils import distributed as dist
 from libai.utils.checkpoint import Checkpointer
 
-ADAMW = dict(lr=0.01, weight_decay=0.1, eps=1e-6)
+
+def _local_numel(tensors) -> int:
+    return sum((t.to_local() if hasattr(t, "to_local") else t).numel() for t in tensors)
 
 
-def make_run(stage, num_microbatches=1):
-    model = build_model()
-    runner = ModelRunner(model, num_microbatches=num_microbatches)
-    prepare_model(runner, stage)
-    optimizer = torch.optim.AdamW(model.parameters(), **ADAMW)
-    if stage is not None:
-        optimizer = shard_optimizer(runner, optimizer, stage)
-    return model, runner, optimizer
-
-
-def train(runner, optimizer, steps, *, on_synced=None):
-    util = dist.get_dist_util()
-    dp = util.layout.data_parallel_size
-    losses, norms = [], []
-    for step in steps:
-        batch = {k: v.chunk(dp)[util.data_parallel_rank] for k, v in make_batch(step).items()}
-        losses.append(float(runner.forward_backward(batch)))
-        if on_synced is not None:
-            on_synced(step)
-        norms.append(float(runner.clip_grad_norm_(MAX_GRAD_NORM)))
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-    return losses, norms
+def amp_check(layout: dict) -> dict:
+    """ZeRO-3 under bf16 AMP: blocks compute on bf16 gathered weights, the shards, their
+    gradients and the optimizer stay fp32, and the loss stays near the fp32 one."""
+    model, runner, optimizer = _make_run(
+        3, hsdp_replicate_size=layout.get("hsdp", 1), amp_dtype=torch.bfloat16
+    )
+    seen = []
+    block = next(m for m in model.modules() if isinstance(m, TransformerLayer))
+    block.register_forward_pre_hook(lambda m, args: seen.append(str(next(m.parameters()).dtype)))
+    losses, _ = train(runner, optimizer, range(1))
+    param = next(block.parameters())
+    return {
+        "loss": losses[0],
+        "gathered_dtype": seen[0],
+        "shard_dtype": str(param.dtype),
+        "state_dtypes": sorted(
+            {str(v.dtype) for s in optimizer.state.values() for k, v in s.items() if k != "step"}
+        ),
+    }
 
 
 def check_layout(layout: dict, ref: dict, out_dir) -> dict:
     util = dist.setup_dist_util(dict(layout["dist"]))
     num_microbatches = layout.get("microbatches", 1)
+    hsdp = layout.get("hsdp", 1)
+
+    def make_run(stage, num_microbatches):
+        return _make_run(
+            stage,
+            num_microbatches,
+            hsdp_replicate_size=hsdp if stage == 3 else 1,
+            activation_checkpointing=layout.get("activation_checkpointing", False),
+        )
+
     runs = {}
-    stages = [1, 2] + ([3] if layout.get("stage3") else [])
+    stages = layout.get("stages", [1, 2])
     for stage in [None, *stages]:
         model, runner, optimizer = make_run(stage, num_microbatches)
         grads_held = {}
@@ -72,6 +81,10 @@ def check_layout(layout: dict, ref: dict, out_dir) -> dict:
                     names[id(p)] for p in model.parameters() if p.grad is not None
                 )
                 grads_held["owned"] = sorted(names[id(p)] for p in owned_parameters(optimizer))
+            if step == 0 and stage == 3:  # a shard of every gradient
+                grads_held["grad_numel"] = _local_numel(
+                    p.grad for p in model.parameters() if p.grad is not None
+                )
 
         losses, norms = train(runner, optimizer, range(STEPS), on_synced=on_synced)
         runs[stage] = {
@@ -80,15 +93,16 @@ def check_layout(layout: dict, ref: dict, out_dir) -> dict:
             "norms": norms,
             "state_bytes": optimizer_state_bytes(optimizer),
             "num_params": len(list(model.parameters())),
-            "local_param_numel": sum(
-                (p.to_local() if hasattr(p, "to_local") else p).numel() for p in model.parameters()
-            ),
+            "local_param_numel": _local_numel(model.parameters()),
             **grads_held,
         }
+    shard_size = util.layout.data_parallel_size // hsdp
     result = {
         "name": layout["name"],
         "stages": {},
+        # the ranks that split a state among them: one (pp, tp) position (and HSDP replica)
         "position": [util.pipeline_rank, util.tensor_parallel_rank],
+        "replica": util.data_parallel_rank // shard_size,
     }
     base = runs[None]
     result["base_ref_diff"] = max_diff(base["final"], ref["final"])
@@ -108,12 +122,14 @@ def check_layout(layout: dict, ref: dict, out_dir) -> dict:
             "num_params": run["num_params"],
             "with_grad": run.get("with_grad"),
             "owned": run.get("owned"),
+            "grad_numel": run.get("grad_numel"),
         }
         result["stages"][str(stage)] = item
 
     # save after 2 steps, load into a fresh model and optimizer, continue: equals 3 straight
+    keep = layout.get("keep_checkpoints")
     for stage in stages:
-        ckpt_dir = str(out_dir / f"ckpt_{layout['name']}_{stage}")
+        ckpt_dir = str(Path(keep or out_dir) / f"ckpt_{layout['name']}_{stage}")
         model, runner, optimizer = make_run(stage, num_microbatches)
         train(runner, optimizer, range(STEPS - 1))
         Checkpointer(model, ckpt_dir, optimizer=optimizer).save("model_mid", iteration=1)
@@ -123,6 +139,8 @@ def check_layout(layout: dict, ref: dict, out_dir) -> dict:
         train(runner2, optimizer2, range(STEPS - 1, STEPS))
         resumed = full_state(model2)
         result["stages"][str(stage)]["resume_diff"] = max_diff(resumed, runs[stage]["final"])
+    if layout.get("amp"):
+        result["amp"] = amp_check(layout)
     return result
 
 

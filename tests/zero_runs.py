@@ -1,0 +1,43 @@
+"""The tiny GPT trained with AdamW and global-norm clipping under a ZeRO stage, on the
+current mesh (shared by the ZeRO layout and resharding tests and their dist scripts)."""
+
+from __future__ import annotations
+
+import torch
+from gpt_reference import MAX_GRAD_NORM, build_model, make_batch
+
+from libai.engine.parallel import ModelRunner
+from libai.engine.zero import prepare_model, shard_optimizer
+from libai.utils import distributed as dist
+
+ADAMW = dict(lr=0.01, weight_decay=0.1, eps=1e-6)
+
+
+def make_run(stage=None, num_microbatches=1, *, hsdp_replicate_size=1, **runner_kwargs):
+    """Model, runner and (ZeRO-wrapped) AdamW for ZeRO ``stage`` (None: without ZeRO)."""
+    model = build_model()
+    runner = ModelRunner(model, num_microbatches=num_microbatches, **runner_kwargs)
+    prepare_model(runner, stage, hsdp_replicate_size=hsdp_replicate_size)
+    params = list(model.parameters())
+    # two groups (same hyper-parameters, same numbers as one), the second of one parameter:
+    # the other dp ranks of a ZeRO 1/2 run own nothing in it, which checkpoints must handle
+    optimizer = torch.optim.AdamW([{"params": params[:-1]}, {"params": params[-1:]}], **ADAMW)
+    if stage is not None:
+        optimizer = shard_optimizer(runner, optimizer, stage)
+    return model, runner, optimizer
+
+
+def train(runner, optimizer, steps, *, on_synced=None) -> tuple[list[float], list[float]]:
+    """The given steps (each on its own global batch, split over dp); losses and norms."""
+    util = dist.get_dist_util()
+    dp = util.layout.data_parallel_size
+    losses, norms = [], []
+    for step in steps:
+        batch = {k: v.chunk(dp)[util.data_parallel_rank] for k, v in make_batch(step).items()}
+        losses.append(float(runner.forward_backward(batch)))
+        if on_synced is not None:
+            on_synced(step)
+        norms.append(float(runner.clip_grad_norm_(MAX_GRAD_NORM)))
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return losses, norms
