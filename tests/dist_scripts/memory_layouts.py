@@ -1,6 +1,7 @@
 """The memory estimator against what each rank really holds, on several layouts.
 
-For every layout and ZeRO stage (none, 1, 2, 3): one AdamW step of the tiny GPT
+For every layout and ZeRO stage (``stages``, default none, 1, 2, 3; ``hsdp``: stage 3 as
+HSDP with that replicate size): one AdamW step of the tiny GPT
 (``tests/zero_runs.py``), then this rank's parameter, synced-gradient and optimizer-state
 bytes next to :func:`libai.utils.memory_estimator.estimate_memory`'s row for this rank. A
 layout with ``activations`` also records one micro-batch's held activation bytes of a larger
@@ -19,9 +20,10 @@ from zero_runs import make_run, train
 from libai.utils import distributed as dist
 
 
-def bytes_case(stage, num_microbatches: int) -> dict:
+def bytes_case(stage, num_microbatches: int, hsdp: int = 1) -> dict:
     util = dist.get_dist_util()
-    model, runner, optimizer = make_run(stage, num_microbatches)
+    hsdp = hsdp if stage == 3 else 1
+    model, runner, optimizer = make_run(stage, num_microbatches, hsdp_replicate_size=hsdp)
     held = {}
 
     def on_synced(step):
@@ -37,6 +39,7 @@ def bytes_case(stage, num_microbatches: int) -> dict:
         seq_length=SEQ,
         num_microbatches=num_microbatches,
         zero_stage=stage,
+        hsdp_replicate_size=hsdp,
     )
     predicted.pop("activations_micro_batch")
     return {"measured": measured_state(model, optimizer, held["grads"]), "predicted": predicted}
@@ -45,7 +48,8 @@ def bytes_case(stage, num_microbatches: int) -> dict:
 def check_layout(layout: dict) -> dict:
     util = dist.setup_dist_util(dict(layout["dist"]))
     m = layout.get("microbatches", 1)
-    result = {str(stage): bytes_case(stage, m) for stage in (None, 1, 2, 3)}
+    stages = layout.get("stages", [None, 1, 2, 3])
+    result = {str(stage): bytes_case(stage, m, layout.get("hsdp", 1)) for stage in stages}
     if layout.get("activations"):
         result["act"] = activation_case(util.layout, util.rank, dp_rank=util.data_parallel_rank)
         sp = dist.setup_dist_util({**layout["dist"], "sequence_parallel": True})
