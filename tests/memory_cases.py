@@ -22,7 +22,7 @@ ACT_GPT = dict(
 )
 ACT_BATCH = 4
 #: relative tolerance of the activation estimate against the held bytes
-ACT_RTOL = 0.05
+ACT_RTOL = 0.01
 
 
 def local_bytes(tensors) -> int:
