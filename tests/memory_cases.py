@@ -61,10 +61,11 @@ def predicted_row(model_kwargs: dict, layout, rank: int, **settings) -> dict:
 
 
 def activation_case(
-    layout, rank: int, *, dp_rank: int = 0, loss_chunk_size=None, **runner_kwargs
+    layout, rank: int, *, dp_rank: int = 0, model_overrides=None, **runner_kwargs
 ) -> dict:
-    """Held bytes of one micro-batch of :data:`ACT_GPT` on this rank, and the prediction."""
-    model_kwargs = {**ACT_GPT, "loss_chunk_size": loss_chunk_size}
+    """Held bytes of one micro-batch of :data:`ACT_GPT` (with ``model_overrides``, e.g.
+    ``loss_chunk_size`` or dropout) on this rank, and the prediction."""
+    model_kwargs = {**ACT_GPT, **(model_overrides or {})}
     torch.manual_seed(0)
     model = GPTForPreTraining(**model_kwargs)
     amp = runner_kwargs.get("amp_dtype")
@@ -83,6 +84,6 @@ def activation_case(
         seq_length=ACT_GPT["max_seq_length"],
         amp_dtype=amp,
         checkpointing=mode,
-        loss_chunk_size=loss_chunk_size,
+        loss_chunk_size=model_kwargs.get("loss_chunk_size"),
     )["activations_micro_batch"]
     return {"held": held, "predicted": predicted}

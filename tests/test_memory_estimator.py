@@ -82,10 +82,15 @@ def test_single_process_bytes_equal_the_trainer_run(kind):
         {},
         {"activation_checkpointing": "full"},
         {"activation_checkpointing": "selective"},
-        {"loss_chunk_size": 64},
+        {"model_overrides": {"loss_chunk_size": 64}},
         {"amp_dtype": torch.bfloat16},
+        {
+            "model_overrides": {
+                f"{k}_dropout_prob": 0.1 for k in ("embedding", "attention", "output")
+            }
+        },
     ],
-    ids=["none", "full", "selective", "chunked_loss", "bf16"],
+    ids=["none", "full", "selective", "chunked_loss", "bf16", "dropout"],
 )
 def test_activation_estimate_single_process(kwargs):
     case = activation_case(dist.get_dist_util().layout, 0, **kwargs)
@@ -98,7 +103,7 @@ def test_checkpointing_and_chunked_loss_lower_activations_as_predicted():
         mode: activation_case(layout, 0, activation_checkpointing=mode)
         for mode in (False, "selective", "full")
     }
-    cases["chunked"] = activation_case(layout, 0, loss_chunk_size=64)
+    cases["chunked"] = activation_case(layout, 0, model_overrides={"loss_chunk_size": 64})
     for key in ("held", "predicted"):
         assert cases["full"][key] < cases["selective"][key] < cases[False][key], cases
         assert cases["chunked"][key] < cases[False][key], cases

@@ -51,7 +51,10 @@ Outside the blocks: the final norm's input (``4h / q``) and the LM head's input
 each; under AMP also the head weight's low-precision copy, ``2 V h / t``), or with
 ``model.cfg.loss_chunk_size`` only a fp32 log-normalizer per token (``4`` bytes). A later pipeline stage also keeps the
 activation it received (``4h / q``). Dropout with ``p > 0`` adds a 1-byte mask per
-element it touches (attention-probability dropout is not modelled).
+element it touches (the noise tensor, ``e`` bytes; ``4`` after the fp32 embedding), and
+attention dropout makes attention take the math path, which keeps the probabilities, the
+noise and the dropped probabilities (``3 e a s / t`` per token instead of the log-sum-exp);
+both are checked without checkpointing (in fp32).
 
 **In flight** (what the schedule keeps at its peak, in micro-batches): 1 without pipeline;
 GPipe / LoopedBFS ``m`` (the number of micro-batches); 1F1B and the zero-bubble schedules
@@ -234,6 +237,7 @@ def _block_geometry(block: nn.Module) -> dict:
         "hidden_dropout": sum(
             m.p > 0 for m in (attn.output_dropout, mlp.dropout) if isinstance(m, nn.Dropout)
         ),
+        "attention_dropout": attn.attention_dropout_prob > 0,
     }
 
 
@@ -243,6 +247,8 @@ def block_activation_bytes(geo: dict, tokens: int, tp: int, sp: bool, settings) 
     e = 2 if settings.amp_dtype is not None else _FP32
     block_input = _FP32 * h / q
     lse = _FP32 * geo["heads"] / tp
+    if geo["attention_dropout"]:  # the math path: probabilities, noise, dropped probabilities
+        lse = 3 * e * geo["heads"] / tp * settings.seq_length
     kept = e * (geo["qkv"] + geo["attn_out"] + geo["up"]) / tp
     mode = settings.checkpointing
     if mode == "full":
@@ -256,7 +262,7 @@ def block_activation_bytes(geo: dict, tokens: int, tp: int, sp: bool, settings) 
         + e * geo["act_outputs"] * geo["ffn"] / tp
         + 16 / q
         + lse
-        + geo["hidden_dropout"] * h / q  # bool masks
+        + geo["hidden_dropout"] * e * h / q  # dropout noise
     )
     weights = 2 * geo["weight_numel"] if settings.amp_dtype is not None else 0
     return int(tokens * per_token) + weights
@@ -279,8 +285,14 @@ def stage_activation_bytes(model, util: CountingDistUtil, settings: TrainSetting
     h = _block_geometry(blocks[0])["hidden"]
     e = 2 if settings.amp_dtype is not None else _FP32
     stages = util.local_stages() if layout.pipeline_parallel_size > 1 else [0]
-    if 0 not in stages:  # the received activation of each local stage
-        total += len(stages) * tokens * _FP32 * h // q
+    total += sum(s != 0 for s in stages) * tokens * _FP32 * h // q  # received activations
+    in_blocks = {id(m) for b in blocks for m in b.modules()}
+    other_dropouts = [
+        m
+        for m in model.modules()
+        if isinstance(m, nn.Dropout) and m.p > 0 and id(m) not in in_blocks
+    ]
+    total += len(other_dropouts) * tokens * _FP32 * h // q  # embedding dropout noise
     if layout.num_stages - 1 in stages:
         total += tokens * (_FP32 * h // q + e * h + 8)  # final norm input + stats, head input
         if settings.loss_chunk_size:
