@@ -89,8 +89,10 @@ def test_single_process_bytes_equal_the_trainer_run(kind):
                 f"{k}_dropout_prob": 0.1 for k in ("embedding", "attention", "output")
             }
         },
+        {"llama": True},
+        {"llama": True, "model_overrides": {"loss_chunk_size": 64}},
     ],
-    ids=["none", "full", "selective", "chunked_loss", "bf16", "dropout"],
+    ids=["none", "full", "selective", "chunked_loss", "bf16", "dropout", "llama", "llama_chunked"],
 )
 def test_activation_estimate_single_process(kwargs):
     case = activation_case(dist.get_dist_util().layout, 0, **kwargs)

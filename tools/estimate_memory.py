@@ -29,6 +29,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--seq-length", type=int, default=None, help="tokens per sample (max_seq_length)"
     )
+    parser.add_argument(
+        "--no-activations",
+        action="store_true",
+        help="parameters, gradients and optimizer state only (e.g. BERT, T5: models the "
+        "activation formulas do not cover)",
+    )
     parser.add_argument("opts", nargs="*", help="config overrides (key=value)")
     return parser.parse_intermixed_args(argv)
 
@@ -36,7 +42,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse_args(argv)
     cfg = LazyConfig.apply_overrides(LazyConfig.load(args.config_file), args.opts)
-    layout, settings, rows = estimate_config(cfg, args.world_size, args.seq_length)
+    layout, settings, rows = estimate_config(
+        cfg, args.world_size, args.seq_length, activations=not args.no_activations
+    )
     print(format_table(layout, settings, rows), flush=True)
     return 0
 

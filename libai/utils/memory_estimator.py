@@ -39,7 +39,9 @@ AMP; the residual stream and norm inputs stay fp32) of a pre-norm block, per tok
   else 1) ``+ e * 2h`` (the two column-parallel inputs, gathered under sequence parallel)
   ``+ e * (w_qkv + h_attn + w_fc1 + k * f) / t`` (q/k/v, the attention output, the MLP up
   projection(s) and the activation output(s): ``k`` = 1, or 2 for a gated MLP)
-  ``+ 16 / q + 4a / t`` (norm mean/rstd, attention log-sum-exp), plus under AMP the
+  ``+ 2 n / q + 4a / t`` (``n`` per norm: LayerNorm's mean and rstd, 8 bytes; RMSNorm's
+  rstd and normalized input, ``4 + 4h``; the attention log-sum-exp)
+  ``+ e * (w_q + w_kv) / t`` with rotary positions (the rotated q and k), plus under AMP the
   low-precision copies of the block's matmul weights (``2 * W_local`` bytes);
 - full checkpointing: ``4h / q`` (the block input) plus the RNG state the checkpoint keeps
   (:data:`RNG_STATE_BYTES` per block);
@@ -96,6 +98,8 @@ class TrainSettings:
     checkpointing: str | None = None  # None, "full" or "selective"
     optimizer: str = "adamw"  # "adamw", "sgd" or "sgd_momentum"
     loss_chunk_size: int | None = None
+    #: False: parameters, gradients and optimizer state only (any model)
+    activations: bool = True
 
 
 @dataclass
@@ -233,6 +237,7 @@ def _block_geometry(block: nn.Module) -> dict:
         "ffn": mlp.dense_4h_to_h.in_features,
         "up": mlp.dense_h_to_4h.out_features * (2 if mlp.gated else 1),
         "act_outputs": 2 if mlp.gated else 1,
+        "rms_norm": _is_rms(block.input_layernorm),
         "weight_numel": sum(m.weight.numel() for m in block.modules() if hasattr(m, "in_features")),
         "hidden_dropout": sum(
             m.p > 0 for m in (attn.output_dropout, mlp.dropout) if isinstance(m, nn.Dropout)
@@ -241,8 +246,21 @@ def _block_geometry(block: nn.Module) -> dict:
     }
 
 
-def block_activation_bytes(geo: dict, tokens: int, tp: int, sp: bool, settings) -> int:
-    """Bytes one block keeps for backward for ``tokens`` tokens (module doc formulas)."""
+def _is_rms(norm: nn.Module | None) -> bool:
+    return norm is not None and "RMS" in type(norm).__name__
+
+
+def _norm_extra(rms: bool, h: int) -> int:
+    """Per-token bytes a norm keeps besides its input: LayerNorm's fp32 mean and rstd (8);
+    RMSNorm's fp32 rstd and its normalized input (4 + 4h, not fused)."""
+    return 4 + _FP32 * h if rms else 8
+
+
+def block_activation_bytes(
+    geo: dict, tokens: int, tp: int, sp: bool, settings, rotary: bool = False
+) -> int:
+    """Bytes one block keeps for backward for ``tokens`` tokens (module doc formulas);
+    ``rotary``: the model rotates q and k (the rotated copies are kept)."""
     h, q = geo["hidden"], (tp if sp else 1)
     e = 2 if settings.amp_dtype is not None else _FP32
     block_input = _FP32 * h / q
@@ -260,7 +278,8 @@ def block_activation_bytes(geo: dict, tokens: int, tp: int, sp: bool, settings) 
         + e * 2 * h
         + kept
         + e * geo["act_outputs"] * geo["ffn"] / tp
-        + 16 / q
+        + _norm_extra(geo["rms_norm"], h) * 2 / q
+        + rotary * e * (geo["attn_out"] + (geo["qkv"] - geo["attn_out"]) / 2) / tp
         + lse
         + geo["hidden_dropout"] * e * h / q  # dropout noise
     )
@@ -276,11 +295,22 @@ def stage_activation_bytes(model, util: CountingDistUtil, settings: TrainSetting
     tp, sp = layout.tensor_parallel_size, layout.sequence_parallel
     q = tp if sp else 1
     tokens = settings.micro_batch_size * settings.seq_length
+    if not settings.activations:
+        return 0
     blocks = [m for m in model.modules() if isinstance(m, TransformerLayer)]
-    if not blocks:
-        raise ValueError(f"{type(model).__name__} has no TransformerLayer blocks to estimate")
+    unsupported = [
+        b for b in blocks if not b.pre_norm or getattr(b, "cross_attention", None) is not None
+    ]
+    if not blocks or unsupported:
+        raise ValueError(
+            f"the activation formulas cover pre-norm decoder-only blocks (GPT-2, Llama/Qwen2); "
+            f"{type(model).__name__} has "
+            + ("no TransformerLayer" if not blocks else "post-norm or cross-attention blocks")
+            + ": estimate parameters, gradients and optimizer state only (--no-activations)"
+        )
+    rotary = any("Rotary" in type(m).__name__ for m in model.modules())
     total = sum(
-        block_activation_bytes(_block_geometry(b), tokens, tp, sp, settings) for b in blocks
+        block_activation_bytes(_block_geometry(b), tokens, tp, sp, settings, rotary) for b in blocks
     )
     h = _block_geometry(blocks[0])["hidden"]
     e = 2 if settings.amp_dtype is not None else _FP32
@@ -294,7 +324,9 @@ def stage_activation_bytes(model, util: CountingDistUtil, settings: TrainSetting
     ]
     total += len(other_dropouts) * tokens * _FP32 * h // q  # embedding dropout noise
     if layout.num_stages - 1 in stages:
-        total += tokens * (_FP32 * h // q + e * h + 8)  # final norm input + stats, head input
+        final_rms = any(_is_rms(m) for m in model.modules() if id(m) not in in_blocks)
+        # final norm input (+ stats), head input
+        total += tokens * (_FP32 * h // q + _norm_extra(final_rms, h) // q + e * h)
         if settings.loss_chunk_size:
             total += tokens * _FP32  # the fp32 log-normalizer
         else:
@@ -374,11 +406,14 @@ def optimizer_kind(optim_cfg) -> str:
     raise ValueError(f"the memory estimator knows AdamW, Adam and SGD, not optim={name}")
 
 
-def estimate_config(cfg, world_size: int | None = None, seq_length: int | None = None):
+def estimate_config(
+    cfg, world_size: int | None = None, seq_length: int | None = None, activations: bool = True
+):
     """``(layout, settings, rows)`` for a loaded LiBai config (overrides applied).
 
     ``world_size`` defaults to ``data_parallel_size (or 1) x tp x pp`` of ``train.dist``;
-    ``seq_length`` to ``model.cfg.max_seq_length``. The vocab is padded as the trainer pads
+    ``seq_length`` to ``model.cfg.max_seq_length`` (or ``max_position_embeddings``);
+    ``activations=False`` leaves activations out (models the formulas do not cover). The vocab is padded as the trainer pads
     it (the tokenizer's ``padded_vocab_size`` when ``tokenization.setup``). Raises
     ``ValueError`` for what training would reject (sizes that do not divide, a ZeRO stage
     the layout cannot use, an unknown switch value).
@@ -402,9 +437,13 @@ def estimate_config(cfg, world_size: int | None = None, seq_length: int | None =
     zero = try_get_key(cfg, "train.zero_optimization")
     batches = resolve_batch_sizes(train, layout.data_parallel_size)
     ckpt = try_get_key(cfg, "train.activation_checkpoint")
+    seq_length = seq_length or try_get_key(cfg, "model.cfg.max_seq_length")
+    seq_length = seq_length or try_get_key(cfg, "model.cfg.max_position_embeddings")
+    if activations and not seq_length:
+        raise ValueError("the config names no model.cfg.max_seq_length: pass --seq-length")
     settings = TrainSettings(
         micro_batch_size=batches.train_micro_batch_size,
-        seq_length=int(seq_length or try_get_key(cfg, "model.cfg.max_seq_length")),
+        seq_length=int(seq_length or 0),
         num_microbatches=batches.num_accumulation_steps,
         zero_stage=resolve_zero_stage(zero, layout),
         hsdp_replicate_size=int((zero or {}).get("hsdp_replicate_size") or 1),
@@ -412,6 +451,7 @@ def estimate_config(cfg, world_size: int | None = None, seq_length: int | None =
         checkpointing=resolve_mode(ckpt.enabled and (ckpt.get("mode") or "full")) if ckpt else None,
         optimizer=optimizer_kind(cfg.optim),
         loss_chunk_size=try_get_key(cfg, "model.cfg.loss_chunk_size"),
+        activations=activations,
     )
     if try_get_key(cfg, "tokenization.setup", default=False):
         from libai.engine.default import DefaultTrainer
