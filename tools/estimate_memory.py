@@ -13,8 +13,51 @@ from __future__ import annotations
 import argparse
 
 from libai.config import LazyConfig
+from libai.utils import distributed as dist
 from libai.utils.cli import run_cli
-from libai.utils.memory_estimator import estimate_config, format_table
+from libai.utils.memory_estimator import TrainSettings, estimate_config
+
+
+def _mib(n: float) -> str:
+    return f"{n / 2**20:.2f}"
+
+
+def format_table(layout: dist.DistLayout, settings: TrainSettings, rows) -> str:
+    """The per-rank table (MiB) with a header naming the layout and switches."""
+    head = (
+        f"layout pp={layout.pipeline_parallel_size} dp={layout.data_parallel_size} "
+        f"tp={layout.tensor_parallel_size} (world {layout.world_size}), "
+        f"schedule {layout.pipeline_schedule if layout.pipeline_parallel_size > 1 else '-'}, "
+        f"sequence_parallel={layout.sequence_parallel}; ZeRO {settings.zero_stage or 'off'}"
+        + (f" (HSDP {settings.hsdp_replicate_size})" if settings.hsdp_replicate_size > 1 else "")
+        + f"; amp {settings.amp_dtype or 'off'}; checkpointing {settings.checkpointing or 'off'}; "
+        f"optimizer {settings.optimizer}; loss "
+        + (f"chunked ({settings.loss_chunk_size})" if settings.loss_chunk_size else "full logits")
+        + f"; micro-batch {settings.micro_batch_size} x {settings.seq_length} tokens, "
+        f"{settings.num_microbatches} per step"
+    )
+    cols = [
+        "rank",
+        "pp",
+        "dp",
+        "tp",
+        "params",
+        "grads",
+        "optim",
+        "act/mb",
+        "in flight",
+        "act",
+        "total",
+    ]
+    lines = [head, "MiB per rank:", " | ".join(cols)]
+    for r in rows:
+        cells = [r.rank, r.pp_rank, r.dp_rank, r.tp_rank]
+        cells += [
+            _mib(x) for x in (r.parameters, r.gradients, r.optimizer, r.activations_micro_batch)
+        ]
+        cells += [f"{r.in_flight:g}", _mib(r.activations), _mib(r.total)]
+        lines.append(" | ".join(str(c) for c in cells))
+    return "\n".join(lines)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
