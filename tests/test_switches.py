@@ -6,6 +6,7 @@ import copy
 
 import pytest
 import torch
+from memory_probe import held_activation_bytes
 from torch import nn
 
 from libai.engine.amp import DynamicLossScaler, resolve_amp_dtype
@@ -166,44 +167,6 @@ def test_bad_amp_settings_raise():
         resolve_amp_dtype("fp8")
     with pytest.raises(ValueError, match="only used with fp16"):
         ModelRunner(make_model(), amp_dtype=torch.bfloat16, loss_scaler=DynamicLossScaler())
-
-
-def held_activation_bytes(runner, batch) -> int:
-    """Bytes kept from forward for backward: what autograd saves (seen by a saved-tensors
-    hook) plus tensors created during forward that Python still holds (selective
-    checkpointing keeps its outputs in such a cache), each storage counted once."""
-    import gc
-
-    def storages():
-        found = {}
-        for obj in gc.get_objects():
-            try:
-                if not isinstance(obj, torch.Tensor) or obj.device.type != "cpu":
-                    continue
-                st = obj.untyped_storage()
-                found[st.data_ptr()] = st.nbytes()
-            except (AttributeError, ReferenceError, RuntimeError):
-                # a dead weak proxy, or a fake / functional tensor that earlier compile
-                # tests left behind: no storage of this forward
-                continue
-        return found
-
-    before = storages()
-    packed = {}
-
-    def pack(t):
-        st = t.untyped_storage()
-        packed[st.data_ptr()] = st.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        with runner.autocast():
-            loss = runner._loss(batch)
-    held = {k: v for k, v in storages().items() if k not in before}
-    held.update({k: v for k, v in packed.items() if k not in before})
-    total = sum(held.values())
-    loss.backward()
-    return total
 
 
 def test_selective_checkpointing_keeps_matmuls_and_recomputes_the_rest():
