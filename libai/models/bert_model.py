@@ -34,6 +34,7 @@ from libai.layers import (
     init_method_normal,
 )
 from libai.layers.mlp import ACTIVATIONS
+from libai.models.utils.hf_kwargs import accepts_hf_keywords
 from libai.utils import distributed as dist
 
 IGNORE_INDEX = -100
@@ -221,6 +222,7 @@ class BertModel(nn.Module):
             hidden = layer(hidden, attention_mask=mask)
         return hidden
 
+    @accepts_hf_keywords
     def forward(self, input_ids, attention_mask=None, tokentype_ids=None):
         """Args:
         input_ids: ``[batch, seq]`` token ids.
@@ -324,6 +326,7 @@ class BertForPreTraining(BertPipelineMixin, nn.Module):
             )
         return out
 
+    @accepts_hf_keywords
     def forward(
         self,
         input_ids,
@@ -414,6 +417,7 @@ class BertForClassification(BertPipelineMixin, nn.Module):
             return F.mse_loss(logits.float().squeeze(-1), labels.float())
         return F.cross_entropy(logits.float(), labels, ignore_index=IGNORE_INDEX)
 
+    @accepts_hf_keywords
     def forward(self, input_ids, attention_mask=None, tokentype_ids=None, labels=None):
         hidden = self.backbone(input_ids, attention_mask, tokentype_ids)["last_hidden_state"]
         logits = self.head_forward(hidden)

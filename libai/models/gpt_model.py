@@ -26,6 +26,7 @@ from libai.layers.kv_cache import (
     layer_past,
     past_length,
 )
+from libai.models.utils.hf_kwargs import accepts_hf_keywords
 from libai.utils import distributed as dist
 
 
@@ -149,6 +150,7 @@ class GPTModel(nn.Module):
         #: head + cross entropy without all the logits at once; None = the plain loss
         self.loss_chunk_size = check_loss_chunk_size(loss_chunk_size)
 
+    @accepts_hf_keywords
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -221,6 +223,7 @@ class GPTForPreTraining(nn.Module):
         self.GPT_model = GPTModel(cfg=cfg, **kwargs)
         self.loss_func = ParallelCrossEntropyLoss()
 
+    @accepts_hf_keywords
     def forward(self, input_ids, labels=None, attention_mask=None, position_ids=None):
         chunk = self.GPT_model.loss_chunk_size
         if labels is not None and self.training and chunk:  # training returns the loss only

@@ -33,6 +33,7 @@ from libai.layers.kv_cache import (
     past_length,
 )
 from libai.layers.rotary import rope_type
+from libai.models.utils.hf_kwargs import accepts_hf_keywords
 from libai.utils import distributed as dist
 
 IGNORE_INDEX = -100
@@ -205,6 +206,7 @@ class LlamaModel(nn.Module):
             hidden = self.norm(hidden)
         return hidden, presents
 
+    @accepts_hf_keywords
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -264,6 +266,7 @@ class LlamaForCausalLM(nn.Module):
             )
         self.loss_func = ParallelCrossEntropyLoss(ignore_index=IGNORE_INDEX)
 
+    @accepts_hf_keywords
     def forward(
         self,
         input_ids: torch.Tensor,

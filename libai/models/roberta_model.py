@@ -19,6 +19,7 @@ from libai.models.bert_model import (
     BertPipelineMixin,
     masked_lm_labels,
 )
+from libai.models.utils.hf_kwargs import accepts_hf_keywords
 
 #: RoBERTa's defaults where they differ from BERT's (roberta-base)
 ROBERTA_DEFAULTS = dict(
@@ -105,6 +106,7 @@ class RobertaForPreTraining(BertPipelineMixin, nn.Module):
             out["logits"] = self.lm_head.lm_logits.gather(logits)
         return out
 
+    @accepts_hf_keywords
     def forward(
         self, input_ids, attention_mask=None, tokentype_ids=None, lm_labels=None, loss_mask=None
     ):
@@ -132,6 +134,7 @@ class RobertaForCausalLM(RobertaForPreTraining):
     def lm_loss(self, logits, labels):
         return self.loss_func(logits[:, :-1], labels[:, 1:])
 
+    @accepts_hf_keywords
     def forward(self, input_ids, attention_mask=None, tokentype_ids=None, labels=None):
         return self._outputs(input_ids, attention_mask, tokentype_ids, labels)
 

@@ -39,6 +39,7 @@ from libai.layers import (
 )
 from libai.layers.kv_cache import is_static, layer_past, past_length
 from libai.layers.relative_position import RelativePositionBias
+from libai.models.utils.hf_kwargs import accepts_hf_keywords
 from libai.utils import distributed as dist
 
 #: activation names of transformers' ``dense_act_fn`` -> libai's
@@ -255,6 +256,7 @@ class T5Model(nn.Module):
         hidden, _, _ = self.encoder(self.embed(encoder_input_ids), _padding_mask(encoder_attn_mask))
         return self._finish(hidden)
 
+    @accepts_hf_keywords
     def forward(
         self,
         encoder_input_ids: torch.Tensor | None = None,
@@ -377,6 +379,7 @@ class T5ForPreTraining(nn.Module):
             return lm_labels
         return lm_labels.masked_fill(loss_mask == 0, -100)
 
+    @accepts_hf_keywords
     def forward(
         self,
         encoder_input_ids=None,

@@ -26,6 +26,7 @@ from libai.layers import (
     local_value,
 )
 from libai.layers.param import zeros
+from libai.models.utils.hf_kwargs import accepts_hf_keywords
 from libai.utils import distributed as dist
 
 
@@ -203,6 +204,7 @@ class VisionTransformer(nn.Module):
     def pipeline_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return self.loss_func(logits.float(), labels)
 
+    @accepts_hf_keywords
     def forward(self, images: torch.Tensor, labels: torch.Tensor | None = None) -> dict:
         """Args:
         images: ``[batch, in_chans, img_size, img_size]`` float.
