@@ -335,3 +335,17 @@ def test_unknown_linear_parallel_mode_raises():
         ValueError, match=r"Linear parallel must be one of \('data', 'col', 'row'\), got 'diag'"
     ):
         Linear(4, 4, parallel="diag")
+
+
+def test_row_linear_with_wrong_input_size_names_the_layer():
+    """tp=1 cannot tell a full input from a split one, but a wrong last dim still gives the
+    named error instead of a matmul shape error (tp2 with a full input: layers_tp.py)."""
+    layer = Linear(16, 24, parallel="row", layer_idx=3)
+    assert layer(randn(2, 3, 16)).shape == (2, 3, 24)
+    with pytest.raises(ValueError) as info:
+        layer(randn(2, 3, 8))
+    msg = str(info.value)
+    assert "Linear(parallel='row', in_features=16, out_features=24, layer_idx=3)" in msg
+    assert "this rank's share of in_features, 16 (= 16 / tp 1), got 8;" in msg
+    assert "pair it with a column-parallel Linear (parallel='col')" in msg
+    assert "split the input over tp (scatter_to_tp)" in msg

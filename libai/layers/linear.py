@@ -100,6 +100,8 @@ class Linear(nn.Module):
             # [S(0), B] x [B, S(0)]^T -> [S(0), S(-1)]
             out = F.linear(x, weight, None if self.skip_bias_add else bias)
         elif self.parallel == "row":
+            if x.shape[-1] != weight.shape[1]:  # a shape comparison: no compute, no sync
+                self._raise_row_input(x.shape[-1], weight.shape[1])
             # [S(0), S(-1)] x [B, S(1)]^T -> [S(0), P]
             partial = F.linear(x, weight)
             if self.sequence_parallel:
@@ -116,6 +118,18 @@ class Linear(nn.Module):
         if self.skip_bias_add:
             return out, bias
         return out
+
+    def _raise_row_input(self, given: int, local: int):
+        tp = self.in_features // local
+        hint = " (the full, unsplit input)" if given == self.in_features and tp > 1 else ""
+        raise ValueError(
+            f"{type(self).__name__}(parallel='row', in_features={self.in_features}, "
+            f"out_features={self.out_features}, layer_idx={self.layer_idx}) expects an input "
+            f"whose last dim is this rank's share of in_features, {local} "
+            f"(= {self.in_features} / tp {tp}), got {given}{hint}; pair it with a "
+            f"column-parallel Linear (parallel='col') before it, or split the input over tp "
+            f"(scatter_to_tp)"
+        )
 
     def extra_repr(self) -> str:
         return (

@@ -323,6 +323,24 @@ def check_linear(results: dict) -> None:
 
                 compare(name, layer, run, ref, {"x": x}, results)
 
+    # a row layer given the full (unsplit) input: a named error, not a matmul shape error
+    row = Linear(n_in, n_out, parallel="row", layer_idx=0)
+    try:
+        row(x)
+    except ValueError as exc:
+        for part in (
+            "Linear(parallel='row', in_features=16, out_features=24, layer_idx=0)",
+            f"this rank's share of in_features, {n_in // tp} (= {n_in} / tp {tp})",
+            f"got {n_in} (the full, unsplit input)",
+            "pair it with a column-parallel Linear (parallel='col')",
+            "scatter_to_tp",
+        ):
+            if part not in str(exc):
+                raise AssertionError(f"row Linear's error lacks {part!r}: {exc}") from exc
+    else:
+        raise AssertionError("a row-parallel Linear took a full input without an error")
+    results["Linear[row,full-input-error]"] = 0.0
+
 
 def check_embeddings(results: dict) -> None:
     tp = dist.get_tensor_parallel_size()
