@@ -32,8 +32,9 @@ cfg.intermediate_size = 4096
 cfg.max_position_embeddings = 512
 tokenization.setup = True  # vocab_size from the tokenizer
 
+# follows the model (an interpolation): `model.cfg.max_position_embeddings=128` shortens both
 for ds in dataloader.train.dataset:
-    ds.max_seq_length = 512
+    ds.max_seq_length = "${model.cfg.max_position_embeddings}"
 
 optim.lr = 1e-4
 optim.weight_decay = 0.01

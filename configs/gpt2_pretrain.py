@@ -33,8 +33,10 @@ cfg.attention_dropout_prob = 0.0
 cfg.output_dropout_prob = 0.0
 tokenization.setup = True
 
+# an interpolation, not a copy: `model.cfg.max_seq_length=64` on the command line moves the
+# dataset to 64 too (a copy made here would stay at 128)
 for ds in dataloader.train.dataset:
-    ds.max_seq_length = cfg.max_seq_length
+    ds.max_seq_length = "${model.cfg.max_seq_length}"
 
 optim.lr = 2e-3
 
