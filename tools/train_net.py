@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 
 from libai.config import LazyConfig
 from libai.engine import DefaultTrainer, default_argument_parser, default_setup
@@ -19,7 +20,17 @@ from libai.utils.plot import plot_loss_curve
 logger = logging.getLogger("libai.train_net")
 
 
+def _import_roots() -> None:
+    """Let configs name ``projects.<name>....`` (this checkout's projects/) and the user's own
+    modules under the working directory by import path, as LiBai's train_net does."""
+    repo_root = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
+    for root in (os.getcwd(), repo_root):
+        if root not in sys.path:
+            sys.path.insert(0, root)
+
+
 def main(args) -> int:
+    _import_roots()
     cfg = LazyConfig.load(args.config_file)
     cfg = LazyConfig.apply_overrides(cfg, args.opts)
     default_setup(cfg, args)
