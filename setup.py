@@ -17,6 +17,7 @@ setup(
         "torch>=2.13",  # the oldest release the suite passed on (README, "Supported PyTorch")
         "numpy",
         "omegaconf>=2.3",
+        "cloudpickle",  # LazyConfig.save: configs YAML cannot hold (LiBai, detectron2)
         "hydra-core>=1.3",
         "safetensors",
         "tokenizers",

@@ -5,6 +5,15 @@ A node is a mapping with a ``_target_`` key (a dotted import path such as
 builds the arguments first (depth first), then calls the target. Plain mappings become plain
 ``dict`` objects and lists become ``list`` objects, so a target never sees omegaconf types.
 
+detectron2's / Hydra's special keys work as there:
+
+- ``_target_`` may itself be a lazy node: it is built first and the result is called, so
+  ``LazyCall(LazyCall(make_factory)(scale=2))(x=1)`` is ``make_factory(scale=2)(x=1)``;
+- ``_recursive_: False`` passes the node's arguments to the target as they are (config nodes,
+  not built), for targets that instantiate their own children;
+- a dataclass instance stored in a config (omegaconf keeps it as a typed "structured" node)
+  is built back into that dataclass; namedtuple values pass through as they are.
+
 When importing a target or calling it fails, the exception is re-raised with the config path
 it came from, e.g. ``while instantiating 'model' (_target_=libai.models.GPTForPreTraining):
 ...``; its type is kept where possible so ``except ValueError`` still works.
@@ -12,12 +21,13 @@ it came from, e.g. ``while instantiating 'model' (_target_=libai.models.GPTForPr
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import importlib
 from collections.abc import Mapping
 from typing import Any
 
-from omegaconf import DictConfig, ListConfig
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 __all__ = ["instantiate", "locate", "target_to_string", "is_lazy_node"]
 
@@ -88,6 +98,8 @@ def is_lazy_node(cfg: Any) -> bool:
 def _describe(target: Any) -> str:
     if isinstance(target, str):
         return target
+    if is_lazy_node(target):
+        return f"<built from {_describe(target['_target_'])}>"
     return target_to_string(target) or getattr(target, "__qualname__", None) or repr(target)
 
 
@@ -116,26 +128,51 @@ def _child(path: str, key: Any) -> str:
     return f"{path}.{key}" if path else str(key)
 
 
+def _is_structured(cfg: Any) -> bool:
+    """A config node omegaconf made from a dataclass instance (typed, "structured")."""
+    return isinstance(cfg, DictConfig) and dataclasses.is_dataclass(OmegaConf.get_type(cfg))
+
+
+def _recursive_flag(cfg: Any, path: str) -> bool:
+    flag = cfg.get("_recursive_", True)
+    if not isinstance(flag, bool):
+        raise TypeError(f"_recursive_ of '{path or '<root>'}' must be True or False, got {flag!r}")
+    return flag
+
+
+def _build_target(target: Any, path: str) -> Any:
+    """The callable a node's ``_target_`` names: imported, built (a lazy node), or itself."""
+    if is_lazy_node(target):
+        return _instantiate(target, _child(path, "_target_"))
+    if isinstance(target, str):
+        return locate(target)
+    return target
+
+
 def _instantiate(cfg: Any, path: str, overrides: Mapping[str, Any] | None = None) -> Any:
-    if isinstance(cfg, (ListConfig, list, tuple)):
+    if isinstance(cfg, (ListConfig, list, tuple)) and not _is_namedtuple(cfg):
         items = [_instantiate(v, _child(path, i)) for i, v in enumerate(cfg)]
         return tuple(items) if isinstance(cfg, tuple) else items
+    if _is_structured(cfg):
+        return OmegaConf.to_object(cfg)
     if not isinstance(cfg, (Mapping, DictConfig)):
         return cfg
     if "_target_" not in cfg:
         return {k: _instantiate(v, _child(path, k)) for k, v in cfg.items()}
 
-    target = cfg["_target_"]
-    overrides = overrides or {}
+    overrides = dict(overrides or {})
+    recursive = overrides.pop("_recursive_", None)
+    if recursive is None:
+        recursive = _recursive_flag(cfg, path)
+    special = ("_target_", "_recursive_")
     kwargs = {
-        k: _instantiate(v, _child(path, k))
+        k: _instantiate(v, _child(path, k)) if recursive else v
         for k, v in cfg.items()
-        if k != "_target_" and k not in overrides  # an overridden value is never built
+        if k not in special and k not in overrides  # an overridden value is never built
     }
     kwargs.update(overrides)
     try:
-        if isinstance(target, str):
-            target = locate(target)
+        target = _build_target(cfg["_target_"], path)
         if not callable(target):
             raise TypeError(f"_target_ {target!r} is not callable")
         return target(**kwargs)
@@ -145,6 +182,10 @@ def _instantiate(cfg: Any, path: str, overrides: Mapping[str, Any] | None = None
         raise _with_path(err, path, cfg["_target_"]) from err
 
 
+def _is_namedtuple(value: Any) -> bool:
+    return isinstance(value, tuple) and hasattr(type(value), "_fields")
+
+
 def instantiate(cfg: Any, **overrides: Any) -> Any:
     """Recursively build objects from ``cfg``.
 
@@ -152,7 +193,8 @@ def instantiate(cfg: Any, **overrides: Any) -> Any:
         cfg: a ``LazyCall`` node, or any nesting of dicts / lists / DictConfig / ListConfig.
         overrides: extra keyword arguments for the top-level call (``cfg`` must then have a
             ``_target_``); useful for objects that don't belong in a config, e.g.
-            ``instantiate(cfg.optim.params, model=model)``.
+            ``instantiate(cfg.optim.params, model=model)``. ``_recursive_=False`` here
+            overrides the node's own ``_recursive_``.
 
     Returns the built object; non-target mappings become ``dict``, sequences ``list``, other
     values are returned as they are.

@@ -19,7 +19,9 @@ and :meth:`LazyConfig.apply_overrides` applies command-line overrides in Hydra's
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import importlib.util
+import inspect
 import logging
 import os
 import threading
@@ -29,7 +31,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import yaml
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf, SCMode
 
 from libai.config.instantiate import target_to_string
 
@@ -56,19 +58,37 @@ class LazyCall:
     The node is a ``DictConfig`` with ``_target_`` set to ``f``'s dotted import path (kept as
     the object itself when it has none, e.g. a class defined inside a function) plus the
     keyword arguments. ``target`` may also be given as a dotted path string, so a config can
-    name something without importing it: ``LazyCall("libai.evaluation.PPLEvaluator")()``.
-    Build the object with :func:`libai.config.instantiate`.
+    name something without importing it: ``LazyCall("libai.evaluation.PPLEvaluator")()``, or
+    as another lazy node, whose result is what gets called:
+    ``LazyCall(LazyCall(make_loss)(kind="ce"))(logits=...)``. Classes, functions, dataclasses
+    and namedtuple types are all targets. Build the object with
+    :func:`libai.config.instantiate`.
     """
 
-    def __init__(self, target: Callable | str):
-        if not (callable(target) or isinstance(target, str)):
-            raise TypeError(f"LazyCall target must be a callable or a dotted path, got {target!r}")
+    def __init__(self, target: Callable | str | Mapping):
+        if isinstance(target, (Mapping, DictConfig)):
+            if "_target_" not in target:
+                raise TypeError(
+                    "a mapping given to LazyCall must be a lazy node (have a _target_), got "
+                    f"keys {list(target)}"
+                )
+        elif not (callable(target) or isinstance(target, str)):
+            raise TypeError(
+                f"LazyCall target must be a callable, a dotted path or a lazy node, got {target!r}"
+            )
         self._target = target
 
     def __call__(self, **kwargs: Any) -> DictConfig:
         target = self._target
-        if not isinstance(target, str):
-            target = target_to_string(target) or target
+        if callable(target) and not isinstance(target, (str, Mapping, DictConfig)):
+            name = target_to_string(target)
+            if name is None and dataclasses.is_dataclass(target):
+                # omegaconf would turn a dataclass *type* into a config of its fields
+                raise TypeError(
+                    f"the dataclass {target.__qualname__} has no import path, so a config cannot "
+                    "hold it as a target; define it at module level"
+                )
+            target = name or target
         return _new_config({"_target_": target, **kwargs})
 
 
@@ -158,19 +178,36 @@ def _patch_import():
             builtins.__import__ = old_import
 
 
+def _as_lazy_node(value: Any) -> dict | None:
+    """A dataclass or namedtuple instance of an importable type as the node that rebuilds it."""
+    name = target_to_string(type(value))
+    if name is None:
+        return None
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = [f.name for f in dataclasses.fields(value) if f.init]
+        return {"_target_": name, **{f: getattr(value, f) for f in fields}}
+    if isinstance(value, tuple) and hasattr(type(value), "_fields"):
+        return {"_target_": name, **value._asdict()}
+    return None
+
+
 def _to_yaml_safe(value: Any, path: str, unsaveable: list[str]) -> Any:
-    """Plain containers for YAML: targets as dotted paths; other objects as their repr."""
+    """Plain containers for YAML: targets as dotted paths, dataclass and namedtuple values as
+    the lazy nodes that rebuild them; other objects as their repr (listed in ``unsaveable``)."""
     if isinstance(value, dict):
         out = {}
         for k, v in value.items():
             child = f"{path}.{k}" if path else str(k)
-            if k == "_target_" and not isinstance(v, str):
+            if k == "_target_" and not isinstance(v, (str, dict)):
                 name = target_to_string(v)
                 if name is not None:
                     out[k] = name
                     continue
             out[k] = _to_yaml_safe(v, child, unsaveable)
         return out
+    node = _as_lazy_node(value) if not isinstance(value, (list, str)) else None
+    if node is not None:
+        return _to_yaml_safe(node, path, unsaveable)
     if isinstance(value, (list, tuple)):
         return [_to_yaml_safe(v, f"{path}[{i}]", unsaveable) for i, v in enumerate(value)]
     if value is None or isinstance(value, (bool, int, float, str)):
@@ -179,12 +216,43 @@ def _to_yaml_safe(value: Any, path: str, unsaveable: list[str]) -> Any:
     return repr(value)
 
 
+def _save_pickle(cfg: Any, filename: str) -> bool:
+    """Write ``cfg`` with cloudpickle (lambdas and local classes included); False on failure."""
+    import cloudpickle
+
+    try:
+        with open(filename, "wb") as f:
+            cloudpickle.dump(cfg, f)
+    except Exception as err:  # e.g. a lock or an open file inside the config
+        logger.warning("The config could not be pickled to %s either: %s", filename, err)
+        if os.path.exists(filename):
+            os.remove(filename)
+        return False
+    return True
+
+
+def _load_pickle(filename: str) -> DictConfig | ListConfig:
+    import cloudpickle
+
+    try:
+        with open(filename, "rb") as f:
+            cfg = cloudpickle.load(f)
+    except Exception as err:
+        raise ValueError(
+            f"{filename} is not a config pickle LazyConfig.save wrote ({type(err).__name__}: "
+            f"{err}); load the .yaml beside it, or save the config again"
+        ) from err
+    if not isinstance(cfg, (DictConfig, ListConfig)):
+        cfg = _new_config(cfg)
+    return cfg
+
+
 class LazyConfig:
     """Load, save and override configs made of ``LazyCall`` nodes (see the module doc)."""
 
     @staticmethod
     def load(filename: str | os.PathLike, keys: str | list[str] | tuple | None = None):
-        """Load a ``.py`` or ``.yaml`` config file.
+        """Load a ``.py`` or ``.yaml`` config file, or the ``.pkl`` :meth:`save` writes.
 
         Args:
             filename: path of the file.
@@ -220,8 +288,13 @@ class LazyConfig:
         elif filename.endswith((".yaml", ".yml")):
             loaded = OmegaConf.load(filename)
             cfg = _new_config(OmegaConf.to_container(loaded, resolve=False))
+        elif filename.endswith(".pkl"):
+            cfg = _load_pickle(filename)
         else:
-            raise ValueError(f"config file must end with .py or .yaml, got {filename}")
+            raise ValueError(
+                f"config file must end with .py, .yaml or .pkl (LazyConfig.save's pickle), "
+                f"got {filename}"
+            )
         if keys is None:
             return cfg
         if isinstance(keys, str):
@@ -230,35 +303,60 @@ class LazyConfig:
 
     @staticmethod
     def load_rel(filename: str, keys: str | list[str] | tuple | None = None):
-        """``load`` with ``filename`` relative to the calling config file's directory."""
-        import inspect
+        """:meth:`load` with ``filename`` relative to the directory of the calling file.
 
-        caller = inspect.stack()[1].frame.f_globals.get("__file__")
+        Meant for config files (``LazyConfig.load_rel("../common/train.py", "train")``), and
+        works from any Python file that has a ``__file__``. Each call loads the file afresh.
+        """
+        frame = inspect.currentframe().f_back
+        caller = frame.f_globals.get("__file__") if frame is not None else None
         if caller is None:
-            raise RuntimeError("load_rel must be called from a config file")
-        return LazyConfig.load(os.path.join(os.path.dirname(caller), filename), keys)
+            raise RuntimeError(
+                "LazyConfig.load_rel needs a calling file (a config file or a module with "
+                "__file__); from an interactive session use LazyConfig.load with the full path"
+            )
+        return LazyConfig.load(os.path.join(os.path.dirname(caller), os.fspath(filename)), keys)
 
     @staticmethod
     def save(cfg: Any, filename: str | os.PathLike) -> None:
         """Write ``cfg`` as YAML; :meth:`load` gives back an equal config.
 
-        Callable ``_target_`` values are written as dotted import paths. Interpolations
-        (``${...}``) are kept, not resolved. A value YAML cannot hold (an object without an
-        importable name) is written as its ``repr`` with a warning naming its key: that
-        config then no longer loads back equal.
+        Callable ``_target_`` values are written as dotted import paths, dataclass and
+        namedtuple values as the lazy nodes that rebuild them (``instantiate`` gives the same
+        objects back). Interpolations (``${...}``) are kept, not resolved.
+
+        A value YAML cannot hold (a lambda, an object of a class without an import path, a
+        tensor, ...) is written to the YAML as its ``repr``, so the file stays readable, and
+        the whole config is also written with cloudpickle to ``<filename>.pkl`` (LiBai's and
+        detectron2's behaviour), which :meth:`load` reads back. A warning names the keys and
+        the ``.pkl``. A ``.pkl`` left from an earlier save of the same name is removed when the
+        YAML alone holds the config.
         """
-        container = OmegaConf.to_container(cfg, resolve=False, enum_to_str=True)
+        filename = os.fspath(filename)
+        container = OmegaConf.to_container(
+            cfg, resolve=False, enum_to_str=True, structured_config_mode=SCMode.INSTANTIATE
+        )
         unsaveable: list[str] = []
         data = _to_yaml_safe(container, "", unsaveable)
-        if unsaveable:
-            logger.warning(
-                "Config values that YAML cannot represent were saved as their repr in %s: %s",
-                filename,
-                ", ".join(unsaveable),
-            )
-        dumped = yaml.safe_dump(data, default_flow_style=None, sort_keys=False, width=9999)
+        dumped = yaml.safe_dump(
+            data, default_flow_style=None, sort_keys=False, width=9999, allow_unicode=True
+        )
         with open(filename, "w", encoding="utf-8") as f:
             f.write(dumped)
+        pickle_path = filename + ".pkl"
+        if not unsaveable:
+            if os.path.exists(pickle_path):
+                os.remove(pickle_path)
+            return
+        saved = _save_pickle(cfg, pickle_path)
+        logger.warning(
+            "Config values YAML cannot represent were written as their repr in %s: %s. %s",
+            filename,
+            ", ".join(unsaveable),
+            f"The whole config is in {pickle_path} (LazyConfig.load reads it)."
+            if saved
+            else "They are not saved anywhere else.",
+        )
 
     @staticmethod
     def apply_overrides(cfg: DictConfig, overrides: list[str]) -> DictConfig:
@@ -266,6 +364,21 @@ class LazyConfig:
         from libai.config.overrides import apply_overrides
 
         return apply_overrides(cfg, overrides)
+
+    @staticmethod
+    def to_py(cfg: Any, prefix: str = "cfg.") -> str:
+        """``cfg`` as Python source that executes back to an equal config.
+
+        With ``prefix="cfg."`` (the default) the text creates ``cfg`` and assigns every
+        top-level key (``cfg.optim = L("torch.optim.AdamW")(lr=0.0001)``); with ``prefix=""``
+        it is a config file that :meth:`load` reads back. Long calls wrap one argument per
+        line. Callable targets come out as their dotted paths (as :meth:`save` writes them);
+        a value with no source form (a lambda, a tensor) raises a ``ValueError`` naming its
+        key. See :mod:`libai.config.to_py`.
+        """
+        from libai.config.to_py import config_to_py
+
+        return config_to_py(cfg, prefix)
 
     @staticmethod
     def to_dict(cfg: Any) -> Any:
