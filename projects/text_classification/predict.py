@@ -145,7 +145,7 @@ def main(argv=None) -> int:
     parser.add_argument("--tp", type=int, default=1, help="tensor parallel")
     parser.add_argument("--pp", type=int, default=1, help="pipeline parallel")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # options may come between the texts
 
     # bad inputs fail before the model is built
     inputs = read_inputs(args, len(read_labels(args.output_dir)["text_columns"]) == 2)

@@ -94,7 +94,7 @@ optim.weight_decay = 0.01
 
 train.update(
     output_dir="output/text_classification",
-    train_epoch=8,
+    train_epoch=12,
     train_iter=0,
     train_micro_batch_size=16,
     test_micro_batch_size=32,
