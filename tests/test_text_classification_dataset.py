@@ -164,6 +164,26 @@ def test_tokenizer_left_untouched_and_pickles(tmp_path, tokenizers):
     assert batch["input_ids"].shape == (1, 8) and batch["labels"].shape == (1,)
 
 
+def test_sample_encoder_on_new_texts(tmp_path, tokenizers):
+    """The dataset's ``encoder`` gives new texts (inference) exactly the samples' encoding."""
+    from libai.data.datasets.text_classification import SampleEncoder
+
+    tok, hf = tokenizers["bert"]
+    rows = [{"a": a, "b": b, "label": 0} for a, b in PAIRS[:20]]
+    ds = TextClassificationDataset(write_jsonl(tmp_path / "p.jsonl", rows), tok, "a,b", "label", 12)
+    assert ds.encoder.pair and ds.encoder.max_seq_length == 12
+    encoder = SampleEncoder(tok, 12, pair=True)
+    for i, (a, b) in enumerate(PAIRS[:20]):
+        got = encoder(a, b)
+        assert all(torch.equal(got[k], ds[i][k]) for k in got), (a, b)
+        want = hf(a, b, truncation=True, max_length=12, padding="max_length")
+        assert got["input_ids"].tolist() == want["input_ids"]
+    with pytest.raises(ValueError, match=r"takes two texts \(a pair\), got 1"):
+        encoder("only one")
+    with pytest.raises(ValueError, match="takes one text, got 2"):
+        SampleEncoder(tok, 12)("a", "b")
+
+
 def test_pad_id_without_a_pad_role(tmp_path, tokenizers):
     """A bare tokenizer.json (no pad role) pads as its own padding settings say, else with 0."""
     from tokenizers import Tokenizer

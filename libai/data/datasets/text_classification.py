@@ -39,6 +39,60 @@ def _is_missing(value) -> bool:
     return value is None or blank or (isinstance(value, float) and math.isnan(value))
 
 
+class SampleEncoder:
+    """One text, or a pair, as the model input of a :class:`TextClassificationDataset` sample.
+
+    ``encoder(text)`` / ``encoder(text_a, text_b)`` gives ``{"input_ids", "attention_mask",
+    "tokentype_ids"}`` (``torch.long``, ``[max_seq_length]``): framed by the tokenizer's own
+    ``tokenizers`` pipeline, cut longest-first to ``max_seq_length`` and right-padded with
+    the pad id. The dataset encodes its rows with it; use it on new texts (inference) to get
+    exactly the training encoding.
+
+    Args:
+        tokenizer: a libai tokenizer built on the ``tokenizers`` library; it is left untouched
+            (the encoder truncates and pads a private copy of its pipeline).
+        max_seq_length: length of every encoding.
+        pair: whether the encodings are of text pairs (two texts per call).
+    """
+
+    def __init__(self, tokenizer, max_seq_length: int, pair: bool = False):
+        backend = getattr(tokenizer, "_tokenizer", None)
+        if not isinstance(backend, Tokenizer):
+            name = type(tokenizer).__name__
+            raise ValueError(
+                f"text classification needs a libai tokenizer built on the `tokenizers` "
+                f"library (BertTokenizer, RobertaTokenizer, JsonTokenizer), got {name}."
+            )
+        self.max_seq_length, self.pair = int(max_seq_length), bool(pair)
+        backend = Tokenizer.from_str(backend.to_str())  # truncation/padding stay ours alone
+        special = backend.num_special_tokens_to_add(is_pair=self.pair)
+        if self.max_seq_length <= special:
+            raise ValueError(
+                f"max_seq_length must exceed the {special} special tokens the tokenizer adds, "
+                f"got {self.max_seq_length}."
+            )
+        # no pad role: the tokenizer.json's own padding settings, else id 0 (masked out anyway)
+        pad = {"pad_id": 0, "pad_token": "[PAD]", **(backend.padding or {})}
+        if tokenizer.pad_token_id is not None:
+            pad.update(pad_id=int(tokenizer.pad_token_id), pad_token=tokenizer.pad_token)
+        backend.enable_truncation(self.max_seq_length, strategy="longest_first")
+        backend.enable_padding(
+            length=self.max_seq_length, pad_id=pad["pad_id"], pad_token=pad["pad_token"]
+        )
+        self._backend = backend
+
+    def __call__(self, *texts: str) -> dict[str, torch.Tensor]:
+        if len(texts) != 1 + self.pair:
+            want = "two texts (a pair)" if self.pair else "one text"
+            raise ValueError(f"this encoder takes {want}, got {len(texts)}: {texts!r}")
+        encoding = self._backend.encode(*texts, add_special_tokens=True)
+        return {
+            "input_ids": torch.tensor(encoding.ids, dtype=torch.long),
+            "attention_mask": torch.tensor(encoding.attention_mask, dtype=torch.long),
+            "tokentype_ids": torch.tensor(encoding.type_ids, dtype=torch.long),
+        }
+
+
 class TextClassificationDataset(torch.utils.data.Dataset):
     """Map-style dataset of tokenized sentences (or pairs) with their labels.
 
@@ -59,8 +113,9 @@ class TextClassificationDataset(torch.utils.data.Dataset):
 
     ``dataset[i]`` is ``{"input_ids", "attention_mask", "tokentype_ids"}`` (``torch.long``,
     ``[max_seq_length]``) and ``"labels"`` (a ``long`` scalar, ``float`` for regression).
-    ``label_map`` (label string -> id, or ``None``) and ``num_labels`` are attributes. Rows are
-    read and checked when the dataset is built and tokenized when read.
+    ``label_map`` (label string -> id, or ``None``) and ``num_labels`` are attributes, and
+    ``encoder`` (a :class:`SampleEncoder`) encodes new texts the same way. Rows are read and
+    checked when the dataset is built and tokenized when read.
 
     Raises:
         FileNotFoundError: ``data_path`` does not exist.
@@ -93,7 +148,8 @@ class TextClassificationDataset(torch.utils.data.Dataset):
         self.label_column = str(label_column)
         self.max_seq_length = int(max_seq_length)
         self.has_header, self.tokenizer = bool(has_header), tokenizer
-        self._backend = self._make_backend(tokenizer)
+        #: encodes one row's texts into a sample (also usable on new texts, for inference)
+        self.encoder = SampleEncoder(tokenizer, self.max_seq_length, len(self.text_columns) == 2)
         rows = list(self._read_rows())
         if not rows:
             raise ValueError(f"{self.data_path} is empty: it holds no data rows.")
@@ -101,33 +157,6 @@ class TextClassificationDataset(torch.utils.data.Dataset):
         self.texts = [texts for texts, _, _ in rows]
         #: label id (``int``) or regression target (``float``) of each row
         self.labels = self._map_labels([(label, where) for _, label, where in rows], label_map)
-
-    # ---- tokenizer ------------------------------------------------------------------------------
-    def _make_backend(self, tokenizer) -> Tokenizer:
-        """A private copy of the tokenizer's ``tokenizers`` pipeline, truncating and padding."""
-        backend = getattr(tokenizer, "_tokenizer", None)
-        if not isinstance(backend, Tokenizer):
-            name = type(tokenizer).__name__
-            raise ValueError(
-                f"TextClassificationDataset needs a libai tokenizer built on the `tokenizers` "
-                f"library (BertTokenizer, RobertaTokenizer, JsonTokenizer), got {name}."
-            )
-        backend = Tokenizer.from_str(backend.to_str())  # truncation/padding stay ours alone
-        special = backend.num_special_tokens_to_add(is_pair=len(self.text_columns) == 2)
-        if self.max_seq_length <= special:
-            raise ValueError(
-                f"max_seq_length must exceed the {special} special tokens the tokenizer adds, "
-                f"got {self.max_seq_length}."
-            )
-        # no pad role: the tokenizer.json's own padding settings, else id 0 (masked out anyway)
-        pad = {"pad_id": 0, "pad_token": "[PAD]", **(backend.padding or {})}
-        if tokenizer.pad_token_id is not None:
-            pad.update(pad_id=int(tokenizer.pad_token_id), pad_token=tokenizer.pad_token)
-        backend.enable_truncation(self.max_seq_length, strategy="longest_first")
-        backend.enable_padding(
-            length=self.max_seq_length, pad_id=pad["pad_id"], pad_token=pad["pad_token"]
-        )
-        return backend
 
     # ---- reading ------------------------------------------------------------------------------
     def _read_rows(self):
@@ -223,15 +252,9 @@ class TextClassificationDataset(torch.utils.data.Dataset):
         return len(self.texts)
 
     def __getitem__(self, idx: int) -> dict[str, torch.Tensor]:
-        encoding = self._backend.encode(*self.texts[idx], add_special_tokens=True)
         label = self.labels[idx]
         dtype = torch.float32 if isinstance(label, float) else torch.long
-        return {
-            "input_ids": torch.tensor(encoding.ids, dtype=torch.long),
-            "attention_mask": torch.tensor(encoding.attention_mask, dtype=torch.long),
-            "tokentype_ids": torch.tensor(encoding.type_ids, dtype=torch.long),
-            "labels": torch.tensor(label, dtype=dtype),
-        }
+        return {**self.encoder(*self.texts[idx]), "labels": torch.tensor(label, dtype=dtype)}
 
 
 def _explicit_map(label_map) -> dict[str, int]:
