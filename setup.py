@@ -33,8 +33,9 @@ setup(
     extras_require={
         # libai.accelerate (libai-accelerate): unmodified Hugging Face models on local data
         "accelerate": ["transformers", "datasets"],
-        # transformers: the reference models of the parity tests and the benchmarks' baseline
-        "test": ["pytest>=7", "ruff", "transformers", "datasets"],
+        # transformers: the reference models of the parity tests and the benchmarks' baseline;
+        # jinja2: chat templates (projects/chat_sft)
+        "test": ["pytest>=7", "ruff", "transformers", "datasets", "jinja2>=3.1"],
     },
     entry_points={"console_scripts": ["libai-accelerate=libai.accelerate.cli:console_main"]},
 )

@@ -162,6 +162,28 @@ class BaseTokenizer:
         """Token strings of ``text`` (no special tokens are added)."""
         return self._tokenize(text)
 
+    def encode_with_offsets(
+        self, text: str, add_special_tokens: bool | None = None
+    ) -> tuple[list[int], list[tuple[int, int]]]:
+        """``(ids, offsets)`` of ``text``: the ids of :meth:`encode` and, per id, the
+        ``(start, end)`` character span of ``text`` it came from (added framing tokens get
+        ``(0, 0)``), e.g. to label the tokens of a span of characters.
+
+        Raises:
+            NotImplementedError: the tokenizer is not backed by a ``tokenizers.Tokenizer``
+                (T5's sentencepiece model).
+        """
+        if add_special_tokens is None:
+            add_special_tokens = self.add_special_tokens_default
+        backend = getattr(self, "_tokenizer", None)
+        if not isinstance(backend, Tokenizer):
+            raise NotImplementedError(
+                f"{type(self).__name__} has no character offsets (it is not backed by a "
+                "`tokenizers.Tokenizer`); use a tokenizer.json based tokenizer."
+            )
+        encoding = backend.encode(text, add_special_tokens=add_special_tokens)
+        return list(encoding.ids), [tuple(o) for o in encoding.offsets]
+
     def decode(self, token_ids, skip_special_tokens: bool = False) -> str:
         """Text of ``token_ids`` (a list, numpy array or tensor of ids)."""
         return self._decode(as_id_list(token_ids), skip_special_tokens)
