@@ -69,7 +69,7 @@ def test_padded_vocab_size(tmp_path):
     assert tok.vocab_size == 19
     assert tok.padded_vocab_size(1) == 19
     assert tok.padded_vocab_size(128) == 128
-    assert tok.padded_vocab_size(8 * 4) == 32  # make_vocab_size_divisible_by x tp
+    assert tok.padded_vocab_size(32) == 32
     assert tok.padded_vocab_size(19) == 19
     with pytest.raises(ValueError):
         tok.padded_vocab_size(0)

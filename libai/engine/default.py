@@ -111,11 +111,18 @@ def default_setup(cfg, args) -> None:
     setup_logger(output_dir, distributed_rank=rank)
     logger.info("Rank of current process: %d. World size: %d", rank, dist.get_world_size())
     logger.info("Command line arguments: %s", " ".join(sys.argv))
-    if rank == 0 and output_dir:
+    _save_config(cfg)
+    seed_all(cfg.train.seed)
+
+
+def _save_config(cfg) -> None:
+    """Rank 0 writes ``cfg`` to ``<train.output_dir>/config.yaml``."""
+    output_dir = cfg.train.output_dir
+    if dist.get_rank() == 0 and output_dir:
+        os.makedirs(output_dir, exist_ok=True)
         path = os.path.join(output_dir, "config.yaml")
         LazyConfig.save(cfg, path)
         logger.info("Full config saved to %s", path)
-    seed_all(cfg.train.seed)
 
 
 class DefaultTrainer(EagerTrainer):
@@ -129,7 +136,12 @@ class DefaultTrainer(EagerTrainer):
         self.cfg = cfg
         util = dist.get_dist_util()
         train = cfg.train
+        vocab_size = try_get_key(cfg, "model.cfg.vocab_size")
         self.tokenizer = self.build_tokenizer(cfg)
+        if try_get_key(cfg, "model.cfg.vocab_size") != vocab_size:
+            # tokenization.setup sized the vocab: config.yaml keeps the model actually built
+            # (tools/convert_checkpoint.py and --eval-only read it back)
+            _save_config(cfg)
         self.train_loader, self.valid_loader, self.test_loader = self.build_train_loader(
             cfg, self.tokenizer
         )
@@ -183,9 +195,10 @@ class DefaultTrainer(EagerTrainer):
             try_get_key(cfg, "tokenization.setup", default=False)
             and try_get_key(cfg, "model.cfg.vocab_size") is not None
         ):
-            multiple = cfg.tokenization.make_vocab_size_divisible_by
+            # the same size on every layout, so checkpoints load on any tp (the vocab-parallel
+            # layers pad their shards to a multiple of tp themselves, and mask those rows)
             cfg.model.cfg.vocab_size = tokenizer.padded_vocab_size(
-                multiple * dist.get_tensor_parallel_size()
+                cfg.tokenization.make_vocab_size_divisible_by
             )
         return tokenizer
 

@@ -18,7 +18,7 @@ def build_tokenizer(cfg):
     ``cfg.tokenizer`` is a ``LazyCall`` config (``LazyCall(GPT2Tokenizer)(vocab_file=...,
     merges_file=...)``) or an already built tokenizer. With ``cfg.append_eod`` the tokenizer
     must have an end-of-document token. The model's vocabulary size is then
-    ``tokenizer.padded_vocab_size(cfg.make_vocab_size_divisible_by * tensor_parallel_size)``.
+    ``tokenizer.padded_vocab_size(cfg.make_vocab_size_divisible_by)``, the same on every layout.
     """
     tokenizer = _get(cfg, "tokenizer", None)
     if tokenizer is None:

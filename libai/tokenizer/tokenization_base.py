@@ -212,8 +212,10 @@ class BaseTokenizer:
     def padded_vocab_size(self, multiple: int = 1) -> int:
         """``vocab_size`` rounded up to a multiple of ``multiple``.
 
-        The trainer passes ``make_vocab_size_divisible_by x tensor_parallel_size`` so every
-        tensor-parallel shard of the embedding has the same, GPU-friendly number of rows.
+        The trainer passes ``make_vocab_size_divisible_by`` (128 by default): a GPU-friendly
+        size that does not depend on the layout, so a checkpoint trained on tp2 loads on one
+        process. LiBai and Megatron multiply it by the tensor-parallel size; here the
+        vocab-parallel layers pad their shards themselves (``libai.layers.pad_vocab_size``).
         """
         multiple = int(multiple)
         if multiple < 1:

@@ -464,5 +464,5 @@ def estimate_config(
         from libai.engine.default import DefaultTrainer
 
         with counting_mesh(CountingDistUtil(layout, 0)):
-            DefaultTrainer.build_tokenizer(cfg)  # pads model.cfg.vocab_size for this tp
+            DefaultTrainer.build_tokenizer(cfg)  # pads model.cfg.vocab_size as training does
     return layout, settings, estimate_memory(cfg.model, layout, settings, cfg.optim)

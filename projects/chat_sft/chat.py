@@ -30,7 +30,6 @@ if __package__ in (None, ""):  # run as a script: make `projects.chat_sft` impor
 from libai.config import LazyConfig, try_get_key  # noqa: E402
 from libai.inference import TextGenerationPipeline  # noqa: E402
 from libai.models.utils import read_hf_config  # noqa: E402
-from libai.tokenizer import build_tokenizer  # noqa: E402
 from libai.utils.cli import run_cli  # noqa: E402
 from projects.chat_sft.chat_template import ChatTemplateError, load_chat_template  # noqa: E402
 
@@ -56,11 +55,6 @@ class ChatPipeline(TextGenerationPipeline):
 
     def __init__(self, config_file, *args, **kwargs):
         kwargs.setdefault("return_full_text", False)
-        # the layout the checkpoint was trained on (the base class overwrites train.dist)
-        trained = LazyConfig.load(config_file)
-        self.train_tensor_parallel = int(
-            try_get_key(trained, "train.dist.tensor_parallel_size", default=1) or 1
-        )
         super().__init__(config_file, *args, **kwargs)
         dataset = _dataset_cfg(self.cfg)
         self.template = load_chat_template(
@@ -76,18 +70,6 @@ class ChatPipeline(TextGenerationPipeline):
         if len(end) == 1 and end[0] not in eos:
             eos = [*eos, end[0]]
         self.generation_config = self.generation_config.updated(eos_token_id=eos or None)
-
-    def build_tokenizer(self, cfg):
-        """The config's tokenizer; with ``tokenization.setup`` the model's vocabulary is padded
-        as the trainer padded it, by the *training* tensor-parallel size, so that the
-        checkpoint fits whatever layout this pipeline runs on."""
-        tokenizer = build_tokenizer(cfg.tokenization)
-        if try_get_key(cfg, "tokenization.setup", default=False) and (
-            try_get_key(cfg, "model.cfg.vocab_size") is not None
-        ):
-            multiple = cfg.tokenization.make_vocab_size_divisible_by * self.train_tensor_parallel
-            cfg.model.cfg.vocab_size = tokenizer.padded_vocab_size(multiple)
-        return tokenizer
 
     def _as_batch(self, inputs):
         # one conversation (a list of message dicts) is one input, not a batch of messages

@@ -23,7 +23,6 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.pa
 
 import torch  # noqa: E402
 
-from libai.config import LazyConfig, try_get_key  # noqa: E402
 from libai.data.datasets.text_classification import SampleEncoder  # noqa: E402
 from libai.inference import TextClassificationPipeline  # noqa: E402
 from libai.utils import distributed as dist  # noqa: E402
@@ -58,10 +57,6 @@ class LabeledTextClassifier(TextClassificationPipeline):
         self.label_record = read_labels(output_dir)
         self.label_names = [str(name) for name in self.label_record["labels"]]
         self.pair = len(self.label_record["text_columns"]) == 2
-        # the vocabulary size training used depends on its tensor-parallel size
-        self._train_tp = int(
-            try_get_key(LazyConfig.load(config_file), "train.dist.tensor_parallel_size") or 1
-        )
         if checkpoint is not None and not os.path.isabs(checkpoint):
             inside = os.path.join(output_dir, checkpoint)
             checkpoint = inside if os.path.exists(inside) else checkpoint
@@ -72,15 +67,6 @@ class LabeledTextClassifier(TextClassificationPipeline):
         self.encoder = SampleEncoder(
             self.tokenizer, self.label_record["max_seq_length"], pair=self.pair
         )
-
-    def build_tokenizer(self, cfg):
-        """The config's tokenizer, and ``model.cfg.vocab_size`` as in training (padded to
-        ``make_vocab_size_divisible_by`` x the training tensor-parallel size)."""
-        tokenizer = super().build_tokenizer(cfg)
-        if try_get_key(cfg, "tokenization.setup", default=False):
-            multiple = int(cfg.tokenization.make_vocab_size_divisible_by) * self._train_tp
-            cfg.model.cfg.vocab_size = tokenizer.padded_vocab_size(multiple)
-        return tokenizer
 
     def _as_batch(self, inputs) -> tuple[list, bool]:
         if self.pair and _is_pair(inputs):

@@ -5,7 +5,6 @@ from __future__ import annotations
 from libai.engine.module import InputSpec
 from libai.engine.modules.base import ZooModule
 from libai.models import GPTForPreTraining, GPTModel
-from libai.utils import distributed as dist
 
 __all__ = ["GPTModule"]
 
@@ -21,7 +20,7 @@ class GPTModule(ZooModule):
     ``attention_probs_dropout_prob`` are accepted too), and ``tokenizer: {vocab_file,
     merges_file, make_vocab_size_divisible_by}`` (files default to the built-in sample
     corpus'). ``vocab_size`` unset = the tokenizer's, padded to a multiple of
-    ``make_vocab_size_divisible_by x mp_degree`` (as ``tools/train_net.py`` does).
+    ``make_vocab_size_divisible_by`` on every layout (as ``tools/train_net.py`` does).
     """
 
     model_class = GPTForPreTraining
@@ -43,9 +42,7 @@ class GPTModule(ZooModule):
     def get_model(self):
         kwargs = self.model_kwargs()
         if kwargs.get("vocab_size") is None:
-            kwargs["vocab_size"] = self.tokenizer.padded_vocab_size(
-                self._divisible_by * dist.get_tensor_parallel_size()
-            )
+            kwargs["vocab_size"] = self.tokenizer.padded_vocab_size(self._divisible_by)
         return GPTForPreTraining(**kwargs)
 
     def input_spec(self):

@@ -5,7 +5,6 @@ from __future__ import annotations
 from libai.engine.module import InputSpec
 from libai.engine.modules.base import ZooModule, tokenizer_from
 from libai.models import LlamaForCausalLM, LlamaModel
-from libai.utils import distributed as dist
 
 __all__ = ["LlamaSFTModule"]
 
@@ -18,7 +17,7 @@ class LlamaSFTModule(ZooModule):
     weights from it), ``tokenizer`` (a tokenizer directory or ``tokenizer.json``; default
     the pretrained directory), or Llama's hyper-parameters for a model from scratch, whose
     ``vocab_size`` defaults to the tokenizer's padded to a multiple of
-    ``make_vocab_size_divisible_by`` (128) x ``mp_degree``. The Engine hands the tokenizer
+    ``make_vocab_size_divisible_by`` (128), the same on every layout. The Engine hands the tokenizer
     to the dataset (``Data.Train.dataset.name: SFTDataset``).
     """
 
@@ -37,9 +36,7 @@ class LlamaSFTModule(ZooModule):
         kwargs = super().model_kwargs()
         kwargs.pop("make_vocab_size_divisible_by", None)
         if not self.cfg.Model.get("pretrained") and kwargs.get("vocab_size") is None:
-            kwargs["vocab_size"] = self.tokenizer.padded_vocab_size(
-                self._divisible_by * dist.get_tensor_parallel_size()
-            )
+            kwargs["vocab_size"] = self.tokenizer.padded_vocab_size(self._divisible_by)
         return kwargs
 
     def input_spec(self):
