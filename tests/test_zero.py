@@ -19,7 +19,7 @@ from gpt_reference import (
     max_diff,
 )
 from launch import torchrun
-from zero_runs import ADAMW, make_run, train
+from zero_runs import ADAMW, make_run, predict, train
 
 from libai.engine.fsdp import _check_disjoint, check_fsdp_units
 from libai.engine.parallel import ModelRunner
@@ -41,6 +41,7 @@ def adamw_reference(batch_of_step=make_batch, grad_hook=None) -> dict:
     model = build_model()
     runner = ModelRunner(model)
     optimizer = torch.optim.AdamW(model.parameters(), **ADAMW)
+    predictions = predict(runner)  # of the initial model, on an unseen batch
     norms, grads, losses = [], None, []
     for step in range(STEPS):
         losses.append(float(runner.forward_backward(batch_of_step(step))))
@@ -64,6 +65,7 @@ def adamw_reference(batch_of_step=make_batch, grad_hook=None) -> dict:
         "grad_norms": norms,
         "losses": losses,
         "state_bytes": state,
+        "predictions": predictions,
     }
 
 
@@ -108,6 +110,8 @@ def check_results(ref, results):
         name = layout["name"]
         for item in items:  # the layout without ZeRO equals one process
             assert item["base_grad_diff"][0] <= GRAD_TOL, (name, item["base_grad_diff"])
+            if "base_predict_ref_diff" in item:  # the last stage: its predictions too
+                assert item["base_predict_ref_diff"] <= GRAD_TOL, (name, item)
             assert item["base_norm_diff"] <= GRAD_TOL, (name, item["base_norm_diff"])
             assert item["base_ref_diff"][0] <= PARAM_TOL, (name, item["base_ref_diff"])
         # the dp ranks that split a state: one (pp, tp) position (and, with HSDP, one replica)
@@ -129,6 +133,13 @@ def check_results(ref, results):
                     # the last bits on any CPU, even after AdamW's amplification.
                     assert s["final_diff"][0] <= 1e-6, (name, stage, s["final_diff"])
                 assert s["ref_diff"][0] <= PARAM_TOL, (name, stage, s["ref_diff"])
+                # runner.predict (an accuracy evaluator's logits; under ZeRO-3 it must gather
+                # the root's own parameters): those of the run without ZeRO, of the initial
+                # model as its first forward, and between training steps (after one AdamW
+                # step, whose rounding moves parameters within PARAM_TOL)
+                if "predict_diff_initial" in s:  # on the last pipeline stage
+                    assert s["predict_diff_initial"] <= GRAD_TOL, (name, stage, s)
+                    assert s["predict_diff_after_step"] <= PARAM_TOL, (name, stage, s)
                 # clipping still uses the global norm of the whole model
                 assert s["norm_diff"] <= GRAD_TOL, (name, stage, s["norm_diff"])
                 # same layout, same process kind: resuming is bitwise
@@ -138,6 +149,8 @@ def check_results(ref, results):
                 if stage == "3":  # and of the parameters and gradients
                     assert s["param_numel"] < 0.75 * item["base_param_numel"], (s, item)
                     assert s["grad_numel"] == s["param_numel"], (name, s)
+                    # predict gathered parameters for its forward only
+                    assert s["predict_param_numel"] == s["param_numel"], (name, s)
             for position, group in groups.items():
                 shard = len(group)
                 total = sum(i["stages"][stage]["state_bytes"] for i in group)

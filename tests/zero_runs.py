@@ -11,6 +11,8 @@ from libai.engine.zero import prepare_model, shard_optimizer
 from libai.utils import distributed as dist
 
 ADAMW = dict(lr=0.01, weight_decay=0.1, eps=1e-6)
+#: the step whose batch (never trained on) :func:`predict` runs on
+PREDICT_STEP = 99
 
 
 def make_run(stage=None, num_microbatches=1, *, hsdp_replicate_size=1, **runner_kwargs):
@@ -41,3 +43,17 @@ def train(runner, optimizer, steps, *, on_synced=None) -> tuple[list[float], lis
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     return losses, norms
+
+
+def predict(runner) -> torch.Tensor | None:
+    """Full-vocab logits of ``runner.predict`` in eval mode (what an evaluator that needs
+    predictions gets) for this rank's dp share of an unseen batch; ``None`` on the ranks of
+    pipeline stages other than the last."""
+    util = dist.get_dist_util()
+    dp = util.layout.data_parallel_size
+    batch = make_batch(PREDICT_STEP)
+    batch = {k: v.chunk(dp)[util.data_parallel_rank] for k, v in batch.items()}
+    runner.model.eval()
+    logits = runner.predict(batch)
+    runner.model.train()
+    return None if logits is None else runner.model.GPT_model.lm_head.gather(logits).clone()

@@ -24,6 +24,11 @@ between a micro-batch's forward and backward (torchtitan's choice) instead of al
 them again for every micro-batch. With an interleaved schedule each of the rank's stages
 (structural copies of the model sharing its parameters) is its own FSDP root, and the
 model is given the copies' sharded parameters (:func:`_share_back`).
+
+FSDP2 gathers a module's own parameters in hooks of ``module.__call__``. Code that runs a
+root's method other than ``forward`` (``ModelRunner.predict`` runs ``pipeline_forward``
+without pp) goes through :func:`fsdp_forward_method`, or it would find the parameters held
+by the root outside every block (embeddings, final norm, head) still sharded.
 """
 
 from __future__ import annotations
@@ -35,7 +40,13 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
-__all__ = ["FullyShardedGrads", "apply_fully_shard", "check_fsdp_units", "fsdp_mesh"]
+__all__ = [
+    "FullyShardedGrads",
+    "apply_fully_shard",
+    "check_fsdp_units",
+    "fsdp_forward_method",
+    "fsdp_mesh",
+]
 
 #: the config key of HSDP's replicate size (named in errors)
 HSDP_KEY = "train.zero_optimization.hsdp_replicate_size"
@@ -52,6 +63,28 @@ class FullyShardedGrads:
 
     def reduce_gradients(self) -> None:
         pass
+
+
+def fsdp_forward_method(module: nn.Module, name: str):
+    """``module.<name>`` (e.g. ``pipeline_forward``), callable on an FSDP2 root as FSDP2 runs
+    ``module.forward``: its pre-forward gathers the root's own parameters, its post-forward
+    frees them again (``reshard_after_forward``) and, the first time, makes the module the
+    root of its blocks. The plain method when ``module`` is not an FSDP2 module.
+
+    A direct call of a method skips those hooks, and the root's parameters would still be
+    sharded. FSDP2's :func:`~torch.distributed.fsdp.register_fsdp_forward_method` wraps a
+    method in them; it wraps a copy kept under its own attribute, because ``forward`` itself
+    often calls ``pipeline_forward``, whose hooks would then run a second time, nested, in
+    every training step."""
+    from torch.distributed.fsdp import FSDPModule, register_fsdp_forward_method
+
+    if not isinstance(module, FSDPModule):
+        return getattr(module, name)
+    hooked = f"_libai_fsdp_{name}"
+    if hooked not in module.__dict__:
+        module.__dict__[hooked] = getattr(module, name)
+        register_fsdp_forward_method(module, hooked)  # replaces it by the wrapped method
+    return module.__dict__[hooked]
 
 
 def fsdp_mesh(util, replicate_size: int = 1) -> DeviceMesh:

@@ -34,6 +34,7 @@ from torch.distributed.tensor import DTensor
 
 from libai.engine.amp import DynamicLossScaler, autocast
 from libai.engine.blocks import compile_layers, enable_activation_checkpointing
+from libai.engine.fsdp import fsdp_forward_method
 from libai.engine.grad_clip import clip_grad_norm_
 from libai.engine.sequence_parallel import (
     all_reduce_sequence_parallel_grads,
@@ -376,11 +377,13 @@ class ModelRunner:
     def predict(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor | None:
         """Forward only: the last stage's ``pipeline_forward`` output for ``batch`` (e.g.
         vocab-split logits); ``None`` on the ranks of other stages. Without pp it is
-        ``model.pipeline_forward(*inputs)`` on every rank. Under pp the batch must have the
-        training batch's shape."""
+        ``model.pipeline_forward(*inputs)`` on every rank (under ZeRO-3 inside FSDP2's root
+        hooks, which gather the parameters outside the blocks). Under pp the batch must have
+        the training batch's shape."""
         if not self.pipeline:
+            forward = fsdp_forward_method(self.model, "pipeline_forward")
             with self.autocast():
-                return self.model.pipeline_forward(*pipeline_inputs(self.model, batch))
+                return forward(*pipeline_inputs(self.model, batch))
         check_sequence_parallel_batch(batch)
         self._sync_stage_modes()
         args, kwargs = self._schedule_arguments(batch)

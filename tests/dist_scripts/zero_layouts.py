@@ -3,8 +3,9 @@
 For every layout and stage: 3 AdamW steps with global-norm clipping give the parameters of
 the run without ZeRO (and of the single-process AdamW run); each rank's optimizer state is
 its share; stage 2 leaves a rank only the gradients it owns; stage 3 holds a shard of every
-parameter and gradient; a save -> load -> continue on the same layout equals the
-uninterrupted run. A layout may ask for HSDP (``hsdp``), activation checkpointing
+parameter and gradient; ``runner.predict`` (before training and between steps) gives the
+predictions of the run without ZeRO and leaves the parameters sharded; a save -> load ->
+continue on the same layout equals the uninterrupted run. A layout may ask for HSDP (``hsdp``), activation checkpointing
 (``activation_checkpointing``), an AMP check (``amp``) and to keep its checkpoints
 (``keep_checkpoints``: a directory the resharding tests load from). The script records the
 differences; the test (tests/test_zero.py) judges them, with the tolerances of
@@ -20,7 +21,7 @@ import torch
 from common import parse_out_dir, run_checks
 from gpt_reference import STEPS, full_state, max_diff
 from zero_runs import make_run as _make_run
-from zero_runs import train
+from zero_runs import predict, train
 
 from libai.engine.zero import ZeroOptimizer, optimizer_state_bytes, owned_parameters
 from libai.layers import TransformerLayer
@@ -86,7 +87,14 @@ def check_layout(layout: dict, ref: dict, out_dir) -> dict:
                     p.grad for p in model.parameters() if p.grad is not None
                 )
 
-        losses, norms = train(runner, optimizer, range(STEPS), on_synced=on_synced)
+        # predictions (what the trainer's evaluation gives an accuracy evaluator) of the
+        # initial model, as its first forward, and after a step, between training steps
+        predictions = {"initial": predict(runner)}
+        losses, norms = train(runner, optimizer, range(1), on_synced=on_synced)
+        predictions["after_step"] = predict(runner)
+        predict_numel = _local_numel(model.parameters())  # stage 3: gathered and freed again
+        more = train(runner, optimizer, range(1, STEPS))
+        losses, norms = losses + more[0], norms + more[1]
         runs[stage] = {
             "final": full_state(model),
             "losses": losses,
@@ -94,6 +102,8 @@ def check_layout(layout: dict, ref: dict, out_dir) -> dict:
             "state_bytes": optimizer_state_bytes(optimizer),
             "num_params": len(list(model.parameters())),
             "local_param_numel": _local_numel(model.parameters()),
+            "predictions": predictions,
+            "predict_numel": predict_numel,
             **grads_held,
         }
     shard_size = util.layout.data_parallel_size // hsdp
@@ -110,6 +120,11 @@ def check_layout(layout: dict, ref: dict, out_dir) -> dict:
     result["base_norm_diff"] = max(abs(a - b) for a, b in zip(base["norms"], ref["grad_norms"]))
     result["base_state_bytes"] = base["state_bytes"]
     result["base_param_numel"] = base["local_param_numel"]
+    base_predictions = base["predictions"]
+    if base_predictions["initial"] is not None:  # the last pipeline stage
+        dp, dp_rank = util.layout.data_parallel_size, util.data_parallel_rank
+        want = ref["predictions"].chunk(dp)[dp_rank]
+        result["base_predict_ref_diff"] = (base_predictions["initial"] - want).abs().max().item()
     for stage in stages:
         run = runs[stage]
         item = {
@@ -119,11 +134,16 @@ def check_layout(layout: dict, ref: dict, out_dir) -> dict:
             "norm_diff": max(abs(a - b) for a, b in zip(run["norms"], ref["grad_norms"])),
             "state_bytes": run["state_bytes"],
             "param_numel": run["local_param_numel"],
+            "predict_param_numel": run["predict_numel"],
             "num_params": run["num_params"],
             "with_grad": run.get("with_grad"),
             "owned": run.get("owned"),
             "grad_numel": run.get("grad_numel"),
         }
+        if base_predictions["initial"] is not None:
+            for when, got in run["predictions"].items():
+                diff = (got - base_predictions[when]).abs().max().item()
+                item[f"predict_diff_{when}"] = diff
         result["stages"][str(stage)] = item
 
     # save after 2 steps, load into a fresh model and optimizer, continue: equals 3 straight
