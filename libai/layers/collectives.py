@@ -130,15 +130,18 @@ class _ScatterToTP(torch.autograd.Function):
         return _all_gather(grad, ctx.dim, ctx.group), None, None
 
 
-class _GatherFromSP(torch.autograd.Function):
+class _GatherWithGrad(torch.autograd.Function):
+    """All-gather along ``dim``; backward sums the gradient over ranks and keeps this rank's
+    chunk (a reduce-scatter)."""
+
     @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return _all_gather(x, SEQ_DIM, group)
+    def forward(ctx, x, dim, group):
+        ctx.dim, ctx.group = dim, group
+        return _all_gather(x, dim, group)
 
     @staticmethod
     def backward(ctx, grad):
-        return _reduce_scatter(grad, SEQ_DIM, ctx.group), None
+        return _reduce_scatter(grad, ctx.dim, ctx.group), None, None
 
 
 class _ReduceScatterToSP(torch.autograd.Function):
@@ -150,6 +153,17 @@ class _ReduceScatterToSP(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         return _all_gather(grad, SEQ_DIM, ctx.group), None
+
+
+def all_gather_with_grad(x: torch.Tensor, group, dim: int = 0) -> torch.Tensor:
+    """``x`` of every rank of ``group`` concatenated along ``dim`` in rank order,
+    differentiable: rank ``r``'s rows get the sum over ranks of their gradients, e.g. in-batch
+    negatives gathered over the data-parallel group for a contrastive loss. ``group=None`` (or
+    a group of one) returns ``x``. Every rank passes the same shape.
+    """
+    if group is None or torch_dist.get_world_size(group) == 1:
+        return x
+    return _GatherWithGrad.apply(x, dim, group)
 
 
 def copy_to_tp(x: torch.Tensor) -> torch.Tensor:
@@ -201,7 +215,7 @@ def gather_from_sp(x: torch.Tensor) -> torch.Tensor:
     partial sum over tp, ``[S(0), P] -> reduce-scatter -> [S(0), S(1)]``.
     """
     group = _tp_group()
-    return x if group is None else _GatherFromSP.apply(x, group)
+    return x if group is None else _GatherWithGrad.apply(x, SEQ_DIM, group)
 
 
 def reduce_scatter_to_sp(x: torch.Tensor) -> torch.Tensor:

@@ -19,29 +19,7 @@ import torch
 import torch.distributed as torch_dist
 import torch.nn.functional as F
 
-from libai.layers.collectives import _all_gather, _reduce_scatter
-
-
-class _GatherCandidates(torch.autograd.Function):
-    """All-gather along dim 0 in forward; sum over ranks and keep this rank's rows in backward."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return _all_gather(x, 0, group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _reduce_scatter(grad, 0, ctx.group), None
-
-
-def gather_with_grad(x: torch.Tensor, group) -> torch.Tensor:
-    """``x`` of every rank of ``group`` concatenated along dim 0 (rank order), differentiable:
-    the gradient of rank ``r``'s rows is the sum over ranks of their gradients. ``group=None``
-    returns ``x`` unchanged. Every rank must pass the same shape."""
-    if group is None or torch_dist.get_world_size(group) == 1:
-        return x
-    return _GatherCandidates.apply(x, group)
+from libai.layers.collectives import all_gather_with_grad
 
 
 def contrastive_loss(
@@ -74,7 +52,7 @@ def contrastive_loss(
         raise ValueError(f"temperature must be > 0, got {temperature}")
     z = F.normalize(embeddings.float(), dim=-1)  # cosine similarity = dot of unit vectors
     anchors = z[:, 0]
-    candidates = gather_with_grad(z[:, 1:].contiguous(), group)  # [global batch, n - 1, hidden]
+    candidates = all_gather_with_grad(z[:, 1:].contiguous(), group)  # [global batch, n - 1, hidden]
     offset = 0 if group is None else torch_dist.get_rank(group) * anchors.shape[0]
     targets = torch.arange(anchors.shape[0], device=z.device) + offset
     # [b, H] x [G, H]^T -> [b, G] per candidate kind, then side by side: [b, (n - 1) * G]
