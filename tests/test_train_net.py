@@ -175,7 +175,9 @@ def test_zero_optimization_shards_the_optimizer_and_keeps_the_losses(sample_env,
     plain = tmp_path / "plain"
     train_net(sample_env, plain, *common, nproc=2)
     runs = {}
-    for stage in (1, 2, 3):
+    # stages 2 (sharded optimizer + gradients) and 3 (FSDP2) take the trainer's two ZeRO paths;
+    # stage 1 shares stage 2's and is checked at every stage in tests/test_zero.py
+    for stage in (2, 3):
         out = tmp_path / f"zero{stage}"
         proc = train_net(
             sample_env,
