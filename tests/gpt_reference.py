@@ -90,8 +90,9 @@ def make_optimizer(model):
 def reference_run(
     num_microbatches: int = 1, build=build_model, batch=make_batch, state=full_state
 ) -> dict:
-    """Single-process losses, initial parameters, first-step grads and params after STEPS
-    (of the tiny GPT, or of the model ``build()`` on ``batch(step)``, read by ``state``)."""
+    """Single-process losses, initial parameters, first-step grads and params after STEPS,
+    and then each row's eval loss on ``batch(STEPS)`` (of the tiny GPT, or of the model
+    ``build()`` on ``batch(step)``, read by ``state``)."""
     dist.setup_dist_util({})
     model = build()
     init = state(model)
@@ -106,10 +107,19 @@ def reference_run(
         opt.step()
         opt.zero_grad(set_to_none=True)
         losses.append(float(loss))
+    # each row's eval loss after training: what a partial evaluation batch must average to
+    model.eval()
+    last = batch(STEPS)
+    row_losses = [
+        float(runner.eval_loss({k: v[i : i + 1] for k, v in last.items()}))
+        for i in range(len(next(iter(last.values()))))
+    ]
+    model.train()
     return {
         "init": init,
         "losses": losses,
         "grads": grads,
         "grad_norms": norms,
         "final": state(model),
+        "row_losses": row_losses,
     }

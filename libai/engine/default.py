@@ -176,7 +176,6 @@ class DefaultTrainer(EagerTrainer):
         )
         self.start_iter, self.max_iter = 0, train.train_iter
         self.finite_check_period = max(int(train.log_period), 1)
-        self.runner_batch_size = train.train_micro_batch_size * train.num_accumulation_steps
         self.register_hooks(self.build_hooks())
 
     # ---- builders -----------------------------------------------------------------------------
@@ -280,11 +279,8 @@ class DefaultTrainer(EagerTrainer):
         for i, batch in enumerate(loader):
             if eval_iter and i >= eval_iter:
                 break
+            # under pp a smaller last batch is padded inside the runner and scored on its rows
             batch = {k: v.to(device) for k, v in batch.items()}
-            size = len(next(iter(batch.values())))
-            if self.runner.pipeline and size != self.runner_batch_size:
-                logger.warning("pipeline evaluation skips a last partial batch of %d", size)
-                continue
             if not predictions:
                 evaluator.process(batch, {"lm_loss": self.runner.eval_loss(batch)})
                 continue

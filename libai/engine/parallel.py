@@ -98,6 +98,22 @@ class _StageModule(nn.Module):
             return _contiguous(self.model.pipeline_forward(*args))
 
 
+def _batch_rows(batch: Mapping[str, torch.Tensor]) -> int:
+    """The batch dimension of a batch dict (its first tensor's dim 0)."""
+    return next(v for v in batch.values() if isinstance(v, torch.Tensor)).shape[0]
+
+
+def _first_rows(value, rows: int):
+    """``value`` (a tensor, or a tuple / list / dict of them) cut to its first ``rows`` rows."""
+    if isinstance(value, torch.Tensor):
+        return value[:rows]
+    if isinstance(value, (tuple, list)):
+        return type(value)(_first_rows(v, rows) for v in value)
+    if isinstance(value, Mapping):
+        return {k: _first_rows(v, rows) for k, v in value.items()}
+    return value
+
+
 def _contiguous(value):
     """``value`` (a tensor, or a tuple / list of them) in the contiguous layout the pipeline
     stages were built with: before torch 2.13, ``torch.distributed.pipelining`` rejects a
@@ -180,6 +196,8 @@ class ModelRunner:
             compile_layers(model)
         self.schedule_name = schedule or layout.pipeline_schedule
         self.pipeline = layout.pipeline_parallel_size > 1
+        #: under pp: the batch size the stages' buffers were built for (the first batch run)
+        self.pipeline_batch_size: int | None = None
         if self.pipeline and (loss_fn is not None or backward_fn is not None):
             raise ValueError(
                 "pipeline parallel computes the loss with the model's pipeline_loss on the last "
@@ -347,10 +365,32 @@ class ModelRunner:
             kwargs["target"] = _contiguous(pipeline_target(self.model, batch))
         return args, kwargs
 
+    def _pad_to_pipeline_batch(self, batch) -> tuple[Mapping[str, torch.Tensor], int | None]:
+        """``(batch, rows)``: a batch smaller than the one the pipeline stages were built for
+        (an evaluation set's last batch) padded to that size with copies of its last row, and
+        its real row count; ``(batch, None)`` when it already has the size."""
+        size = _batch_rows(batch)
+        full = self.pipeline_batch_size
+        if full is None or size == full:
+            return batch, None
+        if size > full:
+            raise ValueError(
+                f"a batch of {size} rows reached pipeline stages built for {full} rows (the "
+                "first batch they ran); evaluation batches may be smaller, never larger: set "
+                "train.test_micro_batch_size to the training per-rank batch"
+            )
+        index = torch.arange(full).clamp(max=size - 1)
+        padded = {
+            k: v[index.to(v.device)] if isinstance(v, torch.Tensor) else v for k, v in batch.items()
+        }
+        return padded, size
+
     def _run_schedule(self, run, batch) -> torch.Tensor:
         """Drive ``run`` (the schedule's ``step`` or ``eval``) with this rank's stage inputs;
         returns the last stage's mean micro-batch loss, 0 on other stages."""
         check_sequence_parallel_batch(batch)  # on every stage, before any send
+        if self.pipeline_batch_size is None:
+            self.pipeline_batch_size = _batch_rows(batch)
         self._sync_stage_modes()
         args, kwargs = self._schedule_arguments(batch)
         losses: list[torch.Tensor] = []
@@ -364,11 +404,20 @@ class ModelRunner:
     @torch.no_grad()
     def eval_loss(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """Forward only: this data-parallel rank's mean loss on ``batch`` (same on its tp and
-        pp ranks). Under pp the batch is split into the training micro-batch count and must
-        have the training batch's shape (the stages' buffers are sized by it)."""
+        pp ranks). Under pp the batch is split into the training micro-batch count; a batch
+        smaller than the training one (an evaluation set's last) is padded to its size and
+        the loss is taken over the real rows only."""
         if not self.pipeline:
             with self.autocast():
                 return self._loss(batch).float()
+        _, rows = self._pad_to_pipeline_batch(batch)
+        if rows is not None:
+            out = self.predict(batch)  # pads, and cuts the outputs back to the real rows
+            loss = torch.zeros((), device=self.util.device)
+            if out is not None:
+                loss = self.model.pipeline_loss(out, pipeline_target(self.model, batch)).float()
+            torch_dist.all_reduce(loss, group=self.util.pp_group)  # from the last stage to all
+            return loss
         loss = self._run_schedule(self.schedule.eval, batch)
         torch_dist.all_reduce(loss, group=self.util.pp_group)  # from the last stage to all
         return loss
@@ -378,19 +427,24 @@ class ModelRunner:
         """Forward only: the last stage's ``pipeline_forward`` output for ``batch`` (e.g.
         vocab-split logits); ``None`` on the ranks of other stages. Without pp it is
         ``model.pipeline_forward(*inputs)`` on every rank (under ZeRO-3 inside FSDP2's root
-        hooks, which gather the parameters outside the blocks). Under pp the batch must have
-        the training batch's shape."""
+        hooks, which gather the parameters outside the blocks). Under pp a batch smaller than
+        the training one is padded to its size and the output cut back to the real rows."""
         if not self.pipeline:
             forward = fsdp_forward_method(self.model, "pipeline_forward")
             with self.autocast():
                 return forward(*pipeline_inputs(self.model, batch))
         check_sequence_parallel_batch(batch)
+        if self.pipeline_batch_size is None:
+            self.pipeline_batch_size = _batch_rows(batch)
+        batch, rows = self._pad_to_pipeline_batch(batch)
         self._sync_stage_modes()
         args, kwargs = self._schedule_arguments(batch)
         if self.is_last:
             kwargs["losses"] = []
         out = self.schedule.eval(*args, **kwargs)
-        return out if self.is_last else None
+        if not self.is_last:
+            return None
+        return out if rows is None else _first_rows(out, rows)
 
     def sync_gradients(self) -> None:
         """Sum tied-weight grads between first and last stage; average grads over dp; then

@@ -61,6 +61,24 @@ def watch_schedule_inputs(runner) -> list[bool]:
     return handed
 
 
+def partial_eval(runner, util, row_losses: list[float]) -> float:
+    """An evaluation set's smaller last batch (one row short of this rank's share): under pp
+    the runner pads it to the stages' batch and scores the real rows only, so its loss is the
+    mean of the single-process per-row losses, and ``predict`` gives one output per real row.
+    Returns the loss difference."""
+    dp, rank = util.layout.data_parallel_size, util.data_parallel_rank
+    share = {k: v.chunk(dp)[rank] for k, v in make_batch(STEPS).items()}
+    rows = share["input_ids"].shape[0] - 1
+    if rows < 1:
+        return 0.0
+    partial = {k: v[:rows] for k, v in share.items()}
+    first = rank * (rows + 1)
+    want = sum(row_losses[first : first + rows]) / rows
+    out = runner.predict(partial)
+    assert out is None or out.shape[0] == rows, f"predict gave {out.shape[0]} rows, not {rows}"
+    return abs(float(runner.eval_loss(partial)) - want)
+
+
 def check_layout(layout: dict, ref: dict) -> dict:
     util = dist.setup_dist_util(dict(layout["dist"]))
     tp, dp = util.layout.tensor_parallel_size, util.layout.data_parallel_size
@@ -96,6 +114,7 @@ def check_layout(layout: dict, ref: dict) -> dict:
     final_diff, final_name = max_diff(full_state(model), ref["final"])
     # model.eval() reaches every stage the rank runs (interleaved: copies of the model)
     model.eval()
+    partial_diff = partial_eval(runner, util, ref["row_losses"])
     runner.eval_loss(batch)
     eval_everywhere = True
     if runner.pipeline:
@@ -121,13 +140,14 @@ def check_layout(layout: dict, ref: dict) -> dict:
         "pipeline_rank": util.pipeline_rank,
         "stage_ids": list(util.layout.layer_stage_ids),
         "eval_everywhere": eval_everywhere,
+        "partial_eval_diff": partial_diff,
     }
     assert all(handed) and (handed or not runner.pipeline), (
         f"{layout['name']}: a non-contiguous tensor reached the schedule ({handed})"
     )
     assert eval_everywhere, f"{layout['name']}: a pipeline stage stayed in training mode"
     assert init_diff == 0.0, f"{layout['name']}: initial weights differ ({init_name})"
-    for key in ("loss_diff", "grad_diff", "final_diff", "grad_norm_diff"):
+    for key in ("loss_diff", "grad_diff", "final_diff", "grad_norm_diff", "partial_eval_diff"):
         assert result[key] <= TOL, f"{layout['name']}: {key}={result[key]:.3g} > {TOL}"
     return result
 
