@@ -29,7 +29,7 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-__all__ = ["instantiate", "locate", "target_to_string", "is_lazy_node"]
+__all__ = ["constructor_arguments", "instantiate", "locate", "target_to_string", "is_lazy_node"]
 
 #: attribute set on an exception once a config path has been added to its message
 _PATH_MARK = "_libai_config_path"
@@ -184,6 +184,16 @@ def _instantiate(cfg: Any, path: str, overrides: Mapping[str, Any] | None = None
 
 def _is_namedtuple(value: Any) -> bool:
     return isinstance(value, tuple) and hasattr(type(value), "_fields")
+
+
+def constructor_arguments(value: Any) -> dict | None:
+    """The keyword arguments that rebuild a dataclass or namedtuple instance through its type
+    (the dataclass's ``init`` fields, the namedtuple's fields); ``None`` for other values."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: getattr(value, f.name) for f in dataclasses.fields(value) if f.init}
+    if _is_namedtuple(value):
+        return value._asdict()
+    return None
 
 
 def instantiate(cfg: Any, **overrides: Any) -> Any:

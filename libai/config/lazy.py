@@ -33,7 +33,7 @@ from typing import Any
 import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf, SCMode
 
-from libai.config.instantiate import target_to_string
+from libai.config.instantiate import constructor_arguments, target_to_string
 
 __all__ = ["LazyCall", "LazyConfig", "try_get_key"]
 
@@ -180,15 +180,9 @@ def _patch_import():
 
 def _as_lazy_node(value: Any) -> dict | None:
     """A dataclass or namedtuple instance of an importable type as the node that rebuilds it."""
-    name = target_to_string(type(value))
-    if name is None:
-        return None
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        fields = [f.name for f in dataclasses.fields(value) if f.init]
-        return {"_target_": name, **{f: getattr(value, f) for f in fields}}
-    if isinstance(value, tuple) and hasattr(type(value), "_fields"):
-        return {"_target_": name, **value._asdict()}
-    return None
+    arguments = constructor_arguments(value)
+    name = target_to_string(type(value)) if arguments is not None else None
+    return None if name is None else {"_target_": name, **arguments}
 
 
 def _to_yaml_safe(value: Any, path: str, unsaveable: list[str]) -> Any:
@@ -205,7 +199,7 @@ def _to_yaml_safe(value: Any, path: str, unsaveable: list[str]) -> Any:
                     continue
             out[k] = _to_yaml_safe(v, child, unsaveable)
         return out
-    node = _as_lazy_node(value) if not isinstance(value, (list, str)) else None
+    node = _as_lazy_node(value)
     if node is not None:
         return _to_yaml_safe(node, path, unsaveable)
     if isinstance(value, (list, tuple)):

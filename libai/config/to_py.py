@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf, SCMode
 
-from libai.config.instantiate import target_to_string
+from libai.config.instantiate import constructor_arguments, target_to_string
 
 __all__ = ["config_to_py"]
 
@@ -157,11 +157,9 @@ class _Writer:
             if all(_is_name(k) for k in value):
                 return self._keywords(value, path, "dict(", ")")
             return self._literal_dict(value, path)
-        if dataclasses.is_dataclass(value) and not isinstance(value, type):
-            fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value) if f.init}
-            return self._keywords(fields, path, self._named(type(value), path) + "(", ")")
-        if isinstance(value, tuple) and hasattr(type(value), "_fields"):
-            return self._keywords(value._asdict(), path, self._named(type(value), path) + "(", ")")
+        arguments = constructor_arguments(value)  # a dataclass or namedtuple instance
+        if arguments is not None:
+            return self._keywords(arguments, path, self._named(type(value), path) + "(", ")")
         if isinstance(value, (list, tuple)):
             items = [("", self.expr(v, f"{path}[{i}]")) for i, v in enumerate(value)]
             return _Group("[", items, "]")
