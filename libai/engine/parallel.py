@@ -410,8 +410,7 @@ class ModelRunner:
         if not self.pipeline:
             with self.autocast():
                 return self._loss(batch).float()
-        _, rows = self._pad_to_pipeline_batch(batch)
-        if rows is not None:
+        if self.pipeline_batch_size not in (None, _batch_rows(batch)):
             out = self.predict(batch)  # pads, and cuts the outputs back to the real rows
             loss = torch.zeros((), device=self.util.device)
             if out is not None:
