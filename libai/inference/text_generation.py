@@ -114,7 +114,12 @@ class TextGenerationPipeline(BasePipeline):
                 raise TypeError(f"prompts must be strings, got {type(text).__name__}")
             if not text.strip():
                 raise ValueError("empty prompt: give at least one non-space character")
-        rows = self.tokenizer.encode_batch(list(inputs), add_special_tokens=True)
+        return self.encode_prompts(list(inputs), add_special_tokens=True)
+
+    def encode_prompts(self, texts: list[str], add_special_tokens: bool) -> dict:
+        """``{"prompts", "input_ids", "attention_mask"}`` of ``texts``: token ids left-padded
+        with the generation config's pad id (0 when unset), on the pipeline's device."""
+        rows = self.tokenizer.encode_batch(texts, add_special_tokens=add_special_tokens)
         pad = self.generation_config.pad_token_id
         pad = 0 if pad is None else pad
         width = max(len(r) for r in rows)
@@ -125,7 +130,7 @@ class TextGenerationPipeline(BasePipeline):
                 input_ids[i, width - len(row) :] = torch.tensor(row)
                 attention_mask[i, width - len(row) :] = 1
         return {
-            "prompts": list(inputs),
+            "prompts": texts,
             "input_ids": input_ids.to(self.device),
             "attention_mask": attention_mask.to(self.device),
         }

@@ -22,8 +22,6 @@ import os
 import sys
 from pathlib import Path
 
-import torch
-
 if __package__ in (None, ""):  # run as a script: make `projects.chat_sft` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
@@ -84,20 +82,8 @@ class ChatPipeline(TextGenerationPipeline):
             if isinstance(conversation, str):
                 conversation = [{"role": "user", "content": conversation}]
             texts.append(self.template.render(conversation, add_generation_prompt=True))
-        rows = self.tokenizer.encode_batch(texts, add_special_tokens=False)
-        pad = self.generation_config.pad_token_id
-        pad = 0 if pad is None else pad
-        width = max(len(r) for r in rows)
-        input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
-        attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, row in enumerate(rows):
-            input_ids[i, width - len(row) :] = torch.tensor(row)
-            attention_mask[i, width - len(row) :] = 1
-        return {
-            "prompts": texts,
-            "input_ids": input_ids.to(self.device),
-            "attention_mask": attention_mask.to(self.device),
-        }
+        # as apply_chat_template: the template writes the special tokens itself
+        return self.encode_prompts(texts, add_special_tokens=False)
 
 
 def pipeline_num_layers(cfg) -> int | None:

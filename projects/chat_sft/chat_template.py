@@ -24,6 +24,8 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from functools import lru_cache
 
+from libai.tokenizer.tokenization_base import SPECIAL_TOKEN_ROLES
+
 # under "libai" so that the trainer's log handlers (console, log.txt) show these lines
 logger = logging.getLogger("libai.projects.chat_sft")
 
@@ -42,15 +44,6 @@ CHATML_TOKENS = ("<|im_start|>", "<|im_end|>")
 #: the template file ``transformers`` 5 saves next to ``tokenizer_config.json``
 TEMPLATE_FILE = "chat_template.jinja"
 CONFIG_FILE = "tokenizer_config.json"
-SPECIAL_TOKEN_ROLES = (
-    "bos_token",
-    "eos_token",
-    "unk_token",
-    "sep_token",
-    "pad_token",
-    "cls_token",
-    "mask_token",
-)
 
 
 class ChatTemplateError(ValueError):

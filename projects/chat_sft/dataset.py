@@ -18,7 +18,6 @@ multi-turn conversation is learned. Labels are not shifted (the causal LM shifts
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from bisect import bisect_right
@@ -27,6 +26,7 @@ import numpy as np
 import torch
 
 from libai.data.datasets.lm_utils import IGNORE_INDEX, pad_to
+from libai.data.datasets.sft_dataset import read_json_lines
 from libai.utils.logger import log_first_n
 from projects.chat_sft.chat_template import ChatTemplateError, load_chat_template
 
@@ -78,18 +78,10 @@ def check_conversation(record, where: str, messages_key: str = "messages") -> li
 
 def read_conversations(path: str, messages_key: str = "messages") -> list[tuple[str, list]]:
     """``(file:line, messages)`` of every non-blank line of a JSON-lines file, checked."""
-    conversations = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{where}: not valid JSON ({e}).") from None
-            conversations.append((where, check_conversation(record, where, messages_key)))
-    return conversations
+    return [
+        (where, check_conversation(record, where, messages_key))
+        for where, record in read_json_lines(path)
+    ]
 
 
 def label_spans(ids, offsets, spans) -> np.ndarray:

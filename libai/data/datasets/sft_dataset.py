@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from string import Formatter
 
 import numpy as np
@@ -33,6 +33,25 @@ DEFAULT_PROMPT_TEMPLATE_NO_INPUT = (
     "completes the request.\n\n### Instruction:\n{instruction}\n\n### Response:\n"
 )
 _FIELDS = ("instruction", "input")
+
+
+def read_json_lines(path: str) -> Iterator[tuple[str, dict]]:
+    """``("file:line", object)`` of every non-blank line of a JSON-lines file; a line that is
+    not valid JSON or not an object raises a ``ValueError`` naming the file and line."""
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                data = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{where}: not valid JSON ({e}).") from None
+            if not isinstance(data, dict):
+                raise ValueError(
+                    f"{where}: expected a JSON object per line, got {type(data).__name__}."
+                )
+            yield where, data
 
 
 def _names(key) -> tuple[str, ...]:
@@ -159,23 +178,11 @@ class SFTDataset(torch.utils.data.Dataset):
 
     def _read(self) -> list[tuple[str, str]]:
         records = []
-        with open(self.data_path, encoding="utf-8") as f:
-            for lineno, line in enumerate(f, start=1):
-                if not line.strip():
-                    continue
-                where = f"{self.data_path}:{lineno}"
-                try:
-                    data = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{where}: not valid JSON ({e}).") from None
-                if not isinstance(data, dict):
-                    raise ValueError(
-                        f"{where}: expected a JSON object per line, got {type(data).__name__}."
-                    )
-                instruction = self._field(data, self.instruction_key, where, required=True)
-                extra = self._field(data, self.input_key, where, required=False)
-                output = self._field(data, self.output_key, where, required=True)
-                records.append((self.format_prompt(instruction, extra), output))
+        for where, data in read_json_lines(self.data_path):
+            instruction = self._field(data, self.instruction_key, where, required=True)
+            extra = self._field(data, self.input_key, where, required=False)
+            output = self._field(data, self.output_key, where, required=True)
+            records.append((self.format_prompt(instruction, extra), output))
         return records
 
     def format_prompt(self, instruction: str, input_text: str = "") -> str:
