@@ -14,6 +14,21 @@ Each override is parsed by Hydra's own parser, so values are typed the way Hydra
 
 Changing a key that does not exist is an error naming the closest existing keys, so a typo
 never silently adds a new, unused setting.
+
+A changed value must fit the type of the value it replaces (:func:`check_override_type`), so
+``train.train_iter=abc`` fails at once with ``train.train_iter expects an int, got 'abc'``:
+
+- int: an int (an integral float such as ``1e3`` becomes ``1000``; ``2.5`` and bools fail);
+  an int ``0`` takes any number, as Python configs write ``0`` for ``0.0`` (LiBai's
+  ``warmup_ratio=0``);
+- float: an int or a float (stored as a float); bool: ``true`` / ``false`` only;
+- str: any value; a number or bool is kept as the text typed (``output_dir=2024`` is ``"2024"``),
+  and a list is accepted too (``data_prefix=[0.3,a,0.7,b]`` blends datasets);
+- list (or tuple): a list;
+- ``null`` fits every key, and a key that is ``None`` takes any value; an interpolation
+  (``${...}``) is checked as the value it resolves to (not checked if it does not resolve);
+  mappings (``LazyCall`` nodes too), ``+added`` keys and values that are interpolations are
+  not checked.
 """
 
 from __future__ import annotations
@@ -21,9 +36,16 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, Node, OmegaConf
 
-__all__ = ["ConfigKeyError", "OverrideError", "apply_overrides", "all_keys"]
+__all__ = [
+    "ConfigKeyError",
+    "OverrideError",
+    "OverrideTypeError",
+    "all_keys",
+    "apply_overrides",
+    "check_override_type",
+]
 
 
 class OverrideError(ValueError):
@@ -37,26 +59,36 @@ class ConfigKeyError(OverrideError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+class OverrideTypeError(OverrideError):
+    """An override whose value does not fit the type of the value it replaces."""
+
+
 _MISSING = object()
 
 
 def _lookup(cfg: Any, key: str) -> tuple[Any, Any]:
-    """``(parent_node, value)`` for dotted ``key``; ``value`` is ``_MISSING`` if absent.
+    """``(parent_node, node)`` for dotted ``key``; ``node`` is ``_MISSING`` if absent.
 
-    ``parent_node`` is ``_MISSING`` when the path breaks before the last part, and raises
-    ``OverrideError`` when it runs through a value that is not a config node.
+    ``node`` is the key's own (unresolved) config node. ``parent_node`` is ``_MISSING``
+    when the path breaks before the last part, and raises ``OverrideError`` when it runs
+    through a value that is not a config node.
     """
     node: Any = cfg
     parts = key.split(".")
     for depth, part in enumerate(parts):
+        last = depth == len(parts) - 1
         if isinstance(node, DictConfig):
             if part not in node.keys():
-                return (node if depth == len(parts) - 1 else _MISSING), _MISSING
+                return (node if last else _MISSING), _MISSING
             child = node._get_node(part)
+            if last:
+                return node, child
             node_value = child if isinstance(child, (DictConfig, ListConfig)) else node[part]
         elif isinstance(node, ListConfig):
             if not part.lstrip("-").isdigit() or not -len(node) <= int(part) < len(node):
-                return (node if depth == len(parts) - 1 else _MISSING), _MISSING
+                return (node if last else _MISSING), _MISSING
+            if last:
+                return node, node._get_node(int(part))
             node_value = node[int(part)]
         else:
             prefix = ".".join(parts[:depth])
@@ -64,8 +96,6 @@ def _lookup(cfg: Any, key: str) -> tuple[Any, Any]:
                 f"cannot set '{key}': '{prefix}' is a {type(node).__name__} "
                 f"({node!r}), not a config node"
             )
-        if depth == len(parts) - 1:
-            return node, node_value
         node = node_value
     raise AssertionError("unreachable")
 
@@ -105,6 +135,88 @@ def _unknown_key_message(cfg: Any, key: str, override: str) -> str:
     )
 
 
+# ---- type checks ------------------------------------------------------------------------------
+#: what a key holding the int ``0`` expects: any number (a config's ``0`` may mean ``0.0``)
+NUMBER = (int, float)
+#: the article and name of each checked type, for the error message
+_TYPE_NAMES = {
+    bool: "a bool",
+    int: "an int",
+    float: "a float",
+    str: "a str",
+    list: "a list",
+    NUMBER: "a number",
+}
+
+
+def _expected_type(node: Any) -> type | tuple | None:
+    """The type an override of config node ``node`` must fit (``bool``, ``int``, ``float``,
+    ``str``, ``list``, or :data:`NUMBER` for an int ``0``), or ``None`` for no check: an
+    absent, ``None`` or ``???`` value, a mapping, an interpolation that does not resolve,
+    any other object."""
+    if not isinstance(node, Node):
+        return None
+    if node._is_interpolation():
+        try:
+            node = node._dereference_node()
+        except Exception:  # unresolvable here (a missing key, a resolver's error): accept
+            return None
+    if node is None or node._is_none() or node._is_missing():
+        return None
+    if isinstance(node, (DictConfig, ListConfig)):
+        return list if isinstance(node, ListConfig) else None
+    value = node._value()
+    if isinstance(value, (list, tuple)):
+        return list
+    if type(value) is int and value == 0:
+        return NUMBER
+    return next((t for t in (bool, int, float, str) if isinstance(value, t)), None)
+
+
+def _is_interpolation_text(value: Any) -> bool:
+    """Whether an override's value is an interpolation (checked when it is resolved)."""
+    return isinstance(value, str) and "${" in value
+
+
+def _converted(expected: type | tuple, value: Any) -> Any:
+    """``value`` as a value of ``expected`` (not ``str``), or ``_MISSING`` if it does not fit."""
+    if isinstance(value, bool) or expected is bool:
+        return value if expected is bool and isinstance(value, bool) else _MISSING
+    if expected in (int, NUMBER) and isinstance(value, float) and value.is_integer():
+        return int(value)
+    if expected is float and isinstance(value, int):
+        return float(value)
+    return value if isinstance(value, expected) else _MISSING
+
+
+def check_override_type(key: str, expected: type | tuple | None, value: Any, text: str) -> Any:
+    """The value to store for override ``key=text``, which Hydra parsed as ``value``, where
+    the config's current value has type ``expected`` (``None``: anything goes).
+
+    The rules are in the module doc. ``text`` is the value as typed: a str key keeps it for
+    a number or a bool, and the error quotes it. Raises :class:`OverrideTypeError`
+    (``train.train_iter expects an int, got 'abc'``).
+    """
+    if expected is None or value is None or _is_interpolation_text(value):
+        return value
+    if expected is str:
+        return text if isinstance(value, (bool, int, float)) else value
+    converted = _converted(expected, value)
+    if converted is _MISSING:
+        raise OverrideTypeError(f"{key} expects {_TYPE_NAMES[expected]}, got {text!r}")
+    return converted
+
+
+def _typed_value(override: Any, node: Any) -> Any:
+    """Hydra's value of ``override`` checked against (and converted to the type of) the
+    config's current ``node`` (``_MISSING`` when the key is new: not checked)."""
+    value = override.value()
+    if node is _MISSING:
+        return value
+    text = override.input_line.partition("=")[2].strip()
+    return check_override_type(override.key_or_group, _expected_type(node), value, text)
+
+
 def _parse(overrides: list[str]):
     try:
         from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -127,12 +239,18 @@ def _parse(overrides: list[str]):
     return parsed
 
 
+def _shown(node: Any) -> Any:
+    """A config node as the error messages show it: a leaf's raw value, else the node."""
+    return node if isinstance(node, (DictConfig, ListConfig)) else node._value()
+
+
 def apply_overrides(cfg: DictConfig, overrides: list[str]) -> DictConfig:
     """Apply ``overrides`` (Hydra's grammar, see the module doc) to ``cfg`` in place.
 
     Raises:
         ConfigKeyError: changing or deleting a key that does not exist (the message names
             the closest existing keys), or ``+adding`` one that does.
+        OverrideTypeError: a value that does not fit the type of the value it replaces.
         OverrideError: unparseable overrides, sweeps, paths through non-config values.
 
     Returns ``cfg``.
@@ -153,10 +271,10 @@ def apply_overrides(cfg: DictConfig, overrides: list[str]) -> DictConfig:
             raise ConfigKeyError(_unknown_key_message(cfg, key, line))
         if override.type is OverrideType.ADD and exists:
             raise ConfigKeyError(
-                f"Override '{line}': key '{key}' already exists (value {current!r}); "
+                f"Override '{line}': key '{key}' already exists (value {_shown(current)!r}); "
                 f"drop the '+' to change it, or write '++{line.lstrip('+')}'."
             )
-        value = override.value()
+        value = _typed_value(override, current)
         if isinstance(value, (dict, list)):
             value = OmegaConf.create(value, flags={"allow_objects": True})
         OmegaConf.update(cfg, key, value, merge=True, force_add=True)

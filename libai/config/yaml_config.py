@@ -20,9 +20,12 @@ A config has the sections of PaddleFleetX's::
 Merging (:func:`load_yaml_config`): a child mapping is merged key by key into its base's;
 lists and scalars replace; a child mapping holding ``_inherited_: False`` replaces the base's
 mapping wholesale. Overrides use Hydra's grammar (``Engine.max_steps=10``; ``+Model.x=1``
-adds a key). Every key of the fixed sections is checked: an unknown one is an error naming
-the closest known key. ``Model``, the dataset / sampler arguments and the optimizer's own
-arguments are checked where they are used (against the constructor they go to).
+adds a key) and must fit the type of the value they replace (``Engine.max_steps expects an
+int, got 'abc'``; the rules are :mod:`libai.config.overrides`'s, shared with LiBai's door).
+Every key of the fixed sections is checked, in the file and again after the overrides: an
+unknown one is an error naming the closest known key. ``Model``, the dataset / sampler
+arguments and the optimizer's own arguments are checked where they are used (against the
+constructor they go to).
 
 Unlike FleetX, a user-set ``Engine.accumulate_steps`` that contradicts the batch sizes is an
 error, never silently replaced (:func:`resolve_batch_config`).
