@@ -6,13 +6,19 @@ minutes:
 
     bash tools/train.sh tools/train_net.py configs/gpt2_pretrain.py 2
 
-Point it at real data and scale it with overrides alone, e.g.
+The sample dataset is built in our cache directory (``$LIBAI_SAMPLE_DATA_DIR`` or
+``~/.cache/libai/sample_gpt2``) because the data config names it explicitly
+(``${libai_sample:...}``, see ``configs/common/data/gpt_dataset.py``). Point it at real data
+(vocabulary, merges and data prefix: your files are only read) and scale it with overrides
+alone, e.g.
 
     bash tools/train.sh tools/train_net.py configs/gpt2_pretrain.py 8 \\
         model.cfg.hidden_layers=12 model.cfg.hidden_size=768 model.cfg.num_attention_heads=12 \\
         model.cfg.ffn_hidden_size=3072 model.cfg.max_seq_length=1024 \\
         train.dist.device_type=cuda train.dist.tensor_parallel_size=2 \\
         train.dist.pipeline_parallel_size=2 train.amp.enabled=True \\
+        tokenization.tokenizer.vocab_file=/data/gpt/gpt2-vocab.json \\
+        tokenization.tokenizer.merges_file=/data/gpt/gpt2-merges.txt \\
         "dataloader.train.dataset.0.data_prefix=/data/gpt/my_text_document" ...
 """
 

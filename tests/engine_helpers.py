@@ -106,6 +106,20 @@ def run_tool(tool, config, *overrides, nproc=1, env=None, timeout=300, check=Tru
     return run_command(cmd, overrides, nproc=nproc, env=env, timeout=timeout, check=check)
 
 
+#: projects/gpt's YAML shrunk to the tiny GPT of train_net_helpers.TINY (CPU, no dropout)
+TINY_GPT_YAML = [
+    "Global.device=cpu",
+    "Model.hidden_layers=2",
+    "Model.hidden_size=32",
+    "Model.num_attention_heads=2",
+    "Model.ffn_hidden_size=64",
+    "Model.max_seq_length=32",
+    "Model.embedding_dropout_prob=0.0",
+    "Model.attention_dropout_prob=0.0",
+    "Model.output_dropout_prob=0.0",
+]
+
+
 def run_command(cmd, overrides, *, nproc=1, env=None, timeout=300, check=True):
     """``cmd -o override ...`` from the repository root (a launcher script or a tool), with
     the repository and tests/ importable and a per-test port."""

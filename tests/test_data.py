@@ -532,25 +532,34 @@ def test_sample_dataset_builds_once_and_concurrently(tmp_path, monkeypatch):
     assert sample_corpus.ensure_sample_dataset(data_dir) == paths  # reused, not rebuilt
     assert len(builds) == 1 and os.path.getmtime(paths["data_prefix"] + ".bin") == mtime
 
-    # a config pointing at a (missing) sample directory gets it built; other paths are left alone
-    cfg = LazyConfig.load(str(REPO / "configs/common/data/gpt_dataset.py"))
-    other = tmp_path / "other"
-    LazyConfig.apply_overrides(
-        cfg,
-        [
-            f"tokenization.tokenizer.vocab_file={other}/gpt2-vocab.json",
-            f"tokenization.tokenizer.merges_file={other}/gpt2-merges.txt",
-            f"dataloader.train.dataset.0.data_prefix={other}/stdlib_text_document",
-        ],
-    )
+    # a config asks for the sample dataset with ${libai_sample:...}, never by file names: then
+    # it is built in the cache directory only (resolved when used, so the environment applies)
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("LIBAI_SAMPLE_DATA_DIR", str(cache))
     monkeypatch.setattr(
         sample_corpus,
         "ensure_sample_dataset",
         lambda d, workers=1: builds.append(d) or sample_corpus.sample_dataset_paths(d),
     )
-    assert sample_corpus.prepare_sample_data(cfg)["data_dir"] == str(other)
-    assert builds[-1] == str(other)
-    LazyConfig.apply_overrides(cfg, [f"dataloader.train.dataset.0.data_prefix={tmp_path}/mine"])
-    LazyConfig.apply_overrides(cfg, [f"tokenization.tokenizer.vocab_file={tmp_path}/v.json"])
-    LazyConfig.apply_overrides(cfg, [f"tokenization.tokenizer.merges_file={tmp_path}/m.txt"])
-    assert sample_corpus.prepare_sample_data(cfg) is None
+    cfg = LazyConfig.load(str(REPO / "configs/common/data/gpt_dataset.py"))
+    assert cfg.tokenization.tokenizer.vocab_file == str(cache / "gpt2-vocab.json")
+    assert cfg.dataloader.train.dataset[0].indexed_dataset.data_prefix == str(
+        cache / "stdlib_text_document"
+    )
+    assert sample_corpus.prepare_sample_data(cfg)["data_dir"] == str(cache)
+    assert builds[-1] == str(cache)
+    # the user's own files, named like the sample's: nothing is built, anywhere
+    other = tmp_path / "other"
+    mine = [
+        f"tokenization.tokenizer.vocab_file={other}/gpt2-vocab.json",
+        f"tokenization.tokenizer.merges_file={other}/gpt2-merges.txt",
+        f"dataloader.train.dataset.0.data_prefix={other}/stdlib_text_document",
+    ]
+    del builds[:]
+    assert sample_corpus.prepare_sample_data(LazyConfig.apply_overrides(cfg, mine)) is None
+    assert builds == [] and not other.exists()
+    # only the data is the user's: the sample vocabulary is still asked for, built in the cache
+    cfg = LazyConfig.load(str(REPO / "configs/common/data/gpt_dataset.py"))
+    LazyConfig.apply_overrides(cfg, mine[2:])
+    assert sample_corpus.prepare_sample_data(cfg)["data_dir"] == str(cache)
+    assert builds == [str(cache)] and not other.exists()

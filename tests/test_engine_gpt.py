@@ -5,21 +5,13 @@ the same config values, on 1 process and on dp2, tp2 and pp2."""
 from __future__ import annotations
 
 import pytest
-from engine_helpers import ROOT, run_command
+from engine_helpers import ROOT, TINY_GPT_YAML, run_command
 from train_net_helpers import TINY, read_metrics, run_train_net
 
 STEPS = 5
 #: the same tiny GPT, data, optimizer and schedule in both vocabularies
 YAML = [
-    "Global.device=cpu",
-    "Model.hidden_layers=2",
-    "Model.hidden_size=32",
-    "Model.num_attention_heads=2",
-    "Model.ffn_hidden_size=64",
-    "Model.max_seq_length=32",
-    "Model.embedding_dropout_prob=0.0",
-    "Model.attention_dropout_prob=0.0",
-    "Model.output_dropout_prob=0.0",
+    *TINY_GPT_YAML,
     f"Engine.max_steps={STEPS}",
     "Engine.logging_freq=1",
     "Engine.eval_freq=-1",

@@ -11,6 +11,9 @@ from libai.config.resolve import (
     resolve_batch_sizes,
     resolve_train_iters,
 )
+from libai.config.resolvers import register_resolvers
+
+register_resolvers()  # ${libai_sample:...} resolves in every config, config.yaml included
 
 __all__ = [
     "BatchSizes",

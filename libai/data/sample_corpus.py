@@ -13,11 +13,23 @@ Usage::
     paths = ensure_sample_dataset("/tmp/libai_sample")   # builds once, then reuses
     paths["data_prefix"], paths["vocab_file"], paths["merges_file"]
 
+Where it is built: only in our cache directory, ``$LIBAI_SAMPLE_DATA_DIR`` or
+``~/.cache/libai/sample_gpt2`` (:func:`~libai.config.resolvers.default_sample_data_dir`),
+and only when asked explicitly: a LiBai config names the sample files with
+``${libai_sample:vocab_file}`` / ``merges_file`` / ``data_prefix`` (see
+:mod:`libai.config.resolvers`; :func:`prepare_sample_data` builds for such a config), FleetX's
+``GPTModule`` / ``GPTDataset`` with ``vocab_file`` / ``merges_file`` / ``data_prefix`` null.
+A path is never taken for sample data because of its file name: a user's own
+``gpt2-vocab.json`` is just a vocabulary.
+
+Users' files are safe: :func:`ensure_sample_dataset` refuses (``ValueError``, nothing touched)
+a directory that holds files with the sample's names but no ``sample_dataset.json`` marker of a
+build of ours; it overwrites only files that it created.
+
 Concurrency: the build holds an exclusive file lock on ``DATA_DIR/.lock`` and moves finished
 files into place atomically, so any number of processes may call it at once: one builds,
 the others wait and reuse. Under ``torchrun`` you may also call it on local rank 0 only and
-``dist.synchronize()`` afterwards; both work. :func:`prepare_sample_data` does it for a
-config whose data paths point at a sample dataset.
+``dist.synchronize()`` afterwards; both work.
 """
 
 from __future__ import annotations
@@ -25,6 +37,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import sys
 import sysconfig
 import tempfile
@@ -33,24 +46,34 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from libai.config.resolvers import (
+    CORPUS_NAME,
+    DATA_NAME,
+    MERGES_NAME,
+    READY_NAME,
+    SAMPLE_RESOLVER,
+    VOCAB_NAME,
+    default_sample_data_dir,
+)
+
 logger = logging.getLogger(__name__)
 
-VOCAB_NAME = "gpt2-vocab.json"
-MERGES_NAME = "gpt2-merges.txt"
-DATA_NAME = "stdlib_text_document"
-CORPUS_NAME = "stdlib_corpus.jsonl"
-READY_NAME = "sample_dataset.json"
 EOD_TOKEN = "<|endoftext|>"
-#: file names that mark a path as part of a sample dataset
-SAMPLE_FILE_NAMES = (VOCAB_NAME, MERGES_NAME, DATA_NAME)
-
-
-def default_sample_data_dir() -> str:
-    """``$LIBAI_SAMPLE_DATA_DIR``, else ``$XDG_CACHE_HOME/libai/sample_gpt2`` (~/.cache)."""
-    if os.environ.get("LIBAI_SAMPLE_DATA_DIR"):
-        return os.path.abspath(os.environ["LIBAI_SAMPLE_DATA_DIR"])
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(cache, "libai", "sample_gpt2")
+#: present while a build of ours moves its files into place (an interrupted build's files are
+#: ours to replace, and a concurrent caller must not take them for a user's)
+PARTIAL_NAME = ".sample_dataset.partial"
+#: the files a build writes: a directory holding any of them without our marker is a user's
+SAMPLE_FILES = (
+    VOCAB_NAME,
+    MERGES_NAME,
+    DATA_NAME + ".bin",
+    DATA_NAME + ".idx",
+    CORPUS_NAME,
+)
+#: how a config value asks for the sample dataset: ``${libai_sample:...}``
+_SAMPLE_INTERPOLATION = re.compile(r"\$\{\s*" + SAMPLE_RESOLVER + r"\s*:")
 
 
 def sample_dataset_paths(data_dir: str | None = None) -> dict[str, str]:
@@ -66,6 +89,7 @@ def sample_dataset_paths(data_dir: str | None = None) -> dict[str, str]:
 
 
 def is_sample_dataset_ready(data_dir: str) -> bool:
+    """Whether a build of ours completed in ``data_dir`` and its files are all there."""
     paths = sample_dataset_paths(data_dir)
     needed = [
         os.path.join(paths["data_dir"], READY_NAME),
@@ -75,6 +99,32 @@ def is_sample_dataset_ready(data_dir: str) -> bool:
         paths["data_prefix"] + ".idx",
     ]
     return all(os.path.isfile(p) for p in needed)
+
+
+def foreign_sample_files(data_dir: str) -> list[str]:
+    """The files in ``data_dir`` named like the sample's that no build of ours wrote.
+
+    Empty when there are none, or when our marker (a completed build's ``sample_dataset.json``
+    or an interrupted one's partial marker) says they are ours. The files are looked up before
+    the markers, so a concurrent build that is moving its files in is never taken for a user.
+    """
+    present = [n for n in SAMPLE_FILES if os.path.lexists(os.path.join(data_dir, n))]
+    if not present:
+        return []
+    if any(os.path.isfile(os.path.join(data_dir, m)) for m in (READY_NAME, PARTIAL_NAME)):
+        return []
+    return present
+
+
+def _refuse_foreign_files(data_dir: str) -> None:
+    """Raise, touching nothing, if ``data_dir`` holds sample-named files that are not ours."""
+    foreign = foreign_sample_files(data_dir)
+    if foreign:
+        raise ValueError(
+            f"Refusing to build the sample dataset in {data_dir}: it holds {', '.join(foreign)} "
+            f"but no {READY_NAME} of a sample build, so they are someone's own files and are "
+            "left untouched. Set LIBAI_SAMPLE_DATA_DIR to an empty or new directory."
+        )
 
 
 # ---- the corpus ---------------------------------------------------------------------------------
@@ -193,6 +243,8 @@ def _build(data_dir: str, max_bytes: int, vocab_size: int, workers: int) -> dict
             "build_seconds": round(time.perf_counter() - start, 2),
         }
         del dataset
+        partial = os.path.join(data_dir, PARTIAL_NAME)
+        open(partial, "w").close()  # before the first file moves in: these files are ours
         for name in (CORPUS_NAME, VOCAB_NAME, MERGES_NAME):
             os.replace(os.path.join(tmp, name), os.path.join(data_dir, name))
         for ext in (".bin", ".idx"):
@@ -201,6 +253,7 @@ def _build(data_dir: str, max_bytes: int, vocab_size: int, workers: int) -> dict
         with open(ready, "w") as f:
             json.dump(info, f, indent=2)
         os.replace(ready, os.path.join(data_dir, READY_NAME))  # last: marks the build complete
+        os.remove(partial)
     return info
 
 
@@ -219,20 +272,29 @@ def ensure_sample_dataset(
             seconds on 2 cores.
         vocab_size: BPE vocabulary size, ``<|endoftext|>`` included.
         workers: tokenizer processes for the preprocessing (1 = in this process).
-        force: rebuild even if the files exist.
+        force: rebuild even if a build of ours is complete there.
 
     Returns:
         ``{"data_dir", "data_prefix", "vocab_file", "merges_file", "corpus"}``.
 
-    Safe to call from several processes at once (file lock + atomic renames).
+    Raises:
+        ValueError: ``data_dir`` holds files with the sample's names (``gpt2-vocab.json``,
+            ``gpt2-merges.txt``, ``stdlib_text_document.bin/.idx``, ``stdlib_corpus.jsonl``)
+            that no build of ours wrote (no ``sample_dataset.json``); nothing is touched,
+            ``force`` or not.
+
+    Safe to call from several processes at once (file lock + atomic renames). Its temporary
+    files (``.lock``, ``.build-*``) live in ``data_dir``; the build directory is removed.
     """
     paths = sample_dataset_paths(data_dir)
     data_dir = paths["data_dir"]
     if not force and is_sample_dataset_ready(data_dir):
         return paths
+    _refuse_foreign_files(data_dir)  # before the lock file: a user's directory stays as it was
     os.makedirs(data_dir, exist_ok=True)
     with _exclusive_lock(os.path.join(data_dir, ".lock")):
         if force or not is_sample_dataset_ready(data_dir):  # someone may have built it meanwhile
+            _refuse_foreign_files(data_dir)
             logger.info("building the sample GPT-2 dataset in %s ...", data_dir)
             info = _build(data_dir, max_bytes, vocab_size, workers)
             logger.info(
@@ -246,53 +308,36 @@ def ensure_sample_dataset(
 
 
 # ---- configs ------------------------------------------------------------------------------------
-def _get(node, key):
-    if node is None:
-        return None
-    if isinstance(node, Mapping):
-        return node.get(key)
-    return getattr(node, key, None)
+def _raw_strings(node) -> Iterator[str]:
+    """Every string value under ``node``, interpolations left unresolved (lazy nodes too)."""
+    if isinstance(node, (DictConfig, ListConfig)):
+        node = OmegaConf.to_container(node, resolve=False)
+    if isinstance(node, str):
+        yield node
+    elif isinstance(node, Mapping):
+        for value in node.values():
+            yield from _raw_strings(value)
+    elif isinstance(node, (list, tuple)):
+        for value in node:
+            yield from _raw_strings(value)
 
 
-def _configured_data_paths(cfg) -> list[str]:
-    """vocab/merges files of ``cfg.tokenization`` and data prefixes of ``cfg.dataloader``."""
-    paths = []
-    tokenizer = _get(_get(cfg, "tokenization"), "tokenizer")
-    for key in ("vocab_file", "merges_file"):
-        if _get(tokenizer, key):
-            paths.append(str(_get(tokenizer, key)))
-    dataloader = _get(cfg, "dataloader")
-    loaders = [_get(dataloader, "train")] + list(_get(dataloader, "test") or [])
-    for loader in loaders:
-        datasets = _get(loader, "dataset")
-        if datasets is None:
-            continue
-        if isinstance(datasets, Mapping) or not hasattr(datasets, "__iter__"):
-            datasets = [datasets]
-        for ds in datasets:
-            for node in (ds, _get(ds, "indexed_dataset")):
-                if _get(node, "data_prefix"):
-                    paths.append(str(_get(node, "data_prefix")))
-    return paths
+def uses_sample_data(cfg) -> bool:
+    """Whether some value of ``cfg``, unresolved, is a ``${libai_sample:...}`` interpolation:
+    the one way a config asks for the sample dataset (file names are never looked at)."""
+    return any(_SAMPLE_INTERPOLATION.search(value) for value in _raw_strings(cfg))
 
 
 def prepare_sample_data(cfg, workers: int = 1) -> dict[str, str] | None:
-    """Build the sample dataset for a config that points at one and finds it missing.
+    """Build the sample dataset if ``cfg`` asks for it, in our cache directory only.
 
-    A configured path (``tokenization.tokenizer.vocab_file`` / ``merges_file``,
-    ``dataloader.*.dataset[*].data_prefix``) whose file name is a sample dataset's
-    (``gpt2-vocab.json``, ``gpt2-merges.txt``, ``stdlib_text_document``) marks its directory
-    as a sample-dataset directory; each such directory is built if incomplete. Other paths are
-    left alone (a missing one fails later with a message naming it). Returns the paths of the
-    (last) sample dataset, or ``None`` when the config uses none. Safe on every rank at once.
+    A config asks by naming a sample file with ``${libai_sample:vocab_file}`` (or
+    ``merges_file``, ``data_prefix``, ...) anywhere, lazy nodes included; then the dataset is
+    built, unless present, in :func:`default_sample_data_dir` (the directory the interpolation
+    resolves to). A config whose paths are all the user's own builds nothing, whatever its file
+    names. Returns the sample dataset's paths, or ``None`` when the config uses none. Safe on
+    every rank at once.
     """
-    dirs = []
-    for path in _configured_data_paths(cfg):
-        if os.path.basename(path) in SAMPLE_FILE_NAMES:
-            directory = os.path.dirname(os.path.abspath(path))
-            if directory not in dirs:
-                dirs.append(directory)
-    result = None
-    for directory in dirs:
-        result = ensure_sample_dataset(directory, workers=workers)
-    return result
+    if not uses_sample_data(cfg):
+        return None
+    return ensure_sample_dataset(default_sample_data_dir(), workers=workers)

@@ -24,19 +24,19 @@ def GPTDataset(  # noqa: N802 - FleetX's name for what a YAML config builds
     ``build_nlp_train_val_test_loader`` builds for that split with the same ``split``,
     ``seed`` and sample count, so both front doors train on the same samples.
 
-    ``data_prefix=None`` uses the built-in sample corpus (built offline on first use, see
-    :mod:`libai.data.sample_corpus`). ``num_samples=None`` is one epoch of the split.
+    ``data_prefix=None`` (explicitly) uses the built-in sample corpus, built offline on first
+    use in our cache directory (see :mod:`libai.data.sample_corpus`); a given ``data_prefix``
+    is only read, whatever its name. ``num_samples=None`` is one epoch of the split.
     """
     from libai.data.build import build_train_valid_test_datasets
     from libai.data.data_utils import get_indexed_dataset
     from libai.data.datasets.gpt_dataset import GPT2Dataset
-    from libai.data.sample_corpus import ensure_sample_dataset, sample_dataset_paths
+    from libai.data.sample_corpus import ensure_sample_dataset
 
     if mode not in SPLIT_INDEX:
         raise ValueError(f"GPTDataset mode must be one of {sorted(SPLIT_INDEX)}, got {mode!r}")
     if data_prefix is None:
-        ensure_sample_dataset(sample_dataset_paths()["data_dir"])
-        data_prefix = sample_dataset_paths()["data_prefix"]
+        data_prefix = ensure_sample_dataset()["data_prefix"]  # the cache directory only
     config = LazyCall(GPT2Dataset)(
         name=name,
         data_prefix=data_prefix,

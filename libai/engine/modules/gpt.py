@@ -51,11 +51,20 @@ class GPTModule(ZooModule):
 
 
 def _gpt2_tokenizer(vocab_file=None, merges_file=None, **kwargs):
-    from libai.data.sample_corpus import ensure_sample_dataset, sample_dataset_paths
+    """``Model.tokenizer``'s GPT-2 BPE. Both files null (the YAMLs' default) is the explicit
+    way to ask for the built-in sample corpus' tokenizer, built in our cache directory if
+    missing; given files are only read, whatever they are called."""
     from libai.tokenizer import GPT2Tokenizer
 
-    if vocab_file is None or merges_file is None:
-        paths = ensure_sample_dataset(sample_dataset_paths()["data_dir"])
-        vocab_file = vocab_file or paths["vocab_file"]
-        merges_file = merges_file or paths["merges_file"]
+    if (vocab_file is None) != (merges_file is None):
+        raise ValueError(
+            "Model.tokenizer: give both vocab_file and merges_file (a GPT-2 BPE needs the two "
+            "files of one tokenizer), or neither for the built-in sample corpus' tokenizer; got "
+            f"vocab_file={vocab_file!r}, merges_file={merges_file!r}"
+        )
+    if vocab_file is None:
+        from libai.data.sample_corpus import ensure_sample_dataset
+
+        paths = ensure_sample_dataset()  # the cache directory, never a user's
+        vocab_file, merges_file = paths["vocab_file"], paths["merges_file"]
     return GPT2Tokenizer(vocab_file, merges_file, **kwargs)
