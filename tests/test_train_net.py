@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import signal
+import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from train_net_helpers import ROOT, TINY, TRAIN_NET, read_metrics, run_train_net
+from process_tree import kill_tree, process_tree, wait_gone
+from train_net_helpers import ROOT, TINY, TRAIN_NET, TRAIN_SH, read_metrics, run_train_net
 
 from libai.config import LazyConfig
 
@@ -52,33 +53,99 @@ def test_training_writes_every_output_and_perplexity_falls(sample_env, tmp_path)
     assert (out / "log.txt").exists()
 
 
+#: 12 iterations, a checkpoint every 3 (model_0000002, 5, 8, then model_final), no evaluation
+KILL_RUN = ("train.train_iter=12", "train.checkpointer.period=3", "train.evaluation.enabled=False")
+
+
+def kill_at_first_checkpoint(cmd, out_dir, env) -> tuple[list, int]:
+    """Start ``cmd`` (a training run writing to ``out_dir``), and once ``last_checkpoint`` names
+    a periodic checkpoint, freeze and SIGKILL its whole process tree (the launcher and every
+    worker). Returns the processes killed and the iteration of the checkpoint saved last, after
+    checking that every one of those processes is gone and that the run stopped before its end
+    and wrote nothing after the kill."""
+    proc = subprocess.Popen(
+        cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    last = out_dir / "last_checkpoint"
+    deadline = time.time() + 240
+    killed = []
+    try:
+        while time.time() < deadline and proc.poll() is None:
+            # the first periodic save comes at iteration 2, ~10 iterations before the end
+            if last.exists() and last.read_text().strip().startswith("model_0"):
+                killed = kill_tree(proc.pid)
+                # read while the tree is frozen, before its SIGKILLs land
+                saved, logged = last.read_text().strip(), max(read_metrics(out_dir))
+                break
+            time.sleep(0.002)
+    finally:
+        if not killed:  # the run ended first, or a step above failed: leave nothing running
+            kill_tree(proc.pid)
+        proc.wait(timeout=60)
+    assert killed, f"the run ended (exit {proc.returncode}) before any periodic checkpoint"
+    alive = wait_gone(killed)
+    assert not alive, f"still running after SIGKILL: {alive}"
+    time.sleep(1)  # nothing left alive writes on
+    # it stopped before its end: no final save, no record of the last iteration
+    assert last.read_text().strip() == saved and not (out_dir / "model_final").exists()
+    assert max(read_metrics(out_dir)) == logged < 11, logged
+    return killed, int(saved[len("model_") :])
+
+
+def assert_resumed_bitwise(straight, resumed, first: int, last: int) -> None:
+    a, b = read_metrics(straight), read_metrics(resumed)
+    for i in range(first, last + 1):
+        assert a[i]["total_loss"] == b[i]["total_loss"], (i, a[i], b[i])
+        assert a[i]["lr"] == b[i]["lr"], (i, a[i], b[i])
+
+
+def test_kill_tree_kills_descendants_in_sessions_of_their_own():
+    """What torchrun does to its workers (start_new_session), in miniature: killing the
+    launcher's process group would leave the grandchildren running; kill_tree leaves none."""
+    script = "setsid sleep 300 & bash -c 'setsid sleep 300 & wait' & sleep 300 & wait"
+    proc = subprocess.Popen(["bash", "-c", script], start_new_session=True)
+    deadline = time.time() + 30
+    while len(process_tree(proc.pid)) < 5 and time.time() < deadline:
+        time.sleep(0.01)
+    tree = process_tree(proc.pid)
+    # two of them run in sessions of their own, out of reach of os.killpg(proc.pid, ...)
+    assert len(tree) == 5 and sum(os.getsid(p.pid) != proc.pid for p in tree) == 2, tree
+    killed = kill_tree(proc.pid)
+    proc.wait(timeout=30)
+    assert {p.pid for p in killed} == {p.pid for p in tree}
+    assert not wait_gone(killed, timeout=10)
+
+
 def test_resume_after_a_kill_continues_bitwise(sample_env, tmp_path):
-    common = ("train.train_iter=8", "train.checkpointer.period=3", "train.evaluation.enabled=False")
     straight = tmp_path / "straight"
-    train_net(sample_env, straight, *common)
-    # the same run, killed once the iteration-5 checkpoint exists, then resumed
+    train_net(sample_env, straight, *KILL_RUN)
+    # the same run, killed once its first periodic checkpoint exists, then resumed
     killed = tmp_path / "killed"
     cmd = [sys.executable, str(TRAIN_NET), "--config-file", CONFIG]
-    cmd += [*TINY, f"train.output_dir={killed}", *common]
-    cmd += ["train.checkpointer.period=3"]
-    proc = subprocess.Popen(
-        cmd, env=sample_env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    deadline = time.time() + 240
-    while time.time() < deadline and proc.poll() is None:
-        last = killed / "last_checkpoint"
-        if last.exists() and last.read_text().strip() == "model_0000005":
-            proc.send_signal(signal.SIGKILL)
-            break
-        time.sleep(0.05)
-    proc.wait()
-    assert (killed / "model_0000005").exists()
-    result = train_net(sample_env, killed, *common, extra_args=("--resume",))
-    assert "Resumed at iteration 6" in result.stdout + result.stderr
-    a, b = read_metrics(straight), read_metrics(killed)
-    for i in (6, 7):
-        assert a[i]["total_loss"] == b[i]["total_loss"], (i, a[i], b[i])
-        assert a[i]["lr"] == b[i]["lr"]
+    cmd += [*TINY, f"train.output_dir={killed}", *KILL_RUN]
+    procs, saved = kill_at_first_checkpoint(cmd, killed, sample_env)
+    assert "train_net.py" in procs[0].cmdline, procs
+    result = train_net(sample_env, killed, *KILL_RUN, extra_args=("--resume",))
+    assert f"Resumed at iteration {saved + 1}" in result.stdout + result.stderr
+    assert_resumed_bitwise(straight, killed, saved + 1, 11)
+
+
+def test_two_process_run_killed_mid_run_resumes_bitwise(sample_env, tmp_path):
+    """tools/train.sh on 2 processes, SIGKILLed (launcher and both workers) after a periodic
+    checkpoint: every process is gone, the run stopped before its end, and ``--resume`` on 2
+    processes continues with the losses of an uninterrupted 2-process run, to the last bit."""
+    straight = tmp_path / "straight"
+    train_net(sample_env, straight, *KILL_RUN, nproc=2)
+    killed = tmp_path / "killed"
+    cmd = ["bash", str(TRAIN_SH), str(TRAIN_NET), CONFIG, "2"]
+    cmd += [*TINY, f"train.output_dir={killed}", *KILL_RUN]
+    procs, saved = kill_at_first_checkpoint(cmd, killed, sample_env)
+    # the launcher (bash exec'd torchrun) and its two workers, in sessions of their own
+    workers = [p for p in procs[1:] if "train_net.py" in p.cmdline]
+    assert "torch.distributed.run" in procs[0].cmdline and len(workers) == 2, procs
+    result = train_net(sample_env, killed, *KILL_RUN, nproc=2, extra_args=("--resume",))
+    assert f"Resumed at iteration {saved + 1}" in result.stdout + result.stderr
+    assert_resumed_bitwise(straight, killed, saved + 1, 11)
 
 
 def test_resume_without_checkpoint_starts_fresh_and_says_so(sample_env, tmp_path):

@@ -28,7 +28,9 @@ import sys
 import tempfile
 from dataclasses import dataclass
 
-sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir)))
+# the working directory first (the user's own modules and projects/<name> win), then this
+# checkout (its libai, and its projects/ after the user's)
+sys.path[:0] = [os.getcwd(), os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))]
 
 from libai.align.auto_diff import PHASES  # noqa: E402
 from libai.align.compare import COMPARE_MODES  # noqa: E402

@@ -28,6 +28,7 @@ import logging
 import os
 import sys
 
+# this checkout's libai (it loads no user module: the working directory is not searched)
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir)))
 
 from libai.data.preprocess import (  # noqa: E402

@@ -85,6 +85,43 @@ def _warmup_mmap_file(path: str) -> None:
             pass
 
 
+#: the fields of the ``.idx`` header, in order: (name, bytes)
+_HEADER_FIELDS = (
+    ("magic", len(_HDR_MAGIC)),
+    ("version", 8),
+    ("dtype code", 1),
+    ("sequence count", 8),
+    ("document count", 8),
+)
+
+
+def _check_header(path: str, header: bytes) -> None:
+    """Raise a one-line ValueError naming ``path`` if ``header`` (the first bytes read from an
+    ``.idx`` file) does not start with the magic or ends before the header does."""
+    magic = header[: len(_HDR_MAGIC)]
+    if magic != _HDR_MAGIC[: len(magic)]:
+        at = next(i for i, (a, b) in enumerate(zip(magic, _HDR_MAGIC)) if a != b)
+        raise ValueError(
+            f"{path} is not a Megatron mmap index file: its header starts with {magic!r} where "
+            f"{_HDR_MAGIC!r} was expected (first difference at byte {at}: found "
+            f"{magic[at : at + 1]!r}, expected {_HDR_MAGIC[at : at + 1]!r}). {_PREPROCESS_HINT}"
+        )
+    if len(header) == 0:
+        raise ValueError(
+            f"{path} is empty: an index file needs a {_HEADER_BYTES}-byte header. "
+            f"{_PREPROCESS_HINT}"
+        )
+    start = 0
+    for name, width in _HEADER_FIELDS:
+        if len(header) < start + width:
+            raise ValueError(
+                f"{path} is truncated: its header ends after {len(header)} of {_HEADER_BYTES} "
+                f"bytes, {len(header) - start} of {width} bytes into the {name} field (read "
+                f"{header!r}). {_PREPROCESS_HINT}"
+            )
+        start += width
+
+
 class _Index:
     """The parsed ``.idx`` file: dtype, ``sizes``, ``pointers`` and ``doc_idx`` (memory-mapped)."""
 
@@ -92,17 +129,19 @@ class _Index:
         file_size = os.path.getsize(path)
         with open(path, "rb") as stream:
             header = stream.read(_HEADER_BYTES)
-        if len(header) < _HEADER_BYTES or header[:9] != _HDR_MAGIC:
-            raise ValueError(
-                f"{path} is not a Megatron mmap index file (expected the header "
-                f"{_HDR_MAGIC!r}, found {header[:9]!r}). {_PREPROCESS_HINT}"
-            )
+        _check_header(path, header)
         (version,) = struct.unpack("<Q", header[9:17])
         if version != _VERSION:
-            raise ValueError(f"{path}: unsupported index version {version} (expected 1).")
+            raise ValueError(
+                f"{path}: unsupported index version {version} (expected {_VERSION}); the index "
+                f"file is corrupt or comes from another tool. {_PREPROCESS_HINT}"
+            )
         (code,) = struct.unpack("<B", header[17:18])
         if code not in DTYPES:
-            raise ValueError(f"{path}: unknown dtype code {code} in the header.")
+            raise ValueError(
+                f"{path}: unknown dtype code {code} in the header (known: "
+                f"{sorted(DTYPES)}); the index file is corrupt. {_PREPROCESS_HINT}"
+            )
         self.dtype = DTYPES[code]
         self.dtype_size = np.dtype(self.dtype).itemsize
         self._len, self._doc_count = struct.unpack("<QQ", header[18:34])
@@ -111,7 +150,7 @@ class _Index:
             raise ValueError(
                 f"{path} is {file_size} bytes but its header announces {self._len} sequences "
                 f"and {self._doc_count} document boundaries ({expected} bytes): the index file "
-                f"is truncated or corrupt. {_PREPROCESS_HINT}"
+                f"is truncated or corrupt ({self._where_it_ends(file_size)}). {_PREPROCESS_HINT}"
             )
         if not skip_warmup:
             _warmup_mmap_file(path)
@@ -123,6 +162,19 @@ class _Index:
         self.pointers = np.frombuffer(buffer, dtype=np.int64, count=self._len, offset=offset)
         offset += self.pointers.nbytes
         self.doc_idx = np.frombuffer(buffer, dtype=np.int64, count=self._doc_count, offset=offset)
+
+    def _where_it_ends(self, file_size: int) -> str:
+        """Which array of the index a file of ``file_size`` bytes ends in, in words."""
+        end = _HEADER_BYTES
+        for name, nbytes in (
+            ("sizes", self._len * 4),
+            ("pointers", self._len * 8),
+            ("doc_idx", self._doc_count * 8),
+        ):
+            if file_size < end + nbytes:
+                return f"it ends {file_size - end} of {nbytes} bytes into the {name} array"
+            end += nbytes
+        return f"{file_size - end} bytes follow the doc_idx array"
 
     def __len__(self) -> int:
         return self._len
