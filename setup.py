@@ -20,6 +20,7 @@ setup(
         "cloudpickle",  # LazyConfig.save: configs YAML cannot hold (LiBai, detectron2)
         "hydra-core>=1.3",
         "safetensors",
+        "xxhash",  # checkpoint manifests: a checksum of every file, verified before loading
         "tokenizers",
         "sentencepiece",
         "tqdm",

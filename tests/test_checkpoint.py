@@ -116,9 +116,14 @@ def test_failure_on_one_rank_stops_all(runs):
     save_dir = root / "failures"
     for rank in range(2):
         item = loaded[rank]["failures"]
-        assert "no space left on device" in item["save_error"], item
-        assert str(save_dir / "model_b") in item["save_error"]
+        # one line on every rank: the file, and the checkpoint that is intact
+        want = (
+            f"No space left on device while writing {save_dir / 'model_b.tmp' / 'rank_1.pt'}; "
+            f"the last complete checkpoint {save_dir / 'model_a'} is intact"
+        )
+        assert want in item["save_error"] and "\n" not in item["save_error"], item
         assert item["last_checkpoint"] == "model_a"
+        assert not item["tmp_left"]  # the failed save's partial files are removed
         assert str(save_dir / "model_a") in item["load_error"]
         assert "rank_1.pt" in item["load_error"], item
 
@@ -250,7 +255,8 @@ def test_crash_mid_save_keeps_previous_checkpoint(tmp_path, monkeypatch):
         with pytest.raises(CheckpointError, match="(?s)saving checkpoint .*model_b.*disk gone"):
             checkpointer.save("model_b", iteration=1)
     assert checkpointer.get_checkpoint_file() == str(tmp_path / "model_a")
-    assert not (tmp_path / "model_b").exists() and (tmp_path / "model_b.tmp").is_dir()
+    # the failed save removed its own partial files
+    assert not (tmp_path / "model_b").exists() and not (tmp_path / "model_b.tmp").exists()
 
     # 2) killed after the rename, before last_checkpoint was rewritten
     write_text = ckpt_mod._write_text_atomic
@@ -366,19 +372,27 @@ def saved_toy(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "damage,message",
+    "damage,message,without_manifest",
     [
-        ("no_metadata", ".metadata is missing"),
-        ("garbage_metadata", "cannot read"),
-        ("truncated_shard", "is truncated"),
-        ("missing_shard", "is missing"),
-        ("missing_rank_file", "rank_0.pt is missing"),
-        ("garbage_rank_file", "cannot read"),
-        ("no_directory", "does not exist"),
+        ("no_metadata", ".metadata is missing", ".metadata is missing"),
+        ("garbage_metadata", ".metadata has 12 bytes, its manifest says", ".metadata is not DCP"),
+        ("truncated_shard", "__0_0.distcp has .* bytes, its manifest says", "is truncated"),
+        ("missing_shard", "__0_0.distcp is missing", "is missing"),
+        ("missing_rank_file", "rank_0.pt is missing", "rank_0.pt is missing"),
+        ("garbage_rank_file", "rank_0.pt has 4 bytes", "rank_0.pt is not a readable torch"),
+        ("no_directory", "does not exist", "does not exist"),
     ],
 )
-def test_corrupt_checkpoint_is_a_clear_error(saved_toy, tmp_path, damage, message):
+@pytest.mark.parametrize("manifest", [True, False], ids=["manifest", "older_checkpoint"])
+def test_corrupt_checkpoint_is_a_clear_error(
+    saved_toy, tmp_path, damage, message, without_manifest, manifest
+):
+    """One line naming the checkpoint; checkpoints of older libai (no manifest.json) are
+    still checked file by file."""
     path = saved_toy
+    if not manifest:
+        (path / "manifest.json").unlink()
+        message = without_manifest
     if damage == "no_metadata":
         (path / ".metadata").unlink()
     elif damage == "garbage_metadata":
@@ -398,7 +412,8 @@ def test_corrupt_checkpoint_is_a_clear_error(saved_toy, tmp_path, damage, messag
     before = values(model)
     with pytest.raises(CheckpointError, match=message) as info:
         checkpointer.resume_or_load(None, resume=True)  # never a silent fresh start
-    assert str(path) in str(info.value)
+    assert str(path) in str(info.value) and "\n" not in str(info.value)
+    assert "weights_only" not in str(info.value)
     assert same(values(model), before)
     with pytest.raises(CheckpointError, match=message):
         checkpointer.load(str(path))

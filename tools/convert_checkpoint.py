@@ -26,12 +26,15 @@ import logging
 import os
 import sys
 
-sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir)))
+# the working directory first (the user's own modules and projects/<name> win), then this
+# checkout (its libai, and its projects/ after the user's)
+sys.path[:0] = [os.getcwd(), os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))]
 
 from libai.models.utils import load_huggingface, save_huggingface  # noqa: E402
 from libai.models.utils.hf_export import model_libai_cfg  # noqa: E402
 from libai.utils import distributed as dist  # noqa: E402
 from libai.utils.checkpoint import Checkpointer  # noqa: E402
+from libai.utils.cli import run_cli  # noqa: E402
 
 logger = logging.getLogger("libai.convert_checkpoint")
 MODEL_JSON = "libai_model.json"
@@ -109,9 +112,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO)
     args.run(args)
-    dist.destroy_dist()
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_cli(main)  # bad input (a missing, corrupt or unsafe checkpoint): one line, exit 1

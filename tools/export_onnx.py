@@ -35,7 +35,9 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir)))
+# the working directory first (the user's own modules and projects/<name> win), then this
+# checkout (its libai, and its projects/ after the user's)
+sys.path[:0] = [os.getcwd(), os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))]
 
 from libai.onnx_export import (  # noqa: E402
     UnsupportedModelError,
@@ -44,6 +46,7 @@ from libai.onnx_export import (  # noqa: E402
     verify_onnx,
 )
 from libai.utils import distributed as dist  # noqa: E402
+from libai.utils.checkpoint_files import CheckpointError  # noqa: E402
 
 logger = logging.getLogger("libai.export_onnx")
 
@@ -110,7 +113,7 @@ def main(argv=None) -> int:
 if __name__ == "__main__":
     try:
         code = main()
-    except (UnsupportedModelError, ValueError, FileNotFoundError, KeyError) as exc:
+    except (UnsupportedModelError, ValueError, FileNotFoundError, KeyError, CheckpointError) as exc:
         print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         code = 2
     dist.destroy_dist()

@@ -21,12 +21,16 @@ logger = logging.getLogger("libai.train_net")
 
 
 def _import_roots() -> None:
-    """Let configs name ``projects.<name>....`` (this checkout's projects/) and the user's own
-    modules under the working directory by import path, as LiBai's train_net does."""
+    """Let configs name the user's own modules under the working directory and
+    ``projects.<name>....`` by import path, as LiBai's train_net does: the working directory
+    comes first on ``sys.path``, so a user's ``projects/<name>`` wins over this checkout's;
+    the checkout root follows it, so our ``projects/`` (a namespace package: no
+    ``__init__.py``) still provides the projects the user does not have."""
     repo_root = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
-    for root in (os.getcwd(), repo_root):
-        if root not in sys.path:
-            sys.path.insert(0, root)
+    for root in (repo_root, os.getcwd()):  # each goes to the front: the last one ends up first
+        while root in sys.path:
+            sys.path.remove(root)
+        sys.path.insert(0, root)
 
 
 def main(args) -> int:
@@ -42,7 +46,8 @@ def main(args) -> int:
             print_csv_format(results)
         return 0
     trainer.resume_or_load(resume=cfg.train.resume)
-    trainer.train()
+    if not trainer.train():  # a resumed run that had already finished: nothing new to plot
+        return 0
     metrics = os.path.join(cfg.train.output_dir, "metrics.json")
     if dist.is_main_process() and os.path.exists(metrics):
         png = plot_loss_curve(metrics, os.path.join(cfg.train.output_dir, "loss_curve.png"))

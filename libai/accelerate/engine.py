@@ -371,6 +371,7 @@ class AccelerateEngine:
         checkpointer = build_checkpointer(
             self.runner.model, a.save, optimizer, lr_scheduler, self.parts.grad_scaler
         )
+        checkpointer.resume_hint = f"resume it with --load {a.save}"
         start, consumed = 0, 0
         if a.load:
             path = a.load
@@ -380,6 +381,8 @@ class AccelerateEngine:
             start = int(extra.get("iteration", -1)) + 1
             consumed = int(extra.get("consumed_train_samples", 0))
             logger.info("Resumed at step %d (%d samples consumed)", start, consumed)
+        else:  # a fresh start: earlier checkpoints in --save are kept
+            checkpointer.warn_about_existing_checkpoints()
         loader = build_loader(
             train_dataset,
             a.micro_batch_size * a.num_accumulation_steps,
@@ -402,6 +405,14 @@ class AccelerateEngine:
         )
         if start < train_iter:
             self.trainer.train(start, train_iter)
+        else:
+            logger.info(
+                "Nothing left to train: %s is at step %d of --train-iters %d; raise "
+                "--train-iters to train further",
+                a.load,
+                start,
+                train_iter,
+            )
         return self.runner.model
 
     def eval_batches(self, loader, max_batches: int = 0):

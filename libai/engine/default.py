@@ -181,7 +181,8 @@ class DefaultTrainer(EagerTrainer):
     # ---- builders -----------------------------------------------------------------------------
     @classmethod
     def build_tokenizer(cls, cfg):
-        """The tokenizer (None without ``tokenization``); builds the sample data if asked."""
+        """The tokenizer (None without ``tokenization``); builds the sample data, in our cache
+        directory, if a config value says ``${libai_sample:...}``."""
         sample = prepare_sample_data(cfg)  # every rank may call it: a file lock builds it once
         if sample is not None:
             logger.info(
@@ -309,10 +310,17 @@ class DefaultTrainer(EagerTrainer):
                 self.consumed_train_samples,
             )
 
-    def train(self):
+    def train(self) -> bool:
+        """Train from ``start_iter`` to ``train.train_iter``; False (and a log line saying so)
+        when a resumed run has nothing left to train."""
         if self.start_iter >= self.max_iter:
             logger.info(
-                "Nothing to train: start_iter %d >= train_iter %d", self.start_iter, self.max_iter
+                "Nothing left to train: the run in %s is at iteration %d of train.train_iter=%d; "
+                "raise train.train_iter to train further",
+                self.cfg.train.output_dir,
+                self.start_iter,
+                self.max_iter,
             )
-            return
+            return False
         super().train(self.start_iter, self.max_iter)
+        return True

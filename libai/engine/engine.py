@@ -112,6 +112,9 @@ class Engine:
             self.lr_scheduler,
             self.parts.grad_scaler,
         )
+        self.checkpointer.resume_hint = (
+            f"resume it with -o Engine.save_load.ckpt_dir={engine.save_load.output_dir}"
+        )
         self.start_iter, self.consumed_train_samples = 0, 0
         self.trainer: EagerTrainer | None = None
 
@@ -230,8 +233,15 @@ class Engine:
         logging every ``logging_freq``; resumes from where :meth:`load` left off."""
         trainer = self.build_trainer(epoch, train_data_loader, valid_data_loader)
         if self.start_iter >= trainer.max_iter:
-            logger.info("Nothing to train: step %d >= %d steps", self.start_iter, trainer.max_iter)
+            logger.info(
+                "Nothing left to train: the run is at step %d of Engine.max_steps=%d; raise "
+                "Engine.max_steps to train further",
+                self.start_iter,
+                trainer.max_iter,
+            )
             return
+        if self.start_iter == 0:  # a fresh start: earlier checkpoints in output_dir are kept
+            self.checkpointer.warn_about_existing_checkpoints()
         trainer.train(self.start_iter, trainer.max_iter)
         self.start_iter, self.consumed_train_samples = trainer.iter, trainer.consumed_train_samples
         self._plot()

@@ -85,7 +85,8 @@ class PeriodicCheckpointer(HookBase):
         )
 
     def after_step(self):
-        self._periodic.step(self.trainer.iter, **self.trainer.checkpoint_extra())
+        extra = self.trainer.checkpoint_extra()
+        self._periodic.step(extra.pop("iteration"), **extra)
 
 
 class EvalHook(HookBase):

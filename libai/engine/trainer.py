@@ -175,8 +175,12 @@ class EagerTrainer(TrainerBase):
         self.data_loader, self._data_iter = data_loader, None
 
     def checkpoint_extra(self) -> dict:
-        """What resuming needs beyond the tensors: the data position."""
-        return {"consumed_train_samples": self.consumed_train_samples}
+        """What resuming needs beyond the tensors: the last completed iteration and the data
+        position (a checkpoint saved from any hook, e.g. ``model_best``, resumes exactly)."""
+        return {
+            "iteration": min(self.iter, self.max_iter - 1),
+            "consumed_train_samples": self.consumed_train_samples,
+        }
 
     def run_step(self):
         self.model.train()

@@ -65,9 +65,9 @@ def resolve_checkpoint(path: str | os.PathLike) -> str:
 
 
 def _checkpoint_shapes(checkpoint: str) -> dict[str, tuple[int, ...]]:
-    import torch.distributed.checkpoint as dcp
+    from libai.utils.checkpoint import read_checkpoint_metadata
 
-    meta = dcp.FileSystemReader(checkpoint).read_metadata().state_dict_metadata
+    meta = read_checkpoint_metadata(checkpoint).state_dict_metadata
     return {k: tuple(v.size) for k, v in meta.items() if hasattr(v, "size")}
 
 

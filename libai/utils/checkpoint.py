@@ -29,13 +29,19 @@ Directory layout (``save_dir`` is e.g. ``train.output_dir``)::
         __1_0.distcp           ... rank 1
         rank_0.pt, rank_1.pt   per-rank small state: extra (iteration, consumed samples),
                                scheduler, grad scaler, other checkpointables, RNG, layout
-        meta.json              human-readable summary (layout, extra)
+        meta.json              human-readable summary (run id, layout, extra)
+        manifest.json          size and xxh3-64 checksum of every other file
       model_0000199.tmp/       a save in progress or killed midway: never read, removed
-                               by the next save
+                               by the next save of the same name
 
 Saving is atomic: all ranks write into ``name.tmp``, then rank 0 renames it to ``name``
 and atomically rewrites ``last_checkpoint``. A process killed at any point leaves the
 previous checkpoint intact and ``last_checkpoint`` pointing at it.
+
+Loading is safe and checked: every file is verified against ``manifest.json`` (a flipped
+byte names the file and the checkpoint to fall back to), and nothing in a checkpoint runs
+code (:mod:`libai.utils.safe_load`: weights-only ``torch.load``, an allow-list for DCP's
+metadata). Retention deletes only the checkpoints of the run that saves (``run_id``).
 
 Usage (detectron2 / LiBai style)::
 
@@ -47,13 +53,14 @@ Usage (detectron2 / LiBai style)::
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
-import pickle
 import random
 import re
 import shutil
+import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -70,55 +77,106 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
-from torch.distributed.tensor import DTensor
-from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 from libai.utils import distributed as dist
+from libai.utils.checkpoint_files import (
+    FORMAT,
+    META,
+    OLD_SUFFIX,
+    TMP_SUFFIX,
+    CheckpointError,
+    aside_path,
+    check_checkpoint,
+    exception_chain,
+    fallback_hint,
+    fsync_dir,
+    is_disk_full,
+    is_our_leftover,
+    list_checkpoints,
+    one_line,
+    rank_file,
+    read_rank_file,
+    run_id_of,
+    write_bytes_durable,
+)
+from libai.utils.checkpoint_files import write_text_atomic as _write_text_atomic
+from libai.utils.checkpoint_manifest import MANIFEST, file_checksums, manifest_text
+from libai.utils.checkpoint_view import MODEL_KEY, build_view, tied_weights
+from libai.utils.safe_load import (
+    DataOnlyFileSystemReader,
+    DataOnlyLoadPlanner,
+    UnsafeDataError,
+    read_dcp_metadata,
+    torch_load_data,
+)
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CheckpointError", "Checkpointer", "PeriodicCheckpointer"]
+__all__ = [
+    "CheckpointError",
+    "Checkpointer",
+    "PeriodicCheckpointer",
+    "read_checkpoint_metadata",
+]
 
-FORMAT = "libai-dcp-1"
 LAST_CHECKPOINT = "last_checkpoint"
-TMP_SUFFIX = ".tmp"
-OLD_SUFFIX = ".old"
-MODEL_KEY = "model"
 RNG_KEY = "rng"
 _OPTIM_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
-_OPTIM_SECTIONS = ("state.", "param_groups.")
 
 
-class CheckpointError(RuntimeError):
-    """A checkpoint that is missing, incomplete, corrupt or does not fit the model."""
+def read_checkpoint_metadata(path: str):
+    """DCP's metadata of checkpoint ``path`` (global shapes and chunks), read as data: a
+    :class:`CheckpointError` for a missing, corrupt or unsafe file."""
+    try:
+        return read_dcp_metadata(path)
+    except UnsafeDataError as exc:
+        raise CheckpointError(f"refusing to load checkpoint {path}: .metadata {exc}.") from None
+    except (ValueError, OSError) as exc:
+        raise CheckpointError(f"checkpoint {path}: cannot read .metadata: {exc}.") from None
 
 
-def _rank_file(rank: int) -> str:
-    return f"rank_{rank}.pt"
+# ---- collectives ------------------------------------------------------------------------------
+def _world() -> int:
+    initialized = torch_dist.is_initialized()
+    return torch_dist.get_world_size() if initialized else 1
+
+
+def _all_gather(obj) -> list:
+    if _world() == 1:
+        return [obj]
+    gathered = [None] * _world()
+    torch_dist.all_gather_object(gathered, obj)
+    return gathered
+
+
+def _from_rank0(obj):
+    if _world() == 1:
+        return obj
+    box = [obj]
+    torch_dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def _agree(error: BaseException | None, what: str) -> None:
     """Collective: if any rank failed (``error``), raise a :class:`CheckpointError` on all.
 
     Lets a failure on one rank (a full disk, an unreadable file) stop every rank instead of
-    leaving the others waiting in the next collective. Doubles as a barrier.
+    leaving the others waiting in the next collective. Doubles as a barrier. The message is
+    one line.
     """
     message = None
     if error is not None:
         message = str(error) if isinstance(error, CheckpointError) else f"{what} failed: "
         if not isinstance(error, CheckpointError):
-            message += f"{type(error).__name__}: {error}"
-    messages = [message]
-    if torch_dist.is_initialized() and torch_dist.get_world_size() > 1:
-        messages = [None] * torch_dist.get_world_size()
-        torch_dist.all_gather_object(messages, message)
-    failed = [(rank, m) for rank, m in enumerate(messages) if m is not None]
+            message += one_line(error)
+    failed = [(rank, m) for rank, m in enumerate(_all_gather(message)) if m is not None]
     if not failed:
         return
     if error is not None and isinstance(error, CheckpointError):
         raise error
     ranks = [rank for rank, _ in failed]
-    raise CheckpointError(f"{failed[0][1]} (on rank(s) {ranks})") from error
+    suffix = f" (on rank(s) {ranks})" if _world() > 1 else ""
+    raise CheckpointError(f"{failed[0][1]}{suffix}") from error
 
 
 def _layout_signature() -> dict:
@@ -134,11 +192,18 @@ def _layout_signature() -> dict:
     }
 
 
-# ---- RNG ------------------------------------------------------------------------------------
+# ---- RNG: stored as tensors, ints and tuples, which weights-only loading allows ---------------
 def _rng_state() -> dict:
+    kind, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
     state = {
         "python": random.getstate(),
-        "numpy": np.random.get_state(),
+        "numpy": {
+            "kind": kind,
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached_gaussian),
+        },
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -148,292 +213,35 @@ def _rng_state() -> dict:
 
 def _set_rng_state(state: Mapping) -> None:
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    numpy_state = state["numpy"]
+    if isinstance(numpy_state, Mapping):
+        numpy_state = (
+            numpy_state["kind"],
+            numpy_state["keys"].numpy().astype(np.uint32),
+            numpy_state["pos"],
+            numpy_state["has_gauss"],
+            numpy_state["cached_gaussian"],
+        )
+    np.random.set_state(numpy_state)  # older checkpoints: numpy's own tuple
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-# ---- layout-independent views of the state dicts ----------------------------------------------
-def _contiguous_stride(shape) -> tuple[int, ...]:
-    stride, acc = [], 1
-    for size in reversed(shape):
-        stride.append(acc)
-        acc *= size
-    return tuple(reversed(stride))
-
-
-def _logical_view(t: torch.Tensor, logical_shape, name: str) -> torch.Tensor:
-    """``t`` (padded) seen in its logical shape, sharing storage (loads land in place).
-
-    A DTensor becomes an unevenly sharded DTensor whose local tensor is a view of this
-    rank's shard without its padding rows; DCP then records the logical global shape.
-    """
-    logical_shape = tuple(int(s) for s in logical_shape)
-    if tuple(t.shape) == logical_shape:
-        return t
-    if not isinstance(t, DTensor):
-        view = t
-        for d, size in enumerate(logical_shape):
-            view = view.narrow(d, 0, size)
-        return view
-    local = t.to_local()
-    sizes, offsets = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)
-    valid = [max(0, min(s, n - o)) for s, o, n in zip(sizes, offsets, logical_shape)]
-    want_sizes, want_offsets = compute_local_shape_and_global_offset(
-        logical_shape, t.device_mesh, t.placements
-    )
-    nonempty = all(v > 0 for v in valid)
-    if list(want_sizes) != valid or (nonempty and list(want_offsets) != list(offsets)):
-        raise NotImplementedError(
-            f"{name}: padding of a {tuple(t.shape)} tensor with placements {t.placements} "
-            f"does not map onto an even sharding of its logical shape {logical_shape}; "
-            "checkpointing this layout is not supported."
-        )
-    view = local
-    for d, size in enumerate(valid):
-        if size != view.shape[d]:
-            view = view.narrow(d, 0, size)
-    return DTensor.from_local(
-        view,
-        t.device_mesh,
-        t.placements,
-        run_check=False,
-        shape=torch.Size(logical_shape),
-        stride=_contiguous_stride(logical_shape),
-    )
-
-
-def _split_optim_key(key: str, fqns) -> tuple[str, str, str]:
-    """``"state.a.b.weight.exp_avg"`` -> ``("state.", "a.b.weight", "exp_avg")``.
-
-    ``fqns`` are the parameter names; the state part may itself be nested (``"x.y"``).
-    """
-    for section in _OPTIM_SECTIONS:
-        if key.startswith(section):
-            rest = key[len(section) :]
-            parts = rest.split(".")
-            for i in range(len(parts) - 1, 0, -1):  # the longest parameter name first
-                fqn = ".".join(parts[:i])
-                if fqn in fqns:
-                    return section, fqn, ".".join(parts[i:])
-    raise KeyError(f"unexpected key in a flattened optimizer state dict: {key!r}")
-
-
-def _tied_weights(model: nn.Module) -> dict[str, str]:
-    """``{copy name: canonical name}`` for the tied copies this rank holds.
-
-    Collective (one ``all_gather_object``) unless the model declares
-    ``checkpoint_tied_weights``: a rank on the last stage does not hold the embedding, so
-    the members of each ``libai_tied_group`` are gathered from every rank first.
-    """
-    names = dict(model.named_parameters())
-    declared = getattr(model, "checkpoint_tied_weights", None)
-    if callable(declared):
-        declared = declared()
-    if declared is not None:
-        return {copy: canon for copy, canon in dict(declared).items() if copy in names}
-    local = []
-    for order, (name, p) in enumerate(names.items()):
-        group = getattr(p, "libai_tied_group", None)
-        if group is not None:
-            local.append((group, name, bool(getattr(p, "libai_tied_copy", False)), order))
-    stage = dist.get_dist_util().pipeline_rank
-    gathered = [(stage, local)]
-    if torch_dist.is_initialized() and torch_dist.get_world_size() > 1:
-        gathered = [None] * torch_dist.get_world_size()
-        torch_dist.all_gather_object(gathered, (stage, local))
-    groups: dict[str, dict[str, tuple]] = {}
-    for rank_stage, items in gathered:
-        for group, name, is_copy, order in items:
-            groups.setdefault(group, {})[name] = (is_copy, rank_stage, order)
-    mapping = {}
-    for members in groups.values():
-        sources = [n for n, (is_copy, _, _) in members.items() if not is_copy]
-        if len(sources) == 1:
-            canon = sources[0]
-        else:  # no (or several) unmarked members: the first stage's, first in its order
-            canon = min(members, key=lambda n: (members[n][1], members[n][2], n))
-        for name in members:
-            if name != canon and name in names:
-                mapping[name] = canon
-    return mapping
-
-
-class _View:
-    """This rank's flat checkpoint dict, and how loaded values map back to the state dicts.
-
-    Keys: ``model.<fqn>``, ``<optimizer>.state.<fqn>.<name>`` (tensors) and
-    ``<optimizer>.param_groups.<fqn>`` (the parameter's hyper-parameters, one pickled
-    entry per parameter; a key a newer torch adds is then not a missing-key error).
-    """
-
-    def __init__(self):
-        self.entries: dict[str, Any] = {}  # checkpoint key -> tensor (view) or object
-        self.back: dict[str, list[tuple[dict, str, str | None]]] = {}  # -> (dict, key, sub)
-        self.groups: dict[str, dict[str, Any]] = {}  # param_groups key -> {name: value}
-        self.deferred: list[tuple[dict, str, str]] = []  # (dict, copy key, canonical key)
-
-    def add(self, key: str, value, source: dict, source_key: str) -> None:
-        self.entries[key] = value
-        self.back[key] = [(source, source_key, None)]
-
-    def add_group_value(self, key: str, sub: str, value, source: dict, source_key: str):
-        self.groups.setdefault(key, {})[sub] = value
-        self.entries[key] = None  # set by finalize()
-        self.back.setdefault(key, []).append((source, source_key, sub))
-
-    def finalize(self) -> _View:
-        for key, group in self.groups.items():
-            self.entries[key] = pickle.dumps(group)
-        return self
-
-    def write_back(self) -> None:
-        """After ``dcp.load``: tensors were loaded in place; put the objects back."""
-        for key, value in self.entries.items():
-            if isinstance(value, torch.Tensor):
-                continue
-            if isinstance(value, bytes):
-                value = pickle.loads(value)
-            for source, source_key, sub in self.back[key]:
-                if sub is None:
-                    source[source_key] = value
-                elif sub in value:  # a hyper-parameter the checkpoint lacks keeps its value
-                    source[source_key] = value[sub]
-        with torch.no_grad():
-            for source, copy_key, canon_key in self.deferred:
-                if isinstance(source[copy_key], torch.Tensor):
-                    source[copy_key].copy_(source[canon_key])
-                else:
-                    source[copy_key] = source[canon_key]
-
-
-def _build_view(
-    model: nn.Module,
-    model_sd: dict,
-    optim_sds: Mapping[str, dict],
-    tied: Mapping[str, str],
-    *,
-    for_load: bool,
-) -> _View:
-    params = dict(model.named_parameters())
-    logical = {
-        name: (tuple(p.shape), p.libai_logical_shape)
-        for name, p in params.items()
-        if getattr(p, "libai_logical_shape", None) is not None
-    }
-    view = _View()
-
-    def convert(fqn: str, value):
-        if isinstance(value, torch.Tensor) and fqn in logical:
-            padded, shape = logical[fqn]
-            if tuple(value.shape) == padded:
-                return _logical_view(value, shape, fqn)
-        return value
-
-    def target(fqn: str, source: dict, key: str) -> str | None:
-        """The name ``fqn``'s entry has in the checkpoint (None: not read/written here)."""
-        if fqn not in tied:
-            return fqn
-        canon = tied[fqn]
-        if not for_load:
-            return None  # saved once, under the canonical name
-        if canon in params:  # both on this rank: copied after loading the canonical one
-            view.deferred.append((source, key, key.replace(fqn, canon, 1)))
-            return None
-        return canon
-
-    for key, value in model_sd.items():
-        name = target(key, model_sd, key)
-        if name is not None:
-            view.add(f"{MODEL_KEY}.{name}", convert(key, value), model_sd, key)
-    for opt_name, osd in optim_sds.items():
-        for key, value in osd.items():
-            section, fqn, sub = _split_optim_key(key, params)
-            name = target(fqn, osd, key)
-            if name is None:
-                continue
-            if section == "state.":
-                view.add(f"{opt_name}.state.{name}.{sub}", convert(fqn, value), osd, key)
-            else:
-                view.add_group_value(f"{opt_name}.param_groups.{name}", sub, value, osd, key)
-    return view.finalize()
-
-
-# ---- validation -----------------------------------------------------------------------------
-def _check_checkpoint(path: str) -> dict:
-    """Fail with a clear :class:`CheckpointError` naming ``path`` unless every file is there.
-
-    Runs no collective (every rank checks the same files), so a bad checkpoint fails all
-    ranks the same way before any of them can wait in DCP. Returns rank 0's state file.
-    """
-    if not os.path.isdir(path):
-        raise CheckpointError(f"checkpoint {path} does not exist (or is not a directory).")
-    meta_path = os.path.join(path, ".metadata")
-    if not os.path.isfile(meta_path):
-        raise CheckpointError(
-            f"checkpoint {path} is incomplete or corrupt: {meta_path} is missing."
-        )
+def _data_bytes(obj, what: str, checkpoint: str) -> bytes:
+    """``obj`` as a torch archive that loads back weights-only; a :class:`CheckpointError`
+    naming ``what`` if it holds anything else (it could only be loaded by running code)."""
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
     try:
-        metadata = dcp.FileSystemReader(path).read_metadata()
-    except Exception as exc:
+        torch_load_data(io.BytesIO(buffer.getvalue()))
+    except UnsafeDataError as exc:
         raise CheckpointError(
-            f"checkpoint {path} is corrupt: cannot read {meta_path} ({type(exc).__name__}: {exc})."
-        ) from exc
-    needed: dict[str, int] = {}
-    for info in (metadata.storage_data or {}).values():
-        end = info.offset + info.length
-        needed[info.relative_path] = max(needed.get(info.relative_path, 0), end)
-    for rel, end in sorted(needed.items()):
-        file = os.path.join(path, rel)
-        if not os.path.isfile(file):
-            raise CheckpointError(f"checkpoint {path} is incomplete: shard file {file} is missing.")
-        size = os.path.getsize(file)
-        if size < end:
-            raise CheckpointError(
-                f"checkpoint {path} is corrupt: shard file {file} is truncated "
-                f"({size} bytes, the metadata needs {end})."
-            )
-    rank0 = _read_rank_file(path, 0)
-    for r in range(int(rank0["layout"]["world_size"])):
-        file = os.path.join(path, _rank_file(r))
-        if not os.path.isfile(file):
-            raise CheckpointError(f"checkpoint {path} is incomplete: {file} is missing.")
-    return rank0
-
-
-def _read_rank_file(path: str, rank: int) -> dict:
-    file = os.path.join(path, _rank_file(rank))
-    if not os.path.isfile(file):
-        raise CheckpointError(f"checkpoint {path} is incomplete: {file} is missing.")
-    try:
-        state = torch.load(file, map_location="cpu", weights_only=False)
-    except Exception as exc:
-        raise CheckpointError(
-            f"checkpoint {path} is corrupt: cannot read {file} ({type(exc).__name__}: {exc})."
-        ) from exc
-    if not isinstance(state, dict) or state.get("format") != FORMAT:
-        raise CheckpointError(f"checkpoint {path}: {file} is not a libai checkpoint file.")
-    return state
-
-
-def _is_our_leftover(path: str) -> bool:
-    """A ``.tmp`` / ``.old`` directory that only holds checkpoint files (safe to delete)."""
-    try:
-        entries = os.listdir(path)
-    except OSError:
-        return False
-    pattern = re.compile(r"^(__\d+_\d+\.distcp.*|\.metadata.*|rank_\d+\.pt.*|meta\.json.*)$")
-    return all(pattern.match(e) for e in entries)
-
-
-def _write_text_atomic(path: str, text: str) -> None:
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+            f"cannot save checkpoint {checkpoint}: {what} holds a {exc.global_name}, which "
+            "only code could rebuild on load; checkpoints hold data only (tensors, numbers, "
+            "strings and containers of them): make its state_dict return such values."
+        ) from None
+    return buffer.getvalue()
 
 
 class Checkpointer:
@@ -448,7 +256,15 @@ class Checkpointer:
             (``torch.optim.Optimizer``) are sharded through DCP like the model, keyed by
             parameter name: ZeRO 1/2 (each rank writes the state of the parameters it owns)
             and ZeRO 3 (dp-sharded DTensors) included, so every stage reshards; anything
-            else (scheduler, grad scaler, ...) is pickled into each rank's ``rank_{r}.pt``.
+            else (scheduler, grad scaler, ...) goes into each rank's ``rank_{r}.pt``, and
+            must be data (tensors, numbers, strings, containers): loading never runs code.
+
+    ``run_id`` names the run whose checkpoints this object writes: a new one for a fresh
+    start, the saved run's after a full :meth:`load` (a resume). Retention
+    (:class:`PeriodicCheckpointer`) deletes only checkpoints of this run, and a save that
+    reuses another run's checkpoint name moves that checkpoint aside instead of replacing it.
+    ``resume_hint`` is how a user of this front door resumes (shown when a fresh run finds
+    checkpoints of an earlier one).
 
     All methods that save or load are collective: call them on every rank.
     """
@@ -467,6 +283,9 @@ class Checkpointer:
         self.save_dir = save_dir
         self.save_to_disk = True if save_to_disk is None else bool(save_to_disk)
         self.checkpointables = dict(checkpointables)
+        self.run_id = uuid.uuid4().hex[:12]
+        self.resume_hint = "resume it (tools/train_net.py --resume)"
+        self._warned_leftovers: set[str] = set()
 
     # ---- bookkeeping ------------------------------------------------------------------------
     def _sharded_names(self, names: Iterable[str]) -> list[str]:
@@ -497,21 +316,32 @@ class Checkpointer:
 
     def get_all_checkpoint_files(self) -> list[str]:
         """Every complete checkpoint directory in ``save_dir`` (sorted by name)."""
-        if not os.path.isdir(self.save_dir):
-            return []
-        return sorted(
-            os.path.join(self.save_dir, d)
-            for d in os.listdir(self.save_dir)
-            if not d.endswith((TMP_SUFFIX, OLD_SUFFIX))
-            and os.path.isfile(os.path.join(self.save_dir, d, ".metadata"))
-        )
+        return [os.path.join(self.save_dir, d) for d in list_checkpoints(self.save_dir)]
+
+    def warn_about_existing_checkpoints(self) -> list[str]:
+        """Before a fresh start: warn if ``save_dir`` holds checkpoints (of an earlier run),
+        naming them and how to resume; they are kept. Returns their names."""
+        names = list_checkpoints(self.save_dir)
+        if names and dist.get_rank() == 0:
+            shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+            logger.warning(
+                "%s already holds checkpoints of an earlier run: %s. They are kept: this run "
+                "deletes only its own checkpoints, and moves aside one whose name it saves "
+                "again. To continue that run instead, %s.",
+                os.path.abspath(self.save_dir),
+                shown,
+                self.resume_hint,
+            )
+        return names
 
     # ---- save -------------------------------------------------------------------------------
     def save(self, name: str, **extra) -> None:
         """Write checkpoint ``save_dir/name`` (collective) and point ``last_checkpoint`` at it.
 
-        ``extra`` (e.g. ``iteration=``, ``consumed_train_samples=``) must be picklable; it
-        comes back from :meth:`load`.
+        ``extra`` (e.g. ``iteration=``, ``consumed_train_samples=``) must be data (numbers,
+        strings, tensors, containers); it comes back from :meth:`load`. A failed save (a
+        full disk, ...) raises one :class:`CheckpointError` on every rank, removes its
+        partial files and leaves the previous checkpoint and ``last_checkpoint`` intact.
         """
         if not self.save_to_disk:
             return
@@ -524,14 +354,28 @@ class Checkpointer:
         if rank == 0:
             try:
                 os.makedirs(self.save_dir, exist_ok=True)
-                self._remove_leftovers()
+                self._clear_tmp(tmp)
                 os.makedirs(tmp)
             except Exception as exc:
-                error = exc
+                error = self._save_failure(exc, tmp, tmp)
         _agree(error, f"creating {tmp}")
 
+        state = self._write_shards(final, tmp, extra)
+        entries = self._checksum(final, tmp, state)
         error = None
-        tied = _tied_weights(self.model)
+        if rank == 0:
+            try:
+                _write_text_atomic(os.path.join(tmp, MANIFEST), manifest_text(entries))
+                self._commit(tmp, final, name)
+                logger.info("Saved checkpoint %s", final)
+            except Exception as exc:
+                error = self._save_failure(exc, tmp, os.path.join(tmp, MANIFEST))
+        _agree(error, f"committing checkpoint {final}")
+
+    def _write_shards(self, final: str, tmp: str, extra: Mapping) -> dict:
+        """Every rank writes its tensor shards (DCP) and its ``rank_N.pt`` into ``tmp``."""
+        rank = dist.get_rank()
+        tied = tied_weights(self.model)
         model_sd = get_model_state_dict(self.model)
         optim_sds, empty = {}, {}
         for opt_name in self._sharded_names(self.checkpointables):
@@ -542,14 +386,16 @@ class Checkpointer:
                 optimizer.state.clear()
                 osd = {k: v for k, v in osd.items() if not k.startswith("state.")}
             optim_sds[opt_name] = osd
-        view = _build_view(self.model, model_sd, optim_sds, tied, for_load=False)
+        view = build_view(self.model, model_sd, optim_sds, tied, for_load=False)
         small = [n for n in self.checkpointables if n not in optim_sds]
+        error, state, writing = None, None, tmp
         try:
             # every rank writes its own shards; DCP reports a failure on any rank to all
             dcp.save(view.entries, storage_writer=dcp.FileSystemWriter(tmp, thread_count=1))
             state = {
                 "format": FORMAT,
                 "rank": rank,
+                "run_id": self.run_id,
                 "layout": _layout_signature(),
                 "extra": dict(extra),
                 "checkpointables": {n: self.checkpointables[n].state_dict() for n in small},
@@ -558,59 +404,130 @@ class Checkpointer:
                 "tied_weights": tied,
                 RNG_KEY: _rng_state(),
             }
-            torch.save(state, os.path.join(tmp, _rank_file(rank)))
+            _data_bytes(state["extra"], "the extra data", final)
+            for n in small:
+                _data_bytes(state["checkpointables"][n], f"checkpointable '{n}'", final)
+            writing = os.path.join(tmp, rank_file(rank))
+            write_bytes_durable(writing, _data_bytes(state, "the per-rank state", final))
         except (Exception, CheckpointException) as exc:  # DCP's exception is a BaseException
-            error = exc
-        _agree(
+            if writing == tmp:  # DCP names each rank's shard files __<rank>_<n>.distcp
+                listing = os.listdir(tmp) if os.path.isdir(tmp) else []
+                shards = [f for f in listing if f.startswith(f"__{rank}_")]
+                writing = os.path.join(tmp, max(shards)) if shards else tmp
+            error = self._save_failure(exc, tmp, writing)
+        self._agree_or_discard(
             error,
+            tmp,
             f"saving checkpoint {final} (the previous checkpoint and {LAST_CHECKPOINT} are "
             "untouched)",
         )
+        return state
 
-        error = None
+    def _checksum(self, final: str, tmp: str, state: dict) -> dict[str, dict]:
+        """Rank 0 writes ``meta.json``; then each rank hashes every world-th file of ``tmp``.
+        Returns the manifest entries of all files (on every rank)."""
+        rank, world = dist.get_rank(), _world()
+        listing = None
         if rank == 0:
+            summary = {
+                "format": FORMAT,
+                "run_id": self.run_id,
+                "layout": state["layout"],
+                "extra": state["extra"],
+                "sharded": state["sharded"],
+                "checkpointables": sorted(state["checkpointables"]),
+            }
             try:
-                summary = {
-                    "format": FORMAT,
-                    "layout": state["layout"],
-                    "extra": state["extra"],
-                    "sharded": state["sharded"],
-                    "checkpointables": small,
-                }
-                _write_text_atomic(
-                    os.path.join(tmp, "meta.json"), json.dumps(summary, indent=2, default=repr)
-                )
-                self._commit(tmp, final, name)
-                logger.info("Saved checkpoint %s", final)
+                text = json.dumps(summary, indent=2, default=repr)
+                _write_text_atomic(os.path.join(tmp, META), text)
+                listing = sorted(f for f in os.listdir(tmp) if f != MANIFEST)
             except Exception as exc:
-                error = exc
-        _agree(error, f"committing checkpoint {final}")
+                listing = str(self._save_failure(exc, tmp, os.path.join(tmp, META)))
+        listing = _from_rank0(listing)
+        if isinstance(listing, str):
+            self._agree_or_discard(CheckpointError(listing), tmp, "")
+        error, mine = None, {}
+        try:
+            mine = file_checksums(tmp, listing[rank::world])
+        except Exception as exc:
+            error = exc
+        gathered = _all_gather(mine)
+        self._agree_or_discard(error, tmp, f"checksumming checkpoint {final}")
+        return {name: entry for part in gathered for name, entry in part.items()}
+
+    def _save_failure(self, exc: BaseException, tmp: str, writing: str) -> BaseException:
+        """A full disk as the one line users need; any other error unchanged."""
+        if isinstance(exc, CheckpointError) or not is_disk_full(exc, os.path.dirname(tmp)):
+            return exc
+        last = self.get_checkpoint_file()
+        intact = (
+            f"the last complete checkpoint {last} is intact"
+            if last
+            else "no earlier checkpoint exists"
+        )
+        return CheckpointError(f"No space left on device while writing {writing}; {intact}.")
+
+    def _agree_or_discard(self, error, tmp: str, what: str) -> None:
+        """:func:`_agree`; on failure rank 0 removes this save's partial ``tmp`` first."""
+        try:
+            _agree(error, what)
+        except CheckpointError:
+            if dist.get_rank() == 0:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise
 
     def _commit(self, tmp: str, final: str, name: str) -> None:
-        """Rank 0: ``tmp`` -> ``final``, then ``last_checkpoint`` -> ``name`` (both atomic)."""
+        """Rank 0: ``tmp`` -> ``final``, then ``last_checkpoint`` -> ``name`` (both atomic).
+
+        A checkpoint of this run already named ``name`` (``model_final``, ``model_best``)
+        is replaced; one of another run is moved aside and kept."""
         old = final + OLD_SUFFIX
-        if os.path.exists(final):  # re-saving a name (e.g. model_final): keep it until replaced
-            if os.path.exists(old):
-                shutil.rmtree(old)
-            os.rename(final, old)
+        if os.path.exists(final):
+            if run_id_of(final) == self.run_id:  # keep it until the new one is in place
+                if os.path.exists(old):
+                    shutil.rmtree(old)
+                os.rename(final, old)
+            else:
+                aside = aside_path(final)
+                os.rename(final, aside)
+                logger.warning(
+                    "%s was saved by another run: moved to %s (kept), saving this run's %s",
+                    final,
+                    aside,
+                    name,
+                )
         os.rename(tmp, final)
-        _fsync_dir(self.save_dir)
+        fsync_dir(self.save_dir)
         _write_text_atomic(os.path.join(self.save_dir, LAST_CHECKPOINT), name + "\n")
-        _fsync_dir(self.save_dir)
+        fsync_dir(self.save_dir)
         if os.path.exists(old):
             shutil.rmtree(old, ignore_errors=True)
 
-    def _remove_leftovers(self) -> None:
-        """Rank 0: delete ``*.tmp`` dirs of saves that never finished (a killed process),
-        and ``*.old`` copies of checkpoints that were replaced after all."""
-        for entry in os.listdir(self.save_dir):
+    def _clear_tmp(self, tmp: str) -> None:
+        """Rank 0, before a save into ``tmp``: remove a ``tmp`` left by an interrupted save of
+        the same name (checkpoint files only), and the ``.old`` copy of a checkpoint that was
+        replaced after all. Other leftovers are named once, never deleted."""
+        final = tmp[: -len(TMP_SUFFIX)]
+        if os.path.isdir(tmp):
+            if not is_our_leftover(tmp):
+                raise CheckpointError(
+                    f"{tmp} holds files that are not checkpoint files; move it away to save "
+                    f"{os.path.basename(final)}"
+                )
+            logger.info("Removing %s, an unfinished save of the same checkpoint", tmp)
+            shutil.rmtree(tmp)
+        if os.path.isdir(final + OLD_SUFFIX) and os.path.isdir(final):
+            if is_our_leftover(final + OLD_SUFFIX) and run_id_of(final) == self.run_id:
+                shutil.rmtree(final + OLD_SUFFIX, ignore_errors=True)
+        for entry in sorted(os.listdir(self.save_dir)):
             path = os.path.join(self.save_dir, entry)
-            if not os.path.isdir(path) or not _is_our_leftover(path):
-                continue
-            replaced = entry.endswith(OLD_SUFFIX) and os.path.isdir(path[: -len(OLD_SUFFIX)])
-            if entry.endswith(TMP_SUFFIX) or replaced:
-                logger.info("Removing unfinished or replaced checkpoint %s", path)
-                shutil.rmtree(path, ignore_errors=True)
+            if entry.endswith(TMP_SUFFIX) and path != tmp and path not in self._warned_leftovers:
+                self._warned_leftovers.add(path)
+                logger.warning(
+                    "%s is an unfinished save (a process was killed while saving): not a "
+                    "checkpoint, never loaded; delete it to free its space",
+                    path,
+                )
 
     # ---- load -------------------------------------------------------------------------------
     def _resolve(self, path: str) -> str:
@@ -626,10 +543,14 @@ class Checkpointer:
         Args:
             path: a checkpoint directory written by :meth:`save`, on any layout.
             checkpointables: names to restore besides the model (``"rng"`` for the RNG
-                states); ``None`` restores everything, ``[]`` the model weights only.
+                states); ``None`` restores everything (a resume: this object then continues
+                the saved run, see ``run_id``), ``[]`` the model weights only.
 
-        Returns the ``extra`` data given to :meth:`save`. Raises :class:`CheckpointError`
-        (naming ``path``) for a missing, incomplete or corrupt checkpoint.
+        Every file is checked against the checkpoint's manifest first (each rank checksums
+        a share), and nothing in it can run code: pickled data is read weights-only and
+        DCP's metadata through an allow-list. Returns the ``extra`` data given to
+        :meth:`save`. Raises :class:`CheckpointError` (one line naming ``path``) for a
+        missing, incomplete, corrupt or unsafe checkpoint.
         """
         path = self._resolve(path)
         names = list(self.checkpointables) if checkpointables is None else list(checkpointables)
@@ -642,16 +563,23 @@ class Checkpointer:
                 f"{sorted(self.checkpointables)}"
             )
         error = rank0 = state = None
+        verified = False
         try:  # no collective before every rank knows that the checkpoint is readable
-            rank0 = _check_checkpoint(path)
+            rank0, verified = check_checkpoint(path, dist.get_rank(), _world())
             same_layout = rank0["layout"] == _layout_signature()
-            state = _read_rank_file(path, dist.get_rank()) if same_layout else rank0
+            state = read_rank_file(path, dist.get_rank()) if same_layout else rank0
         except Exception as exc:
             error = exc
         _agree(error, f"reading checkpoint {path}")
         logger.info("Loading checkpoint from %s", path)
+        if not verified:
+            logger.warning(
+                "checkpoint %s has no %s (saved by an older libai): its files are not verified",
+                path,
+                MANIFEST,
+            )
 
-        tied = _tied_weights(self.model)
+        tied = tied_weights(self.model)
         model_sd = get_model_state_dict(self.model)
         optim_sds = {}
         sharded = self._sharded_names(names)
@@ -665,14 +593,22 @@ class Checkpointer:
                 optimizer.state.clear()
                 osd = {k: v for k, v in osd.items() if not k.startswith("state.")}
             optim_sds[opt_name] = osd
-        view = _build_view(self.model, model_sd, optim_sds, tied, for_load=True)
+        view = build_view(self.model, model_sd, optim_sds, tied, for_load=True)
         try:
-            dcp.load(view.entries, storage_reader=dcp.FileSystemReader(path))
+            dcp.load(
+                view.entries,
+                storage_reader=DataOnlyFileSystemReader(path),
+                planner=DataOnlyLoadPlanner(),
+            )
+            view.write_back()
         except (Exception, CheckpointException) as exc:  # DCP's exception is a BaseException
+            unsafe = [e for e in exception_chain(exc) if isinstance(e, UnsafeDataError)]
+            if unsafe:
+                raise CheckpointError(f"refusing to load checkpoint {path}: {unsafe[0]}.") from None
             raise CheckpointError(
-                f"could not load checkpoint {path} into this model: {type(exc).__name__}: {exc}"
-            ) from exc
-        view.write_back()
+                f"could not load checkpoint {path} into this model: {one_line(exc)}"
+                f"{fallback_hint(path) if not verified else ''}"
+            ) from None
         set_model_state_dict(self.model, model_sd)
         for opt_name, osd in optim_sds.items():
             optimizer = self._dcp_optimizer(opt_name)
@@ -700,6 +636,8 @@ class Checkpointer:
                     rank0["layout"],
                     _layout_signature(),
                 )
+        if checkpointables is None and isinstance(rank0.get("run_id"), str):
+            self.run_id = rank0["run_id"]  # a resume continues the saved run
         return dict(state["extra"])
 
     def resume_or_load(self, path: str | None, *, resume: bool = True) -> dict:
@@ -710,7 +648,9 @@ class Checkpointer:
           loads the model weights of ``path`` if given) and returns ``{}``.
         - not ``resume``: loads the model weights of ``path`` (if given); returns ``{}``.
 
-        A ``last_checkpoint`` naming a missing or corrupt checkpoint raises
+        A fresh start in a ``save_dir`` that holds checkpoints keeps them and warns, naming
+        them and how to resume (:meth:`warn_about_existing_checkpoints`). A
+        ``last_checkpoint`` naming a missing or corrupt checkpoint raises
         :class:`CheckpointError`; it never silently starts from scratch.
         """
         if resume and self.has_checkpoint():
@@ -726,6 +666,7 @@ class Checkpointer:
                 os.path.abspath(self.save_dir or "."),
                 f" (model weights from {path})" if path else "",
             )
+        self.warn_about_existing_checkpoints()
         if path:
             self.load(path, checkpointables=[])
         return {}
@@ -742,28 +683,16 @@ def _load_param_groups(model: nn.Module, optimizer, osd: Mapping[str, Any]) -> N
     optimizer.state.clear()
 
 
-def _fsync_dir(path: str) -> None:
-    try:
-        fd = os.open(path or ".", os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 class PeriodicCheckpointer:
-    """Save every ``period`` iterations and at the end; keep the newest ``max_to_keep``.
+    """Save every ``period`` iterations and at the end; keep this run's newest ``max_to_keep``.
 
     ``step(iteration, **extra)`` saves ``{file_prefix}_{iteration:07d}`` when
     ``(iteration + 1) % period == 0`` and ``{file_prefix}_final`` at ``max_iter - 1``
     (detectron2's convention), with ``iteration`` added to ``extra``. With ``max_to_keep``
-    the oldest periodic checkpoints beyond that number are deleted by rank 0 after the save
-    (``_final`` and the one ``last_checkpoint`` names are never deleted); periodic
-    checkpoints already in ``save_dir`` (a resumed run) count as the oldest.
+    rank 0 deletes the oldest periodic checkpoints *of this run* beyond that number after
+    each save (fvcore's rule): the ones this process saved and, after a resume, those the
+    resumed run saved (the same ``run_id`` in their ``meta.json``). Checkpoints of any
+    other run, ``_final`` and the one ``last_checkpoint`` names are never deleted.
     """
 
     def __init__(
@@ -785,12 +714,13 @@ class PeriodicCheckpointer:
         self.file_prefix = file_prefix
         self._recent: list[str] | None = None
 
-    def _existing(self) -> list[str]:
+    def _this_runs(self) -> list[str]:
+        """The periodic checkpoints in ``save_dir`` that this run saved (by ``run_id``)."""
         pattern = re.compile(rf"^{re.escape(self.file_prefix)}_\d{{7}}$")
         return [
             os.path.basename(p)
             for p in self.checkpointer.get_all_checkpoint_files()
-            if pattern.match(os.path.basename(p))
+            if pattern.match(os.path.basename(p)) and run_id_of(p) == self.checkpointer.run_id
         ]
 
     def step(self, iteration: int, **extra) -> None:
@@ -799,7 +729,7 @@ class PeriodicCheckpointer:
         if (iteration + 1) % self.period == 0:
             name = f"{self.file_prefix}_{iteration:07d}"
             if self._recent is None and self.max_to_keep is not None:
-                self._recent = [n for n in self._existing() if n != name]
+                self._recent = [n for n in self._this_runs() if n != name]
             self.checkpointer.save(name, **extra)
             if self.max_to_keep is not None:
                 self._recent.append(name)
@@ -812,7 +742,12 @@ class PeriodicCheckpointer:
         while len(self._recent) > self.max_to_keep:
             name = self._recent.pop(0)
             path = os.path.join(self.checkpointer.save_dir, name)
-            if dist.get_rank() == 0 and path != latest and os.path.isdir(path):
+            if (
+                dist.get_rank() == 0
+                and path != latest
+                and os.path.isdir(path)
+                and run_id_of(path) == self.checkpointer.run_id
+            ):
                 shutil.rmtree(path, ignore_errors=True)
                 logger.info("Deleted old checkpoint %s (max_to_keep=%d)", path, self.max_to_keep)
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 import sys
 
 from libai.utils import distributed as dist
+from libai.utils.checkpoint_files import CheckpointError
 
-#: errors that mean bad input (a config key, a path, a size): reported in one line
-INPUT_ERRORS = (ValueError, FileNotFoundError, KeyError, NotImplementedError)
+#: errors that mean bad input (a config key, a path, a size, a bad or unsafe checkpoint, a
+#: full disk): reported in one line
+INPUT_ERRORS = (ValueError, FileNotFoundError, KeyError, NotImplementedError, CheckpointError)
 
 
 def run_cli(main) -> None:

@@ -12,6 +12,7 @@ tp2 and pp2, and the pp2 checkpoint on dp2 (values must equal the saved ones exa
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import sys
@@ -23,6 +24,7 @@ from gpt_reference import BATCH, SEED, TINY_GPT, make_batch
 from libai.engine.amp import DynamicLossScaler
 from libai.engine.parallel import ModelRunner
 from libai.models import GPTForPreTraining
+from libai.utils import checkpoint as ckpt_mod
 from libai.utils import distributed as dist
 from libai.utils.checkpoint import Checkpointer, CheckpointError
 
@@ -230,23 +232,24 @@ def failure_phase(root: str) -> dict:
     ckpt = Checkpointer(model, save_dir, optimizer=optimizer, scheduler=scheduler)
     ckpt.save("model_a", iteration=0)
     result = {}
-    # rank 1 cannot write its state file
-    original = torch.save
+    # rank 1 cannot write its state file (the disk is full)
+    original = ckpt_mod.write_bytes_durable
 
-    def failing_save(obj, f, *args, **kwargs):
-        if str(f).endswith("rank_1.pt"):
-            raise OSError("no space left on device")
-        return original(obj, f, *args, **kwargs)
+    def failing_write(path, data):
+        if str(path).endswith("rank_1.pt"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+        return original(path, data)
 
-    torch.save = failing_save
+    ckpt_mod.write_bytes_durable = failing_write
     try:
         ckpt.save("model_b", iteration=1)
         result["save_error"] = None
     except CheckpointError as exc:
         result["save_error"] = str(exc)
     finally:
-        torch.save = original
+        ckpt_mod.write_bytes_durable = original
     dist.synchronize()
+    result["tmp_left"] = os.path.exists(os.path.join(save_dir, "model_b.tmp"))
     result["last_checkpoint"] = open(os.path.join(save_dir, "last_checkpoint")).read().strip()
     # only rank 1's state file of a checkpoint is corrupt: both ranks refuse it
     if dist.get_rank() == 0:
