@@ -60,13 +60,15 @@ class CorruptDataError(ValueError):
 
 # numpy's RNG state array (MT19937 keys) as older libai checkpoints pickled it: an array
 # constructor and the dtype, nothing that can call anything else
-_np_reconstruct = np._core.multiarray._reconstruct
+_np_core = getattr(np, "_core", None) or np.core  # numpy >= 2 / numpy 1.x
+_np_reconstruct = _np_core.multiarray._reconstruct
 _NUMPY_ARRAY_GLOBALS = [
     np.ndarray,
     np.dtype,
     type(np.dtype(np.uint32)),
     _np_reconstruct,
     (_np_reconstruct, "numpy.core.multiarray._reconstruct"),  # as numpy 1.x names it
+    (_np_reconstruct, "numpy._core.multiarray._reconstruct"),  # as numpy 2 names it
 ]
 
 _GLOBAL = re.compile(r"Unsupported global: GLOBAL ([\w.]+)")
