@@ -2,10 +2,26 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from train_net_helpers import train_env
 
 from libai.data.sample_corpus import ensure_sample_dataset
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_home_cache(tmp_path_factory):
+    """No test writes into the user's ~/.cache: the sample data directory of this process
+    (and of the subprocesses that inherit its environment) is a temporary one; tests that
+    need the sample built use :func:`sample_env`."""
+    old = os.environ.get("LIBAI_SAMPLE_DATA_DIR")
+    os.environ["LIBAI_SAMPLE_DATA_DIR"] = str(tmp_path_factory.mktemp("unbuilt_sample"))
+    yield
+    if old is None:
+        os.environ.pop("LIBAI_SAMPLE_DATA_DIR", None)
+    else:
+        os.environ["LIBAI_SAMPLE_DATA_DIR"] = old
 
 
 @pytest.fixture(scope="session")

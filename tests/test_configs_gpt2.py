@@ -87,7 +87,9 @@ def _assert_trained(out: Path, iters: int) -> dict:
     return metrics
 
 
-def test_gpt2_pretrain_trains_with_a_shorter_max_seq_length(sample_env, tmp_path):
+def test_gpt2_pretrain_trains_with_a_shorter_max_seq_length(sample_env, tmp_path, monkeypatch):
+    # the saved config names the sample data as ${libai_sample:...}: resolved from this env
+    monkeypatch.setenv("LIBAI_SAMPLE_DATA_DIR", sample_env["LIBAI_SAMPLE_DATA_DIR"])
     # before the interpolation this stopped with "sequence of 128 positions exceeds
     # max_seq_length=64": the dataset kept its own copy of 128
     out = tmp_path / "run"
