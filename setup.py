@@ -14,7 +14,7 @@ setup(
     # libai.config.get_config("common/train.py") works from a wheel as from a checkout
     package_data={"libai.config": ["configs/*.py", "configs/**/*.py", "configs/**/*.yaml"]},
     install_requires=[
-        "torch>=2.13",  # the oldest release the suite passed on (README, "Supported PyTorch")
+        "torch>=2.10",  # the oldest release the suite passed on (README, "Supported PyTorch")
         "numpy",
         "omegaconf>=2.3",
         "cloudpickle",  # LazyConfig.save: configs YAML cannot hold (LiBai, detectron2)

@@ -6,10 +6,10 @@ import re
 
 __version__ = "0.1.0"
 
-#: the oldest PyTorch release libai supports: the oldest the whole test suite passed on.
-#: Older releases fail pipeline parallel in torch.distributed.pipelining (README, "Supported
-#: PyTorch", lists what fails on 2.8, 2.9, 2.10 and 2.11).
-MIN_TORCH = (2, 13)
+#: the oldest PyTorch release libai supports: the whole test suite passes on 2.10, 2.11 and
+#: 2.13 (README, "Supported PyTorch"). Before 2.10, torch.distributed.pipelining's first p2p
+#: exchange mixes dtypes (2.9) and its schedules have no ``eval`` (2.8).
+MIN_TORCH = (2, 10)
 
 
 def check_torch_version(version: str) -> None:
@@ -22,8 +22,8 @@ def check_torch_version(version: str) -> None:
         floor = ".".join(map(str, MIN_TORCH))
         raise ImportError(
             f"libai needs PyTorch >= {floor}, but torch {version} is installed "
-            f"(before {floor}, torch.distributed.pipelining fails libai's pipeline-parallel "
-            f"runs; see the README's 'Supported PyTorch'). Upgrade it: "
+            f"(before {floor}, torch.distributed.pipelining cannot run libai's pipeline-"
+            f"parallel schedules; see the README's 'Supported PyTorch'). Upgrade it: "
             f"pip install 'torch>={floor}'."
         )
 

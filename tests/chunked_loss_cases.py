@@ -90,11 +90,14 @@ def run_step(
     model, name: str, batch, *, microbatches: int = 1, amp_dtype=None, on_stage_output=None
 ) -> dict:
     """One forward-backward through the trainer's runner: the loss and every gradient.
-    ``on_stage_output(output)`` sees what each pipeline stage of this rank returns."""
+    ``on_stage_output(output)`` sees what each pipeline stage of this rank returns in the
+    training step (not the no-grad shape-inference call torch < 2.13 makes first)."""
     runner = ModelRunner(model, num_microbatches=microbatches, amp_dtype=amp_dtype)
     if on_stage_output is not None:
         for stage in runner.stages:
-            stage.submod.register_forward_hook(lambda module, args, out: on_stage_output(out))
+            stage.submod.register_forward_hook(
+                lambda module, args, out: on_stage_output(out) if torch.is_grad_enabled() else None
+            )
     loss = runner.forward_backward(batch)
     return {"loss": float(loss), "grads": full_grads(model, name), "runner": runner}
 

@@ -108,8 +108,24 @@ def run_case(case_path: str, hf_dir: str, spec: dict) -> dict:
             result[f"out_{key}"] = (out[key] - want.chunk(dp)[dpr]).abs().max().item()
         model.train()
     runner = ModelRunner(model, num_microbatches=spec.get("microbatches", 1))
+    handed = []  # what a stage sends the next one: activations only, no masks or ids
+    if util.layout.pipeline_parallel_size > 1:
+        # the first schedule call is an evaluation (as a trainer evaluating before it
+        # trains): the stages are built then, and the training step after it must still
+        # send gradients back (torch 2.10 / 2.11 fix that when the stages are built)
+        eval_loss = runner.eval_loss(batch)  # this dp rank's: compared without dp only
+        if dp == 1:
+            result["eval_loss"] = abs(eval_loss.item() - ref["loss"].item())
+        for stage in runner.stages:
+            if not stage.is_last:
+                stage.submod.register_forward_hook(
+                    lambda m, a, out: handed.extend(out if isinstance(out, tuple) else (out,))
+                )
     loss = runner.forward_backward(batch)
     result["loss"] = abs(loss.item() - ref["loss"].item())
+    if util.layout.pipeline_parallel_size > 1 and util.pipeline_rank == 0:
+        result["handed_non_float"] = sum(not t.is_floating_point() for t in handed)
+        assert handed, "the first stage handed nothing on"
     result["grad"], result["grad_name"], result["grads_checked"] = _grad_diffs(
         model, ref["grads"], loader
     )

@@ -8,7 +8,10 @@ from collections.abc import Callable
 import torch
 
 #: ``torch.distributed.pipelining`` runs each stage once on its first step to learn shapes
-_PIPELINE_INFERENCE = frozenset({"_forward_metadata_inference", "_backward_metadata_inference"})
+#: (``_shape_inference`` before torch 2.13)
+_PIPELINE_INFERENCE = frozenset(
+    {"_forward_metadata_inference", "_backward_metadata_inference", "_shape_inference"}
+)
 
 
 class GradTap(torch.autograd.Function):

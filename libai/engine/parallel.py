@@ -29,13 +29,19 @@ import torch
 import torch.distributed as torch_dist
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
-from torch.distributed import pipelining
 from torch.distributed.tensor import DTensor
 
 from libai.engine.amp import DynamicLossScaler, autocast
 from libai.engine.blocks import compile_layers, enable_activation_checkpointing
 from libai.engine.fsdp import fsdp_forward_method
 from libai.engine.grad_clip import clip_grad_norm_
+from libai.engine.pipeline_stages import (
+    PIPELINE_SCHEDULES,
+    LibaiPipelineStage,
+    StageModule,
+    check_schedule_microbatches,
+    contiguous,
+)
 from libai.engine.sequence_parallel import (
     all_reduce_sequence_parallel_grads,
     check_sequence_parallel_batch,
@@ -43,15 +49,6 @@ from libai.engine.sequence_parallel import (
     sequence_parallel_parameter_names,
 )
 from libai.utils import distributed as dist
-
-#: schedule name -> (class, holds several stages per rank)
-PIPELINE_SCHEDULES = {
-    "GPipe": (pipelining.ScheduleGPipe, False),
-    "1F1B": (pipelining.Schedule1F1B, False),
-    "Interleaved1F1B": (pipelining.ScheduleInterleaved1F1B, True),
-    "LoopedBFS": (pipelining.ScheduleLoopedBFS, True),
-    "InterleavedZeroBubble": (pipelining.ScheduleInterleavedZeroBubble, True),
-}
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -85,19 +82,6 @@ def _copy_sharing_parameters(model: nn.Module) -> nn.Module:
     return copy.deepcopy(model, memo)
 
 
-class _StageModule(nn.Module):
-    """Adapts a model's pipeline contract to the ``forward(x)`` a PipelineStage calls."""
-
-    def __init__(self, model: nn.Module, runner: ModelRunner):
-        super().__init__()
-        self.model = model
-        self.__dict__["_runner"] = runner  # a reference, not a submodule
-
-    def forward(self, *args):
-        with self._runner.autocast():
-            return _contiguous(self.model.pipeline_forward(*args))
-
-
 def _batch_rows(batch: Mapping[str, torch.Tensor]) -> int:
     """The batch dimension of a batch dict (its first tensor's dim 0)."""
     return next(v for v in batch.values() if isinstance(v, torch.Tensor)).shape[0]
@@ -114,18 +98,6 @@ def _first_rows(value, rows: int):
     return value
 
 
-def _contiguous(value):
-    """``value`` (a tensor, or a tuple / list of them) in the contiguous layout the pipeline
-    stages were built with: before torch 2.13, ``torch.distributed.pipelining`` rejects a
-    tensor whose strides differ from the ones it inferred (e.g. a ``tokens[:, :-1]`` view
-    of a ``seq + 1`` buffer). A no-op for tensors that are contiguous already."""
-    if isinstance(value, torch.Tensor):
-        return value.contiguous()
-    if isinstance(value, (tuple, list)):
-        return type(value)(_contiguous(v) for v in value)
-    return value
-
-
 class ModelRunner:
     """Forward, backward and gradient synchronization of ``model`` on the current mesh.
 
@@ -136,6 +108,10 @@ class ModelRunner:
             class attributes ``pipeline_input_key`` / ``pipeline_target_key`` (or the methods
             ``pipeline_inputs(batch)`` / ``pipeline_target(batch)``). A stage returning a
             tuple hands its tensors to the next stage's ``pipeline_forward`` as arguments.
+            Tensors every stage needs but that are not activations (padding masks, token
+            type ids) come from ``pipeline_stage_kwargs(batch)``: each stage takes them from
+            its own copy of the batch as keyword arguments, so they never cross a stage
+            boundary (see :func:`pipeline_stage_kwargs`).
         num_microbatches: micro-batches per step (gradient accumulation; the pipeline's
             micro-batches under pp). The local batch size must be divisible by it.
         schedule: pipeline schedule name (:data:`PIPELINE_SCHEDULES`); defaults to the
@@ -258,6 +234,12 @@ class ModelRunner:
                 f"pipeline schedule {self.schedule_name} needs train.dist.virtual_pipeline_size "
                 f"{need} (got {layout.virtual_pipeline_size})."
             )
+        check_schedule_microbatches(
+            self.schedule_name,
+            self.num_microbatches,
+            layout.pipeline_parallel_size,
+            layout.virtual_pipeline_size,
+        )
         for attr, alternative in (
             ("pipeline_forward", None),
             ("pipeline_loss", None),
@@ -278,9 +260,14 @@ class ModelRunner:
                 prune_to_stages(_copy_sharing_parameters(self.model), {s}) for s in stages
             ]
         self._stage_models = stage_models
+        last = layout.num_stages - 1
         self.stages = [
-            pipelining.PipelineStage(
-                _StageModule(m, self), s, layout.num_stages, util.device, group=util.pp_group
+            LibaiPipelineStage(
+                StageModule(m, self, s == last),
+                s,
+                layout.num_stages,
+                util.device,
+                group=util.pp_group,
             )
             for m, s in zip(stage_models, stages)
         ]
@@ -356,13 +343,15 @@ class ModelRunner:
                 stage_model.train(self.model.training)
 
     def _schedule_arguments(self, batch) -> tuple[tuple, dict]:
-        """``(args, kwargs)`` of a schedule call on this rank: the first stage's inputs and
-        the last stage's ``target``, contiguous (see :func:`_contiguous`)."""
-        args, kwargs = (), {}
+        """``(args, kwargs)`` of a schedule call on this rank: the first stage's inputs, every
+        stage's :func:`pipeline_stage_kwargs` and the last stage's ``target``, contiguous
+        (see :func:`~libai.engine.pipeline_stages.contiguous`)."""
+        args = ()
+        kwargs = {k: contiguous(v) for k, v in pipeline_stage_kwargs(self.model, batch).items()}
         if self.is_first:
-            args = _contiguous(pipeline_inputs(self.model, batch))
+            args = contiguous(pipeline_inputs(self.model, batch))
         if self.is_last:
-            kwargs["target"] = _contiguous(pipeline_target(self.model, batch))
+            kwargs["target"] = contiguous(pipeline_target(self.model, batch))
         return args, kwargs
 
     def _pad_to_pipeline_batch(self, batch) -> tuple[Mapping[str, torch.Tensor], int | None]:
@@ -431,7 +420,9 @@ class ModelRunner:
         if not self.pipeline:
             forward = fsdp_forward_method(self.model, "pipeline_forward")
             with self.autocast():
-                return forward(*pipeline_inputs(self.model, batch))
+                return forward(
+                    *pipeline_inputs(self.model, batch), **pipeline_stage_kwargs(self.model, batch)
+                )
         check_sequence_parallel_batch(batch)
         if self.pipeline_batch_size is None:
             self.pipeline_batch_size = _batch_rows(batch)
@@ -539,6 +530,22 @@ def pipeline_inputs(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> tupl
     if hasattr(model, "pipeline_inputs"):
         return tuple(model.pipeline_inputs(batch))
     return (batch[model.pipeline_input_key],)
+
+
+def pipeline_stage_kwargs(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> dict:
+    """The keyword inputs of every stage's ``pipeline_forward``: ``model.pipeline_stage_kwargs(
+    batch)`` if the model defines it, else none.
+
+    They are the per-sample tensors every stage needs that are not activations: padding
+    masks, token type ids. Each stage takes them from its own copy of the batch (split into
+    the same micro-batches as the inputs), so nothing but activations is sent between
+    stages. Integer tensors cannot be sent on every supported release (before torch 2.13,
+    ``torch.distributed.pipelining`` marks each received tensor as requiring grad, which
+    only floating-point tensors can), and not sending them saves their bytes on every
+    micro-batch. ``None`` values are dropped."""
+    if not hasattr(model, "pipeline_stage_kwargs"):
+        return {}
+    return {k: v for k, v in model.pipeline_stage_kwargs(batch).items() if v is not None}
 
 
 def pipeline_target(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:

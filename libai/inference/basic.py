@@ -32,7 +32,7 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from libai.config import LazyConfig, instantiate, locate, try_get_key
-from libai.engine.parallel import pipeline_inputs, prune_to_stages
+from libai.engine.parallel import pipeline_inputs, pipeline_stage_kwargs, prune_to_stages
 from libai.inference.stage_comm import StagePipe
 from libai.inference.tokenizer_loading import find_tokenizer_files, load_tokenizer
 from libai.models.utils import CheckpointReader, load_huggingface, read_hf_config
@@ -313,10 +313,12 @@ class BasePipeline(ABC):
     # ---- helpers for subclasses -------------------------------------------------------------------
     def run_model(self, model_inputs: Mapping[str, torch.Tensor]):
         """One forward of the whole model through the pipeline stages; the model's
-        ``pipeline_inputs`` picks the first stage's tensors from ``model_inputs``. Returns
+        ``pipeline_inputs`` picks the first stage's tensors from ``model_inputs``, and every
+        stage reads its ``pipeline_stage_kwargs`` (padding masks) from its own copy. Returns
         the last stage's output there (tp-split logits stay split), ``None`` elsewhere."""
         first = pipeline_inputs(self.model, model_inputs)
-        return self.pipe.run(self.model.pipeline_forward, *first)
+        stage_kwargs = pipeline_stage_kwargs(self.model, model_inputs)
+        return self.pipe.run(self.model.pipeline_forward, *first, **stage_kwargs)
 
     def dp_split(self, items: Sequence) -> list:
         """This data-parallel replica's contiguous chunk of ``items`` (maybe empty)."""

@@ -101,12 +101,13 @@ class StagePipe:
                 torch_dist.recv(t, src=src)
         return tuple(out)
 
-    def run(self, stage_fn: Callable[..., object], *first_inputs) -> object | None:
+    def run(self, stage_fn: Callable[..., object], *first_inputs, **stage_kwargs) -> object | None:
         """Run one forward through every stage: the first stage calls
-        ``stage_fn(*first_inputs)``, each later stage ``stage_fn(*what the previous one
-        returned)``. Returns the last stage's result there, ``None`` on other stages."""
+        ``stage_fn(*first_inputs, **stage_kwargs)``, each later stage ``stage_fn(*what the
+        previous one returned, **stage_kwargs)`` (``stage_kwargs`` are each stage's own, not
+        sent). Returns the last stage's result there, ``None`` on other stages."""
         xs = first_inputs if self.is_first else self.recv()
-        out = stage_fn(*xs)
+        out = stage_fn(*xs, **stage_kwargs)
         if self.is_last:
             return out
         self.send(out if isinstance(out, tuple) else (out,))

@@ -11,9 +11,10 @@ Masked-LM loss is the mean over the masked positions: those where ``lm_labels !=
 when given, ``loss_mask == 1`` -- the semantics of transformers' ``CrossEntropyLoss`` with
 ``ignore_index=-100``.
 
-Pipeline contract (``libai.engine.parallel``): the first stage takes
-``(input_ids, attention_mask, tokentype_ids)``; every stage but the last returns
-``(hidden_states, attention_mask)`` to the next; targets are packed into one tensor.
+Pipeline contract (``libai.engine.parallel``): the first stage takes ``input_ids``; every
+stage reads ``attention_mask`` and ``tokentype_ids`` from its own batch (stage keyword
+inputs); every stage but the last hands its hidden states to the next; targets are packed
+into one tensor.
 """
 
 from __future__ import annotations
@@ -248,20 +249,20 @@ class BertPipelineMixin:
     head_name: str
 
     def pipeline_inputs(self, batch) -> tuple:
-        ids = batch["input_ids"]
-        mask = batch.get("attention_mask")
-        tokentype_ids = batch.get("tokentype_ids")
-        return (
-            ids,
-            torch.ones_like(ids) if mask is None else mask,
-            torch.zeros_like(ids) if tokentype_ids is None else tokentype_ids,
-        )
+        return (batch["input_ids"],)
 
-    def pipeline_forward(self, x, attention_mask, tokentype_ids=None):
-        """One stage: ids (or hidden states) in; ``(hidden, mask)`` or the head output out."""
+    def pipeline_stage_kwargs(self, batch) -> dict:
+        """The padding mask and token type ids, which every stage reads from its own batch."""
+        return {
+            "attention_mask": batch.get("attention_mask"),
+            "tokentype_ids": batch.get("tokentype_ids"),
+        }
+
+    def pipeline_forward(self, x, attention_mask=None, tokentype_ids=None):
+        """One stage: ids (or hidden states) in; hidden states or the head output out."""
         hidden = self.backbone.stage_forward(x, attention_mask, tokentype_ids)
         if getattr(self, self.head_name) is None:  # not the last stage
-            return hidden, attention_mask
+            return hidden
         return self.head_forward(hidden)
 
 

@@ -296,15 +296,18 @@ class LlamaForCausalLM(nn.Module):
 
     # ---- pipeline contract ------------------------------------------------------------------
     def pipeline_inputs(self, batch) -> tuple:
-        mask = batch.get("attention_mask")
-        return (batch["input_ids"],) if mask is None else (batch["input_ids"], mask)
+        return (batch["input_ids"],)
+
+    def pipeline_stage_kwargs(self, batch) -> dict:
+        """The padding mask (if any), which every stage reads from its own batch."""
+        return {"attention_mask": batch.get("attention_mask")}
 
     def pipeline_target(self, batch) -> torch.Tensor:
         return batch["labels"]
 
     def pipeline_forward(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None):
-        """One stage: ids or hidden states in; hidden states (with the mask, if any) to the
-        next stage, or vocab-split logits on the last. With ``loss_chunk_size`` and autograd
+        """One stage: ids or hidden states in; hidden states to the next stage, or
+        vocab-split logits on the last. With ``loss_chunk_size`` and autograd
         recording (a training step; eval and predict run under no_grad), the last stage
         returns its hidden states as the head reads them (:func:`~libai.layers.lm_head_input`)
         and ``pipeline_loss`` applies the head."""
@@ -313,7 +316,7 @@ class LlamaForCausalLM(nn.Module):
             if self.model.loss_chunk_size and torch.is_grad_enabled():
                 return lm_head_input(hidden, self.model.sequence_parallel)
             return self.lm_head(hidden)
-        return hidden if attention_mask is None else (hidden, attention_mask)
+        return hidden
 
     def pipeline_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """The last stage's loss: of vocab-split logits, or (chunked) of the hidden states

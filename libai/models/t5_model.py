@@ -11,11 +11,13 @@ embedding and scales the decoder output by ``hidden_size ** -0.5``; v1.1 and mT5
 stage owns the embedding and embeds both the encoder and the decoder tokens; stages hand
 the next one a tuple:
 
-- while the encoder runs: ``(encoder_hidden, decoder_embeddings, encoder_mask,
-  decoder_mask, encoder_position_bias)``;
+- while the encoder runs: ``(encoder_hidden, decoder_embeddings, encoder_position_bias)``;
 - once it has finished (after the stage owning layer ``E-1`` and the final encoder norm):
-  ``(encoder_output, decoder_hidden, encoder_mask, decoder_mask[, decoder_position_bias])``
-  (the bias once layer ``E`` has computed it).
+  ``(encoder_output, decoder_hidden[, decoder_position_bias])`` (the bias once layer ``E``
+  has computed it).
+
+The padding masks are not handed on: every stage reads ``encoder_attn_mask`` and
+``decoder_attn_mask`` from its own batch (the model's stage keyword inputs).
 
 So the encoder output travels through every decoder stage, and a stage holding the last
 encoder layer and decoder layers runs both in turn. Position biases are computed by the
@@ -295,21 +297,22 @@ class T5Model(nn.Module):
             out["past_key_values"] = presents
         return out
 
-    def pipeline_stage(self, *xs):
+    def pipeline_stage(self, *xs, encoder_mask=None, decoder_mask=None):
         """This pipeline stage's share of the forward (see the module docstring for the
-        tuples handed between stages). The last stage returns the decoder output."""
-        if self.word_embeddings is not None:  # first stage: token ids and masks
-            encoder_ids, decoder_ids, encoder_mask, decoder_mask = xs
-            xs = (self.embed(encoder_ids), self.embed(decoder_ids), encoder_mask, decoder_mask)
+        tuples handed between stages; the masks come from this stage's own batch). The last
+        stage returns the decoder output."""
+        if self.word_embeddings is not None:  # first stage: token ids
+            encoder_ids, decoder_ids = xs
+            xs = (self.embed(encoder_ids), self.embed(decoder_ids))
         if len(self.encoder.layers):
-            enc, dec, encoder_mask, decoder_mask, *rest = xs
+            enc, dec, *rest = xs
             enc, enc_bias, _ = self.encoder(
                 enc, _padding_mask(encoder_mask), position_bias=rest[0] if rest else None
             )
             if self.encoder.final_layernorm is None:  # the encoder goes on after this stage
-                return enc, dec, encoder_mask, decoder_mask, enc_bias
-            xs = (self._finish(enc), dec, encoder_mask, decoder_mask)
-        enc, dec, encoder_mask, decoder_mask, *rest = xs
+                return enc, dec, enc_bias
+            xs = (self._finish(enc), dec)
+        enc, dec, *rest = xs
         dec, dec_bias, _ = self.decoder(
             dec,
             _padding_mask(decoder_mask),
@@ -320,7 +323,7 @@ class T5Model(nn.Module):
         if self.decoder.final_layernorm is not None:
             return self._finish(dec)
         tail = () if dec_bias is None else (dec_bias,)
-        return (enc, dec, encoder_mask, decoder_mask, *tail)
+        return (enc, dec, *tail)
 
 
 @torch.no_grad()
@@ -417,19 +420,23 @@ class T5ForPreTraining(nn.Module):
 
     # ---- pipeline contract (libai.engine.parallel) --------------------------------------------
     def pipeline_inputs(self, batch) -> tuple:
-        return (
-            batch["encoder_input_ids"],
-            batch["decoder_input_ids"],
-            batch["encoder_attn_mask"],
-            batch["decoder_attn_mask"],
-        )
+        return batch["encoder_input_ids"], batch["decoder_input_ids"]
+
+    def pipeline_stage_kwargs(self, batch) -> dict:
+        """The padding masks, which every stage reads from its own batch."""
+        return {
+            "encoder_mask": batch.get("encoder_attn_mask"),
+            "decoder_mask": batch.get("decoder_attn_mask"),
+        }
 
     def pipeline_target(self, batch) -> torch.Tensor:
         return self._targets(batch["lm_labels"], batch.get("loss_mask"))
 
-    def pipeline_forward(self, *xs):
+    def pipeline_forward(self, *xs, encoder_mask=None, decoder_mask=None):
         """One stage: see :meth:`T5Model.pipeline_stage`; the last stage returns logits."""
-        out = self.t5_model.pipeline_stage(*xs)
+        out = self.t5_model.pipeline_stage(
+            *xs, encoder_mask=encoder_mask, decoder_mask=decoder_mask
+        )
         return self._logits(out) if self.lm_head is not None else out
 
     def pipeline_loss(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
