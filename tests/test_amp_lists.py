@@ -33,6 +33,11 @@ LOW_DTYPES = [
 ]
 
 
+#: weights of the softmax outputs in the loss: a softmax's plain sum is 1 for every input,
+#: its gradient exactly zero, and a test of it would only see rounding noise
+SCORE = torch.linspace(-1.0, 1.0, 8)
+
+
 class Tiny(nn.Module):
     def __init__(self):
         super().__init__()
@@ -40,7 +45,7 @@ class Tiny(nn.Module):
         self.linear = nn.Linear(8, 8)
 
     def forward(self, ids):
-        return F.softmax(self.linear(self.embed(ids)), dim=-1).sum()
+        return (F.softmax(self.linear(self.embed(ids)), dim=-1) * SCORE).sum()
 
 
 def run(lists: AutocastOpLists, low_dtype=torch.bfloat16, seed=0):
@@ -53,10 +58,19 @@ def run(lists: AutocastOpLists, low_dtype=torch.bfloat16, seed=0):
             lambda m, i, o, name=name: dtypes.__setitem__(name, o.dtype)
         )
     ids = torch.tensor([[1, 2, 3], [4, 5, 6]])
-    with torch.autocast("cpu", dtype=low_dtype), lists.mode("cpu", low_dtype):
+    if lists is None:  # the fp32 reference: no autocast at all
         loss = model(ids)
+    else:
+        with torch.autocast("cpu", dtype=low_dtype), lists.mode("cpu", low_dtype):
+            loss = model(ids)
     loss.backward()
     return model, dtypes, loss
+
+
+def fp32_grads(seed=0) -> dict[str, torch.Tensor]:
+    model, dtypes, _ = run(None, seed=seed)
+    assert set(dtypes.values()) == {torch.float32}
+    return {n: p.grad for n, p in model.named_parameters()}
 
 
 @pytest.mark.parametrize("low", LOW_DTYPES)
@@ -70,17 +84,25 @@ def test_defaults_without_lists(low):
 def test_black_linear_runs_fp32(name, low):
     model, dtypes, _ = run(AutocastOpLists(black=[name]), low)
     assert dtypes["linear"] == torch.float32
-    grad = model.linear.weight.grad
-    assert grad is not None and grad.dtype == torch.float32 and torch.isfinite(grad).all()
-    assert grad.abs().sum() > 0
+    want = fp32_grads()
+    assert want["linear.weight"].abs().max() > 1e-3  # a loss with a real gradient
+    # every op of the black-listed run is fp32: the gradients are the fp32 run's
+    for n, p in model.named_parameters():
+        assert p.grad.dtype == torch.float32
+        torch.testing.assert_close(p.grad, want[n], rtol=1e-5, atol=1e-7, msg=n)
+    # control: without the list the linear runs in the low dtype, and its gradient moves
+    default, _, _ = run(AutocastOpLists(), low)
+    assert (default.linear.weight.grad - want["linear.weight"]).abs().max() > 1e-5
 
 
 @pytest.mark.parametrize("low", LOW_DTYPES)
 def test_white_embedding_runs_low(low):
     model, dtypes, _ = run(AutocastOpLists(white=["lookup_table_v2"]), low)
     assert dtypes["embed"] == low
-    grad = model.embed.weight.grad
-    assert grad is not None and grad.dtype == torch.float32 and grad.abs().sum() > 0
+    grad, want = model.embed.weight.grad, fp32_grads()["embed.weight"]
+    assert grad.dtype == torch.float32 and want.abs().max() > 1e-3
+    # the fp32 gradient to the low dtype's precision (bf16: 8 bits of mantissa)
+    torch.testing.assert_close(grad, want, rtol=3e-2, atol=3e-2 * want.abs().max().item())
 
 
 @pytest.mark.parametrize("low", LOW_DTYPES)
