@@ -151,7 +151,7 @@ def test_text_classification_fine_tunes_a_pretraining_checkpoint(tmp_path, model
         "Global.micro_batch_size=8",
         "Engine.num_train_epochs=6",
         "Engine.eval_freq=10",
-        "Optimizer.lr.learning_rate=5e-3",
+        "Optimizer.lr.learning_rate=8e-3",
     )
     engine = make_engine(cfg)
     expected = "RobertaForClassification" if model_type == "roberta" else "BertForClassification"

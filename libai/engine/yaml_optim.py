@@ -30,6 +30,7 @@ from omegaconf import OmegaConf
 from libai.config.yaml_config import YAMLConfigError
 from libai.data.yaml_loaders import check_arguments
 from libai.optim import get_default_optimizer_params
+from libai.scheduler import fleetx as fleetx_schedulers
 from libai.scheduler import lr_scheduler as schedulers
 
 __all__ = ["build_yaml_lr_scheduler", "build_yaml_optimizer", "base_lr"]
@@ -141,18 +142,21 @@ def build_yaml_lr_scheduler(opt_cfg, optimizer, train_iter: int):
         return schedulers.WarmupCosineLR(optimizer, train_iter, 1.0, 0, alpha=1.0)
     if name == "CosineAnnealingWithWarmupDecay":
         args = _take(lr, name, ("max_lr", "min_lr", "warmup_rate", "decay_steps"))
-        max_lr, min_lr = float(args["max_lr"]), float(args.get("min_lr", 0.0))
-        decay = int(args.get("decay_steps") or train_iter)
-        warmup = round(float(args.get("warmup_rate", 0.0)) * decay)
-        return schedulers.WarmupCosineLR(
-            optimizer, decay, 0.0, warmup, alpha=min_lr / max_lr if max_lr else 0.0
+        return fleetx_schedulers.CosineAnnealingWithWarmupDecay(
+            optimizer,
+            max_lr=float(args["max_lr"]),
+            min_lr=float(args.get("min_lr", 0.0)),
+            warmup_rate=float(args.get("warmup_rate", 0.0)),
+            decay_steps=int(args.get("decay_steps") or train_iter),
         )
     if name == "LinearDecayWithWarmup":
         args = _take(lr, name, ("warmup", "total_steps"))
-        total = int(args.get("total_steps") or train_iter)
-        warmup = args.get("warmup", 0)
-        warmup_iter = round(warmup * total) if isinstance(warmup, float) else int(warmup)
-        return schedulers.WarmupLinearLR(optimizer, total, 0.0, warmup_iter, end_factor=0.0)
+        return fleetx_schedulers.LinearDecayWithWarmup(
+            optimizer,
+            learning_rate=base_lr(opt_cfg),
+            total_steps=int(args.get("total_steps") or train_iter),
+            warmup=args.get("warmup", 0),
+        )
     if name not in LIBAI_SCHEDULERS:
         from libai.data.yaml_loaders import resolve_name
 
