@@ -110,6 +110,11 @@ def test_zero_shards_the_optimizer_state_and_fsdp_the_parameters(accelerate_file
         for name in ("zero3", "fsdp"):  # and of the parameters
             assert r[name]["param_numel"] < 0.6 * plain["param_numel"], (rank, r[name])
         assert r["zero1"]["param_numel"] == plain["param_numel"]
+        # from stage 2 on, ~1/dp of the gradients; stage 1 keeps them all
+        assert r["zero1"]["grad_numel"] == plain["grad_numel"] == plain["param_numel"]
+        for name in ("zero2", "zero3", "fsdp"):
+            share = r[name]["grad_numel"] / plain["grad_numel"]
+            assert 0.3 < share < 0.7, (rank, name, share)
 
 
 TEMPLATE = '''

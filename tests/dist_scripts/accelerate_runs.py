@@ -1,6 +1,6 @@
 """libai.accelerate on several ranks: black-box runs (``cli``) and per-rank memory of the
 ZeRO switches (``zero``: compose a DistilBERT classifier, take one step, report this rank's
-optimizer-state bytes and parameter elements)."""
+optimizer-state bytes, parameter elements and the gradient elements it still holds)."""
 
 from __future__ import annotations
 
@@ -31,12 +31,25 @@ def zero_memory(argv: list[str]) -> dict:
         "input_ids": torch.randint(5, 50, (8, 16), generator=g),
         "labels": torch.randint(0, 2, (8,), generator=g),
     }
+
+    def local(t):
+        return t.to_local() if hasattr(t, "to_local") else t
+
+    # the gradients this rank holds when its optimizer steps (after the dp sync: ZeRO-2 keeps
+    # only the ones it owns); the runner clears them after the step
+    held, inner_step = [], optimizer.optimizer.step
+
+    def step(*args, **kwargs):
+        held.append(sum(local(p.grad).numel() for p in model.parameters() if p.grad is not None))
+        return inner_step(*args, **kwargs)
+
+    optimizer.optimizer.step = step
     engine.backward(model(**batch).loss)
     optimizer.step()
-    local = [p.to_local() if hasattr(p, "to_local") else p for p in model.parameters()]
     return {
         "state_bytes": optimizer_state_bytes(optimizer.optimizer),
-        "param_numel": sum(t.numel() for t in local),
+        "param_numel": sum(local(p).numel() for p in model.parameters()),
+        "grad_numel": held[0],
     }
 
 
