@@ -17,6 +17,7 @@ from train_net_helpers import read_metrics
 from libai.accelerate import AccelerateEngine, cli
 from libai.accelerate.data import load_local_dataset
 from libai.accelerate.tasks import get_task
+from libai.utils import distributed as dist
 
 
 def cls_argv(files, save, *extra, steps=6):
@@ -115,6 +116,29 @@ def test_zero_shards_the_optimizer_state_and_fsdp_the_parameters(accelerate_file
         for name in ("zero2", "zero3", "fsdp"):
             share = r[name]["grad_numel"] / plain["grad_numel"]
             assert 0.3 < share < 0.7, (rank, name, share)
+
+
+def test_data_parallel_ranks_read_disjoint_shares_of_the_global_batch(accelerate_files, tmp_path):
+    """dp2 through the engine's loaders: at every training step the two ranks' samples are
+    disjoint and together the one-process global batch of that step (same seed, same
+    order); evaluation shards one pass over the set, every sample once."""
+    f = accelerate_files
+    flags = ["--micro-batch-size", "3", "--global-batch-size", "6"]
+    argv = cls_argv(f, tmp_path / "dp2", *flags)
+    runs = [{"kind": "loaders", "name": "ids", "argv": argv}]
+    ranks = [r["ids"] for r in torchrun("accelerate_runs.py", 2, json.dumps(runs))]
+    dist.setup_dist_util({})
+    one = AccelerateEngine(cls_argv(f, tmp_path / "one", "--micro-batch-size", "6"))
+    train = one.build_data_loader(list(range(24)), collate_fn=list, steps_per_epoch=2)
+    want = [batch for _ in range(2) for batch in train]
+    assert len(want) == 4 and all(len(b) == 6 for b in want)
+    for step, batch in enumerate(want):
+        a, b = ranks[0]["train"][step], ranks[1]["train"][step]
+        assert len(a) == len(b) == 3 and not set(a) & set(b), (step, a, b)
+        assert sorted(a + b) == sorted(batch), (step, a, b, batch)
+    assert want[:2] != want[2:]  # reshuffled every epoch
+    evaluated = [i for r in ranks for batch in r["eval"] for i in batch]
+    assert sorted(evaluated) == list(range(10))
 
 
 TEMPLATE = '''

@@ -53,6 +53,19 @@ def zero_memory(argv: list[str]) -> dict:
     }
 
 
+def loader_ids(argv: list[str]) -> dict:
+    """The sample ids of this rank's first 4 training batches (two epochs of a 24-sample
+    set) and of its evaluation pass, through the engine's own loaders."""
+    from libai.accelerate import AccelerateEngine
+
+    engine = AccelerateEngine(argv)
+    dataset = list(range(24))
+    train = engine.build_data_loader(dataset, collate_fn=list, steps_per_epoch=2)
+    batches = [batch for _ in range(2) for batch in train]
+    evaluation = engine.build_data_loader(dataset[:10], train=False, collate_fn=list)
+    return {"train": batches, "eval": [batch for batch in evaluation]}
+
+
 def main():
     out_dir, _, rest = parse_out_dir()
     runs = json.loads(rest[0])
@@ -64,6 +77,8 @@ def main():
         for run in runs:
             if run["kind"] == "cli":
                 results[run["name"]] = {"code": cli_main(run["argv"])}
+            elif run["kind"] == "loaders":
+                results[run["name"]] = loader_ids(run["argv"])
             else:
                 results[run["name"]] = zero_memory(run["argv"])
             dist.synchronize()
