@@ -1,0 +1,79 @@
+"""LiBai's LR schedules through the LiBai door (a config file -> tools/train_net.py): the
+learning rate metrics.json records at every iteration equals the closed form written in
+this file (≤1e-12), through the warmup ramp, the decay, the floor and after it."""
+
+from __future__ import annotations
+
+import bisect
+import math
+import textwrap
+
+import pytest
+from train_net_helpers import ROOT, TINY, read_metrics, run_train_net
+
+ITERS = 12
+BASE_LR = 0.01
+
+
+def warmup(t, factor, steps):
+    if t >= steps:
+        return 1.0
+    return factor * (1 - t / steps) + t / steps
+
+
+def cosine(t, factor, steps, alpha):
+    progress = min(1.0, max(0.0, (t - steps) / max(1, ITERS - steps)))
+    decay = (1 - alpha) * 0.5 * (1 + math.cos(math.pi * progress)) + alpha
+    return BASE_LR * warmup(t, factor, steps) * decay
+
+
+def multistep(t, factor, steps, milestones, gamma):
+    return BASE_LR * warmup(t, factor, steps) * gamma ** bisect.bisect_right(milestones, t)
+
+
+def recorded_lrs(tmp_path, sample_env, scheduler: str, warmup_ratio: float) -> list[float]:
+    """Train ITERS iterations with a user config that swaps in ``scheduler`` (a LazyCall
+    expression), as a LiBai user does; the LR metrics.json records per iteration."""
+    config = tmp_path / "my_config.py"
+    config.write_text(
+        textwrap.dedent(
+            f"""
+            from libai.config import LazyCall, LazyConfig
+            from libai.scheduler import WarmupCosineLR, WarmupMultiStepLR
+
+            _base = LazyConfig.load({str(ROOT / "configs" / "gpt2_pretrain.py")!r})
+            model, graph, optim = _base.model, _base.graph, _base.optim
+            dataloader, tokenization, train = _base.dataloader, _base.tokenization, _base.train
+            train.scheduler = {scheduler}
+            """
+        )
+    )
+    out = tmp_path / "out"
+    opts = [
+        *TINY,
+        f"train.output_dir={out}",
+        f"train.train_iter={ITERS}",
+        f"train.warmup_ratio={warmup_ratio}",
+        f"optim.lr={BASE_LR}",
+        "train.evaluation.enabled=False",
+        "train.checkpointer.period=1000",
+    ]
+    run_train_net(config, opts, env=sample_env)
+    metrics = read_metrics(out)
+    return [metrics[t]["lr"] for t in range(ITERS)]
+
+
+@pytest.mark.parametrize("alpha, ratio", [(0.01, 0.25), (0.3, 0.0)])
+def test_warmup_cosine_equals_its_formula(tmp_path, sample_env, alpha, ratio):
+    scheduler = f"LazyCall(WarmupCosineLR)(warmup_factor=0.1, alpha={alpha})"
+    got = recorded_lrs(tmp_path, sample_env, scheduler, ratio)
+    steps = math.ceil(ITERS * ratio)
+    want = [cosine(t, 0.1, steps, alpha) for t in range(ITERS)]
+    assert max(abs(g - w) for g, w in zip(got, want)) <= 1e-12, (got, want)
+
+
+def test_warmup_multistep_equals_its_formula(tmp_path, sample_env):
+    scheduler = "LazyCall(WarmupMultiStepLR)(warmup_factor=0.2, milestones=[5, 9], gamma=0.5)"
+    got = recorded_lrs(tmp_path, sample_env, scheduler, 2 / ITERS)
+    want = [multistep(t, 0.2, 2, [5, 9], 0.5) for t in range(ITERS)]
+    assert max(abs(g - w) for g, w in zip(got, want)) <= 1e-12, (got, want)
