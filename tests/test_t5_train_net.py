@@ -93,18 +93,25 @@ def test_t5_large_pretrain_config_trains(t5_data, tmp_path):
 
 
 def test_t5_trains_under_pipeline_parallelism(t5_data, tmp_path):
-    metrics = train_net(
-        tmp_path / "t5_pp2",
-        [
-            *t5_data,
-            "train.train_iter=3",
-            "train.dist.pipeline_parallel_size=2",
-            "train.dist.custom_pipeline_stage_id=[0,1,1,1]",  # pipeline_num_layers: filled
-            "train.num_accumulation_steps=2",
-            "train.evaluation.eval_period=3",
-            "train.evaluation.eval_iter=2",
-        ],
-        nproc=2,
-    )
-    assert all(np.isfinite(metrics[i]["total_loss"]) for i in range(3))
-    assert np.isfinite(metrics[2]["ppl"])  # evaluation through the pipeline
+    """pp2 with an uneven custom split (masks read by each stage, 2 micro-batches) gives the
+    one-process losses and evaluation perplexity on the same batches."""
+    opts = [
+        *t5_data,
+        "train.train_iter=3",
+        "train.num_accumulation_steps=2",
+        "train.evaluation.eval_period=3",
+        "train.evaluation.eval_iter=2",
+    ]
+    layout = [
+        "train.dist.pipeline_parallel_size=2",
+        "train.dist.custom_pipeline_stage_id=[0,1,1,1]",  # pipeline_num_layers: filled
+    ]
+    pp2 = train_net(tmp_path / "t5_pp2", [*opts, *layout], nproc=2)
+    one = train_net(tmp_path / "t5_one", opts)
+    got, want = [pp2[i]["total_loss"] for i in range(3)], [one[i]["total_loss"] for i in range(3)]
+    assert got == pytest.approx(want, rel=1e-5), (got, want)
+    # evaluation under pp averages the loss of its micro-batches, one process the loss of the
+    # whole batch: equal token counts per micro-batch would make them equal; these differ
+    # (0.1% measured), a known difference of the pp evaluation, not rounding
+    assert pp2[2]["ppl"] == pytest.approx(one[2]["ppl"], rel=1e-2)
+    assert len({one[i]["total_loss"] for i in range(3)}) == 3
