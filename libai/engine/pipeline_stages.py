@@ -18,9 +18,27 @@ import torch
 from torch import nn
 from torch.distributed import pipelining
 
+_TORCH = tuple(int(v) for v in torch.__version__.split(".")[:2])
+
+
+class GPipeAnyCount(pipelining.ScheduleGPipe):
+    """GPipe with any micro-batch count on every supported release.
+
+    torch 2.10's single-stage base class refuses fewer micro-batches than stages for every
+    schedule, although GPipe's fill-drain loop needs no more (torch >= 2.11 accepts them):
+    there it is built for ``num_stages`` micro-batches and then set to run ``n``."""
+
+    def __init__(self, stage, n_microbatches: int, **kwargs):
+        short = _TORCH < (2, 11) and n_microbatches < stage.num_stages
+        super().__init__(stage, stage.num_stages if short else n_microbatches, **kwargs)
+        if short:
+            self._n_microbatches = n_microbatches
+            self.pipeline_order = self._get_pipeline_order()
+
+
 #: schedule name -> (class, holds several stages per rank)
 PIPELINE_SCHEDULES = {
-    "GPipe": (pipelining.ScheduleGPipe, False),
+    "GPipe": (GPipeAnyCount, False),
     "1F1B": (pipelining.Schedule1F1B, False),
     "Interleaved1F1B": (pipelining.ScheduleInterleaved1F1B, True),
     "LoopedBFS": (pipelining.ScheduleLoopedBFS, True),
@@ -28,7 +46,7 @@ PIPELINE_SCHEDULES = {
 }
 
 #: releases whose stages fix the receive buffers' ``requires_grad`` when first built
-_RECV_GRAD_FIXED_AT_BUILD = tuple(int(v) for v in torch.__version__.split(".")[:2]) < (2, 13)
+_RECV_GRAD_FIXED_AT_BUILD = _TORCH < (2, 13)
 
 
 def contiguous(value):
