@@ -8,6 +8,7 @@ import json
 
 import pytest
 import torch
+from door_memory import check_zero_holdings
 from engine_helpers import RecordingModule, make_engine, simple_cfg
 from launch import torchrun
 
@@ -99,6 +100,9 @@ def test_compile_blocks_and_keep_the_losses(tmp_path):
 
 
 def test_data_parallel_and_zero_stages_on_2_ranks(tmp_path):
+    """Distributed.dp_degree=2 and sharding_degree=2 x sharding_stage 1/2/3 on 2 ranks: the
+    losses of every step and the evaluation loss equal one process on the same global
+    batches, and each stage changes what a rank holds (measured from the tensors)."""
     sharding = "Distributed.sharding.sharding_degree=2"
     layouts = {
         "dp2": [],
@@ -117,17 +121,18 @@ def test_data_parallel_and_zero_stages_on_2_ranks(tmp_path):
     single = make_engine(simple_cfg(tmp_path / "one", "Model.dropout=0.0", "Engine.eval_freq=-1"))
     single.fit()
     one = [v for v, _ in single.trainer.storage.history("total_loss").values()]
-    base = results[0]["dp2"]
-    # dp2 takes the same global batches as one process: the same losses up to AdamW's
-    # amplified rounding (gpt_reference.adam_param_tol)
-    assert base["losses"] == pytest.approx(one, abs=1e-4)
-    for stage in (1, 2, 3):
+    one_eval = single.evaluate()["loss"]
+    assert len(one) == 8
+    for name in layouts:
         for r in results:
-            run = r[f"zero{stage}"]
-            # same layout and kernels: ZeRO only changes which rank updates what
-            assert run["losses"] == pytest.approx(r["dp2"]["losses"], abs=1e-6), stage
-            assert run["eval"] == pytest.approx(r["dp2"]["eval"], abs=1e-6)
-            # each rank holds its share of the optimizer state (and, stage 3, parameters)
-            assert run["state_bytes"] < 0.75 * r["dp2"]["state_bytes"], (stage, run, r["dp2"])
-            if stage == 3:
-                assert run["param_numel"] < 0.75 * r["dp2"]["param_numel"]
+            # the same global batches as one process: the same losses at every step and the
+            # same evaluation loss, up to fp32 rounding (measured: 1.2e-7 after 8 AdamW steps)
+            assert r[name]["losses"] == pytest.approx(one, abs=1e-5), name
+            assert r[name]["eval"] == pytest.approx(one_eval, abs=1e-5), name
+    plain = [r["dp2"] for r in results]
+    for stage in (1, 2, 3):
+        runs = [r[f"zero{stage}"] for r in results]
+        # same layout and kernels: ZeRO only changes which rank updates what
+        for run, base in zip(runs, plain):
+            assert run["losses"] == pytest.approx(base["losses"], abs=1e-6), stage
+        check_zero_holdings(plain, stage, runs)

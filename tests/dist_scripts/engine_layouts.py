@@ -1,6 +1,7 @@
 """The FleetX Engine on 2 ranks with SimpleNet (a plain nn.Module): data parallel, and ZeRO
-stages 1-3 through Distributed.sharding. Per run: the losses of every step, the optimizer
-state bytes and parameter elements this rank holds."""
+stages 1-3 through Distributed.sharding. Per run: the losses of every step, the evaluation
+loss, and what this rank holds (door_memory.holdings: optimizer state, gradients when the
+optimizer steps, parameters)."""
 
 from __future__ import annotations
 
@@ -11,24 +12,20 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # projects/
 
 from common import parse_out_dir, run_checks  # noqa: E402
+from door_memory import holdings, probe_step  # noqa: E402
 from engine_helpers import make_engine, simple_cfg  # noqa: E402
-
-from libai.engine.zero import optimizer_state_bytes  # noqa: E402
 
 
 def run(out_dir: Path, name: str, overrides: list[str]) -> dict:
     cfg = simple_cfg(out_dir / name, "Model.dropout=0.0", "Engine.eval_freq=-1", *overrides)
     engine = make_engine(cfg)
+    record = probe_step(engine.optimizer, engine.runner.model)
     engine.fit()
     history = engine.trainer.storage.history("total_loss").values()
-    local = [
-        p.to_local() if hasattr(p, "to_local") else p for p in engine.runner.model.parameters()
-    ]
     return {
         "losses": [v for v, _ in history],
-        "state_bytes": optimizer_state_bytes(engine.optimizer),
-        "param_numel": sum(t.numel() for t in local),
         "eval": engine.evaluate()["loss"],
+        **holdings(engine.optimizer, engine.runner.model, record),
     }
 
 
