@@ -56,3 +56,38 @@ def task_argv(files, task, save, *extra, model=None, steps=12, micro=8) -> list[
         str(save),
         *extra,
     ]
+
+
+def compose_and_train(argv: list[str], model_dir, steps: int = 6) -> dict:
+    """Rapidformer's compose API on this rank's mesh: a DistilBERT classifier (its files: dropout off)
+    trained ``steps`` steps, each on its own global batch of 8 split over the dp ranks.
+    Returns this rank's loss of every step and what it holds (door_memory.holdings, the
+    gradients read when the optimizer's inner step runs, after the dp sync)."""
+    import torch
+    import transformers
+    from door_memory import holdings, probe_step
+
+    from libai.accelerate import AccelerateEngine
+    from libai.utils import distributed as dist
+
+    engine = AccelerateEngine(argv)
+    torch.manual_seed(0)  # the classifier head is new: the same draw on every rank and run
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(model_dir, num_labels=2)
+    model, optimizer, _ = engine.compose(model, train_iters=steps)
+    # the user calls the wrapper's step; it syncs the gradients, then steps the inner one
+    record = probe_step(optimizer.optimizer, model)
+    dp, rank = dist.get_data_parallel_size(), dist.get_data_parallel_rank()
+    losses = []
+    for step in range(steps):
+        g = torch.Generator().manual_seed(step)
+        batch = {
+            "input_ids": torch.randint(5, 50, (8, 16), generator=g),
+            "labels": torch.randint(0, 2, (8,), generator=g),
+        }
+        batch = {k: v.chunk(dp)[rank] for k, v in batch.items()}
+        loss = model(**batch).loss
+        engine.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(float(loss.detach()))
+    return {"losses": losses, **holdings(optimizer.optimizer, model, record)}

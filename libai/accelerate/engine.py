@@ -247,9 +247,15 @@ class AccelerateEngine:
     ):
         """This rank's loader of ``dataset``: for training one epoch per ``iter()`` (batches
         of ``--micro-batch-size`` x accumulation, reshuffled every epoch), for evaluation one
-        sharded pass."""
+        sharded pass (over the first ``--eval-iters`` global batches when it is set)."""
         a = self.args
         size = batch_size or a.micro_batch_size * a.num_accumulation_steps
+        if not train and a.eval_iters:
+            # --eval-iters counts global batches, as in Megatron: the first eval_iters x
+            # global batch samples, sharded, so every data-parallel size scores the same set
+            dp = self.util.layout.data_parallel_size
+            count = min(len(dataset), a.eval_iters * size * dp)
+            dataset = torch.utils.data.Subset(dataset, range(count))
         loader = build_loader(
             dataset,
             size,

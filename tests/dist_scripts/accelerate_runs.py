@@ -1,6 +1,6 @@
-"""libai.accelerate on several ranks: black-box runs (``cli``) and per-rank memory of the
-ZeRO switches (``zero``: compose a DistilBERT classifier, take one step, report this rank's
-optimizer-state bytes, parameter elements and the gradient elements it still holds)."""
+"""libai.accelerate on several ranks: black-box runs (``cli``), the sample ids of the loaders
+(``loaders``) and the ZeRO switches through compose (``zero``:
+accelerate_helpers.compose_and_train, this rank's losses and what it holds)."""
 
 from __future__ import annotations
 
@@ -10,47 +10,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from accelerate_helpers import compose_and_train  # noqa: E402
 from common import parse_out_dir, run_checks  # noqa: E402
 
 from libai.utils import distributed as dist  # noqa: E402
-
-
-def zero_memory(argv: list[str]) -> dict:
-    import torch
-    import transformers
-
-    from libai.accelerate import AccelerateEngine
-    from libai.engine.zero import optimizer_state_bytes
-
-    engine = AccelerateEngine(argv)
-    path = engine.args.pretrained_model_name_or_path
-    model = transformers.AutoModelForSequenceClassification.from_pretrained(path, num_labels=2)
-    model, optimizer, _ = engine.compose(model, train_iters=4)
-    g = torch.Generator().manual_seed(0)
-    batch = {
-        "input_ids": torch.randint(5, 50, (8, 16), generator=g),
-        "labels": torch.randint(0, 2, (8,), generator=g),
-    }
-
-    def local(t):
-        return t.to_local() if hasattr(t, "to_local") else t
-
-    # the gradients this rank holds when its optimizer steps (after the dp sync: ZeRO-2 keeps
-    # only the ones it owns); the runner clears them after the step
-    held, inner_step = [], optimizer.optimizer.step
-
-    def step(*args, **kwargs):
-        held.append(sum(local(p.grad).numel() for p in model.parameters() if p.grad is not None))
-        return inner_step(*args, **kwargs)
-
-    optimizer.optimizer.step = step
-    engine.backward(model(**batch).loss)
-    optimizer.step()
-    return {
-        "state_bytes": optimizer_state_bytes(optimizer.optimizer),
-        "param_numel": sum(local(p).numel() for p in model.parameters()),
-        "grad_numel": held[0],
-    }
 
 
 def loader_ids(argv: list[str]) -> dict:
@@ -80,7 +43,7 @@ def main():
             elif run["kind"] == "loaders":
                 results[run["name"]] = loader_ids(run["argv"])
             else:
-                results[run["name"]] = zero_memory(run["argv"])
+                results[run["name"]] = compose_and_train(run["argv"], run["model_dir"])
             dist.synchronize()
         return results
 
