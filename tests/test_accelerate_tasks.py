@@ -7,6 +7,7 @@ position below can be worked out by hand) and a tiny byte-level BPE without a pa
 from __future__ import annotations
 
 import math
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -459,6 +460,28 @@ def test_seq2seq_tensors(bert_tok):
 
 
 # ---- every task with a real tiny transformers model ------------------------------------------------
+def reference_lm_loss(name, model, dataset) -> float:
+    """Cross-entropy per predicted token over the whole set, from one forward's logits:
+    labels != -100, shifted by one for a causal LM."""
+    whole = default_collate([dataset[i] for i in range(len(dataset))])
+    model.eval()
+    with torch.no_grad():
+        logits = model(
+            **{k: v for k, v in whole.items() if k != "labels"}
+            | (
+                {"decoder_input_ids": model._shift_right(whole["labels"].clamp(min=0))}
+                if name == "seq2seq_lm"
+                else {}
+            )
+        ).logits
+    labels = whole["labels"]
+    if name == "causal_lm":
+        logits, labels = logits[:, :-1], labels[:, 1:]
+    keep = labels != IGNORE_INDEX
+    losses = torch.nn.functional.cross_entropy(logits[keep], labels[keep], reduction="sum")
+    return float(losses) / int(keep.sum())
+
+
 def run_eval(task, model, dataset, size):
     model.eval()
     sums: dict = {}
@@ -475,8 +498,20 @@ def test_real_models_sequence_and_token_classification(bert_tok):
     data = datasets.Dataset.from_dict(rows)
     prep = task.prepare(data, data, bert_tok, make_args(seq_length=8))
     config = tiny(transformers.BertConfig, vocab_size=len(bert_tok), **prep.model_kwargs)
-    metrics = run_eval(task, transformers.BertForSequenceClassification(config), prep.valid, 3)
-    assert set(metrics) == set(task.metrics) and all(math.isfinite(v) for v in metrics.values())
+    model = transformers.BertForSequenceClassification(config)
+    metrics = run_eval(task, model, prep.valid, 3)  # batches of 3 and 1
+    # the reference: one forward of all rows, accuracy and sklearn's macro F1 written out
+    whole = default_collate([prep.valid[i] for i in range(len(prep.valid))])
+    with torch.no_grad():
+        preds = model(**whole).logits.argmax(-1)
+    gold = whole["labels"]
+    f1s = []
+    for c in set(preds.tolist()) | set(gold.tolist()):
+        tp = int(((preds == c) & (gold == c)).sum())
+        f1s.append(2 * tp / (int((preds == c).sum()) + int((gold == c).sum())))
+    assert metrics == pytest.approx(
+        {"accuracy": float((preds == gold).float().mean()), "f1": sum(f1s) / len(f1s)}
+    )
 
     task = get_task("token_classification")
     rows = {
@@ -486,9 +521,35 @@ def test_real_models_sequence_and_token_classification(bert_tok):
     data = datasets.Dataset.from_dict(rows)
     prep = task.prepare(data, data, bert_tok, make_args(seq_length=8))
     config = tiny(transformers.BertConfig, vocab_size=len(bert_tok), **prep.model_kwargs)
-    metrics = run_eval(task, transformers.BertForTokenClassification(config), prep.valid, 2)
+    model = transformers.BertForTokenClassification(config)
+    metrics = run_eval(task, model, prep.valid, 2)
     assert set(metrics) == set(task.metrics) == {"precision", "recall", "f1", "accuracy"}
-    assert all(math.isfinite(v) for v in metrics.values())
+    # the reference: one forward; word-level tags (the labelled first sub-tokens); entities
+    # as seqeval's strict IOB2 finds them, here by a regular expression over the tag string
+    whole = default_collate([prep.valid[i] for i in range(len(prep.valid))])
+    with torch.no_grad():
+        preds = model(**whole).logits.argmax(-1)
+    keep = whole["labels"] != IGNORE_INDEX
+    names = task.label_names
+
+    def entities(rows):
+        found = set()
+        for r, row in enumerate(rows):
+            text = "".join(f"{names[t]} " for t in row)
+            for m in re.finditer(r"B-(\w+) (?:I-\1 )*", text):
+                found.add((r, m.start(), m.group(0)))
+        return found
+
+    p_rows = [preds[r][keep[r]].tolist() for r in range(len(preds))]
+    g_rows = [whole["labels"][r][keep[r]].tolist() for r in range(len(preds))]
+    predicted, gold = entities(p_rows), entities(g_rows)
+    assert len(gold) == 3  # PER, LOC; PER
+    precision = len(predicted & gold) / len(predicted) if predicted else 0.0
+    recall = len(predicted & gold) / len(gold)
+    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+    accuracy = float((preds[keep] == whole["labels"][keep]).float().mean())
+    want = {"precision": precision, "recall": recall, "f1": f1, "accuracy": accuracy}
+    assert metrics == pytest.approx(want)
 
 
 def test_real_models_question_answering_and_lms(bert_tok, bpe_tok):
@@ -497,8 +558,28 @@ def test_real_models_question_answering_and_lms(bert_tok, bpe_tok):
     data = qa_rows([(CONTEXT, "new york"), (CONTEXT, "john"), ("john lives in paris", "paris")])
     prep = task.prepare(data, data, bert_tok, make_args(seq_length=16))
     config = tiny(transformers.BertConfig, vocab_size=len(bert_tok))
-    metrics = run_eval(task, transformers.BertForQuestionAnswering(config), prep.valid, 2)
-    assert set(metrics) == {"exact_match", "f1"} and all(0 <= v <= 100 for v in metrics.values())
+    model = transformers.BertForQuestionAnswering(config)
+    metrics = run_eval(task, model, prep.valid, 2)
+    # the reference: every span inside the context (segment 1 without [SEP]) searched, the
+    # best start + end score predicted; SQuAD's exact match and token-overlap F1, in percent
+    whole = default_collate([prep.valid[i] for i in range(len(prep.valid))])
+    with torch.no_grad():
+        out = model(**whole)
+    em = f1 = 0.0
+    for r in range(len(whole["input_ids"])):
+        context = (whole["token_type_ids"][r] == 1) & (whole["input_ids"][r] != SEP)
+        where = context.nonzero().reshape(-1).tolist()
+        start, end = out.start_logits[r], out.end_logits[r]
+        spans = [(a, b) for a in where for b in where if a <= b]
+        pred = max(spans, key=lambda ab: float(start[ab[0]] + end[ab[1]]))
+        g = (int(whole["start_positions"][r]), int(whole["end_positions"][r]))
+        overlap = len(set(range(pred[0], pred[1] + 1)) & set(range(g[0], g[1] + 1)))
+        em += float(pred == g)
+        if overlap:
+            precision, recall = overlap / (pred[1] - pred[0] + 1), overlap / (g[1] - g[0] + 1)
+            f1 += 2 * precision * recall / (precision + recall)
+    n = len(whole["input_ids"])
+    assert metrics == pytest.approx({"exact_match": 100 * em / n, "f1": 100 * f1 / n})
 
     # perplexity: two batches of different label counts give the one-batch value
     texts = datasets.Dataset.from_dict({"text": lm_corpus(12)})
@@ -525,7 +606,8 @@ def test_real_models_question_answering_and_lms(bert_tok, bpe_tok):
         model = model_cls(config)
         split = run_eval(task, model, prep.valid, 3)["perplexity"]
         whole = run_eval(task, model, prep.valid, len(prep.valid))["perplexity"]
-        assert math.isfinite(split) and split == pytest.approx(whole, rel=1e-5)
+        assert split == pytest.approx(whole, rel=1e-5)
+        assert whole == pytest.approx(math.exp(reference_lm_loss(name, model, prep.valid)))
 
     task = get_task("seq2seq_lm")
     data = datasets.Dataset.from_dict(
@@ -549,4 +631,5 @@ def test_real_models_question_answering_and_lms(bert_tok, bpe_tok):
     model = transformers.T5ForConditionalGeneration(config)
     split = run_eval(task, model, prep.valid, 2)["perplexity"]
     whole = run_eval(task, model, prep.valid, 3)["perplexity"]
-    assert math.isfinite(split) and split == pytest.approx(whole, rel=1e-5)
+    assert split == pytest.approx(whole, rel=1e-5)
+    assert whole == pytest.approx(math.exp(reference_lm_loss("seq2seq_lm", model, prep.valid)))
