@@ -397,7 +397,12 @@ def test_data_config_file_builds_loaders(tmp_path):
         test_batch_size=2,
     )
     first = next(iter(train))
-    assert first["input_ids"].shape == (2, 16) and valid is not None
+    assert first["input_ids"].shape == (2, 16)
+    # the validation split: the 8 samples asked for, in batches of 2, inputs shifted by one
+    assert len(valid.dataset) == 8 and len(list(valid)) == 4
+    for batch in valid:
+        assert batch["input_ids"].shape == (2, 16)
+        assert torch.equal(batch["input_ids"][:, 1:], batch["labels"][:, :-1])
     assert test is None  # 1/1000 of 300 documents is no document: no test split (a warning)
     # a fully recursive instantiate (datasets built first) gives the same batches
     train2, _, _ = instantiate(

@@ -487,7 +487,9 @@ def test_t5_sentinel_sources_and_errors(t5_corpus, t5_ids):
         additional_special_tokens_ids: tuple = (998, 5, 999)
 
     assert resolve_sentinel_ids(HFStyle()) == [999, 998]
-    assert resolve_sentinel_ids(None, lambda k: 500 - k) is not None
+    by_index = resolve_sentinel_ids(None, lambda k: 500 - k)  # a callable is kept as given
+    assert [by_index(k) for k in range(3)] == [500, 499, 498]
+    assert resolve_sentinel_ids(HFStyle(), [7, 8]) == [7, 8]  # the dataset's own list wins
     ds = T5Dataset(
         "t",
         t5_ids,
@@ -808,7 +810,8 @@ def test_bert_config_with_bert_tokenizer(wordpiece, bert_corpus):
     )
     batch = next(iter(train))
     assert batch["input_ids"].shape == (2, 32) and batch["input_ids"][:, 0].eq(tokenizer.cls).all()
-    assert valid is not None and test is None
+    assert test is None
+    assert len(valid.dataset) == 4 and len(list(valid)) == 2  # the 4 samples asked for
 
 
 def test_roberta_and_t5_configs_with_their_tokenizers(tmp_path, bert_corpus):
