@@ -1,5 +1,5 @@
-"""LiBai's LR schedules through the LiBai door (a config file -> tools/train_net.py): the
-learning rate metrics.json records at every iteration equals the closed form written in
+"""Every LR schedule of libai.scheduler through the LiBai door (a config file ->
+tools/train_net.py): the learning rate metrics.json records at every iteration equals the closed form written in
 this file (≤1e-12), through the warmup ramp, the decay, the floor and after it."""
 
 from __future__ import annotations
@@ -15,9 +15,11 @@ ITERS = 12
 BASE_LR = 0.01
 
 
-def warmup(t, factor, steps):
+def warmup(t, factor, steps, method="linear"):
     if t >= steps:
         return 1.0
+    if method == "constant":
+        return factor
     return factor * (1 - t / steps) + t / steps
 
 
@@ -39,7 +41,10 @@ def recorded_lrs(tmp_path, sample_env, scheduler: str, warmup_ratio: float) -> l
         textwrap.dedent(
             f"""
             from libai.config import LazyCall, LazyConfig
-            from libai.scheduler import WarmupCosineLR, WarmupMultiStepLR
+            from libai.scheduler import (
+                WarmupCosineAnnealingLR, WarmupCosineLR, WarmupExponentialLR, WarmupLinearLR,
+                WarmupMultiStepLR, WarmupPolynomialLR, WarmupStepLR,
+            )
 
             _base = LazyConfig.load({str(ROOT / "configs" / "gpt2_pretrain.py")!r})
             model, graph, optim = _base.model, _base.graph, _base.optim
@@ -76,4 +81,57 @@ def test_warmup_multistep_equals_its_formula(tmp_path, sample_env):
     scheduler = "LazyCall(WarmupMultiStepLR)(warmup_factor=0.2, milestones=[5, 9], gamma=0.5)"
     got = recorded_lrs(tmp_path, sample_env, scheduler, 2 / ITERS)
     want = [multistep(t, 0.2, 2, [5, 9], 0.5) for t in range(ITERS)]
+    assert max(abs(g - w) for g, w in zip(got, want)) <= 1e-12, (got, want)
+
+
+W = 3  # warmup iterations of the cases below (warmup_ratio 3 / ITERS)
+SPAN = ITERS - W
+
+
+def after(t):
+    """Iterations since the warmup ended (0 during it)."""
+    return max(0, t - W)
+
+
+#: scheduler expression -> the LR at iteration t, written out (base LR x warmup x decay)
+CASES = {
+    "cosine_annealing": (
+        "LazyCall(WarmupCosineAnnealingLR)(warmup_factor=0.1, eta_min=0.002)",
+        lambda t: (
+            warmup(t, 0.1, W)
+            * (0.002 + (BASE_LR - 0.002) * 0.5 * (1 + math.cos(math.pi * after(t) / SPAN)))
+        ),
+    ),
+    "linear": (
+        "LazyCall(WarmupLinearLR)(warmup_factor=0.1, end_factor=0.25)",
+        lambda t: BASE_LR * warmup(t, 0.1, W) * (1 - 0.75 * min(1, after(t) / SPAN)),
+    ),
+    "step": (
+        "LazyCall(WarmupStepLR)(warmup_factor=0.1, step_size=4, gamma=0.3)",
+        lambda t: BASE_LR * warmup(t, 0.1, W) * 0.3 ** (t // 4),
+    ),
+    "polynomial": (
+        "LazyCall(WarmupPolynomialLR)(warmup_factor=0.1, end_learning_rate=0.001, power=2.0)",
+        lambda t: (
+            warmup(t, 0.1, W) * ((BASE_LR - 0.001) * (1 - min(after(t), SPAN) / SPAN) ** 2 + 0.001)
+        ),
+    ),
+    "exponential": (
+        "LazyCall(WarmupExponentialLR)(warmup_factor=0.1, gamma=0.8)",
+        lambda t: BASE_LR * warmup(t, 0.1, W) * 0.8 ** after(t),
+    ),
+    "constant_warmup": (
+        "LazyCall(WarmupCosineLR)(warmup_factor=0.3, warmup_method='constant')",
+        lambda t: cosine(t, 0.3, W, 0.0) / warmup(t, 0.3, W) * warmup(t, 0.3, W, "constant"),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_every_other_schedule_equals_its_formula(tmp_path, sample_env, case):
+    """The rest of libai.scheduler through a user config: each parameter set away from its
+    default, so ignoring it changes the LR."""
+    scheduler, formula = CASES[case]
+    got = recorded_lrs(tmp_path, sample_env, scheduler, W / ITERS)
+    want = [formula(t) for t in range(ITERS)]
     assert max(abs(g - w) for g, w in zip(got, want)) <= 1e-12, (got, want)
