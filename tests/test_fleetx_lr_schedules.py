@@ -31,13 +31,14 @@ def fleetx_linear(t, learning_rate, total_steps, warmup):
     return learning_rate * max(0.0, 1.0 - t / total_steps)
 
 
-def reported_lrs(tmp_path, lr_section: dict) -> list[float]:
-    """The LR of every step of a SimpleNet run with ``Optimizer.lr = lr_section``."""
+def reported_lrs(tmp_path, lr_section) -> list[float]:
+    """The LR of every step of a SimpleNet run with ``Optimizer.lr = lr_section`` (a section
+    or a bare number)."""
     cfg = simple_cfg(
         tmp_path, f"Engine.max_steps={STEPS}", "Engine.num_train_epochs=6", "Engine.logging_freq=1"
     )
     cfg.Engine.eval_freq = 10 * STEPS
-    cfg.Optimizer.lr = OmegaConf.create(lr_section)
+    cfg.Optimizer.lr = OmegaConf.create(lr_section) if isinstance(lr_section, dict) else lr_section
     engine = make_engine(cfg, module_cls=RecordingModule)
     engine.fit()
     ends = [p for name, p in engine.module.calls if name == "training_step_end"]
@@ -67,3 +68,9 @@ def test_linear_decay_with_warmup_equals_fleetx(tmp_path, warmup):
     got = reported_lrs(tmp_path, section)
     want = [fleetx_linear(t, 0.1, 10, warmup) for t in range(STEPS)]
     assert max(abs(g - w) for g, w in zip(got, want)) <= 1e-12, (got, want)
+
+
+@pytest.mark.parametrize("section", [{"name": "Constant", "learning_rate": 0.03}, 0.03])
+def test_constant_learning_rate(tmp_path, section):
+    """``Optimizer.lr: {name: Constant, learning_rate: x}`` or a bare number: x at every step."""
+    assert reported_lrs(tmp_path, section) == [0.03] * STEPS
