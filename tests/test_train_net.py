@@ -151,6 +151,36 @@ def test_two_process_run_killed_mid_run_resumes_bitwise(sample_env, tmp_path):
     assert_resumed_bitwise(straight, killed, saved + 1, 11)
 
 
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_resume_under_mixed_precision_continues_bitwise(sample_env, tmp_path, dtype):
+    """train.amp in each dtype it offers: resuming from an iteration-2 checkpoint gives the
+    uninterrupted run's losses bit for bit (fp16: the loss scaler's state comes back too,
+    so it starts from a scale that its first steps have already lowered)."""
+    common = (
+        "train.train_iter=6",
+        "train.checkpointer.period=3",
+        "train.evaluation.enabled=False",
+        "train.amp.enabled=True",
+        f"train.amp.dtype={dtype}",
+        # fp16: a scale that overflows on the first two steps only (halved twice), so a
+        # resume that lost the scaler's state would skip its first step again
+        "train.amp.init_scale=3e6",
+    )
+    out = tmp_path / "run"
+    train_net(sample_env, out, *common)
+    straight = read_metrics(out)
+    if dtype == "fp16":
+        assert [straight[i]["found_inf"] for i in range(6)] == [1, 1, 0, 0, 0, 0], straight
+    (out / "last_checkpoint").write_text("model_0000002\n")
+    (out / "metrics.json").unlink()
+    proc = train_net(sample_env, out, *common, extra_args=("--resume",))
+    assert "Resumed at iteration 3" in proc.stdout + proc.stderr
+    resumed = read_metrics(out)
+    assert sorted(resumed) == [3, 4, 5]
+    for i in (3, 4, 5):
+        assert resumed[i]["total_loss"] == straight[i]["total_loss"], (i, resumed, straight)
+
+
 def test_resume_without_checkpoint_starts_fresh_and_says_so(sample_env, tmp_path):
     proc = train_net(
         sample_env,
