@@ -202,9 +202,40 @@ def dp2_tp2_layout(root: Path) -> dict:
     }
 
 
-def assert_exported(path, hf_cls, want: dict) -> None:
-    """The checkpoint exported to ``path`` reloads with ``hf_cls`` to exactly ``want``."""
+#: config.json entries an export may write differently: bookkeeping, not the model
+CONFIG_BOOKKEEPING = {
+    "_name_or_path",
+    "transformers_version",
+    "architectures",
+    "dtype",
+    "torch_dtype",
+}
+
+
+def assert_same_config(path, source) -> None:
+    """Every setting of ``source``'s config (with transformers' defaults filled in) has the
+    same value in the config exported to ``path``: an export that writes a default instead
+    of the model's value (an epsilon, the RoPE base, T5's buckets) fails here."""
+    import transformers
+
+    want = transformers.AutoConfig.from_pretrained(source).to_dict()
+    got = transformers.AutoConfig.from_pretrained(path).to_dict()
+    if want.get("model_type") == "gpt2" and want.get("n_inner") is None:
+        want["n_inner"] = 4 * want["n_embd"]  # None means 4 x n_embd: the export says so
+    differ = {
+        k: (got.get(k, "<missing>"), v)
+        for k, v in want.items()
+        if k not in CONFIG_BOOKKEEPING and got.get(k, "<missing>") != v
+    }
+    assert not differ, f"exported config differs from the source (got, want): {differ}"
+
+
+def assert_exported(path, hf_cls, want: dict, source=None) -> None:
+    """The checkpoint exported to ``path`` reloads with ``hf_cls`` to exactly ``want``;
+    with ``source`` (the loaded directory), its config equals the source's too."""
     got = hf_cls.from_pretrained(path).state_dict()
     assert set(got) == set(want)
     for name, value in want.items():
         assert torch.equal(got[name], value), name
+    if source is not None:
+        assert_same_config(path, source)

@@ -28,6 +28,11 @@ def gpt2_case(tmp_path_factory):
         resid_pdrop=0.0,
         bos_token_id=0,
         eos_token_id=0,
+        # away from the defaults: a loader ignoring one fails parity
+        layer_norm_epsilon=1e-3,
+        n_inner=48,
+        activation_function="gelu",
+        initializer_range=0.05,
     )
     hf = transformers.GPT2LMHeadModel(config)
     hf.save_pretrained(root / "hf")
@@ -51,15 +56,17 @@ def test_single_process(gpt2_case):
         case, str(root / "hf"), {"export_dir": str(root / "out1"), "max_shard_size": 20_000}
     )
     assert (root / "out1" / "model.safetensors.index.json").exists()
-    hf_parity.assert_exported(root / "out1", transformers.GPT2LMHeadModel, state)
+    hf_parity.assert_exported(
+        root / "out1", transformers.GPT2LMHeadModel, state, source=root / "hf"
+    )
 
 
 def test_tp2_and_pp2(gpt2_case):
     root, case, state = gpt2_case
     layouts = [hf_parity.tp2_layout(root), hf_parity.pp2_layout(root)]
     check_layouts(case, str(root / "hf"), 2, layouts)
-    hf_parity.assert_exported(root / "tp2", transformers.GPT2LMHeadModel, state)
-    hf_parity.assert_exported(root / "pp2", transformers.GPT2LMHeadModel, state)
+    hf_parity.assert_exported(root / "tp2", transformers.GPT2LMHeadModel, state, source=root / "hf")
+    hf_parity.assert_exported(root / "pp2", transformers.GPT2LMHeadModel, state, source=root / "hf")
 
 
 def test_dp2_tp2_and_tp2_pp2(gpt2_case):
@@ -78,5 +85,9 @@ def test_dp2_tp2_and_tp2_pp2(gpt2_case):
         },
     ]
     check_layouts(case, str(root / "hf"), 4, layouts)
-    hf_parity.assert_exported(root / "dp2tp2", transformers.GPT2LMHeadModel, state)
-    hf_parity.assert_exported(root / "tp2pp2", transformers.GPT2LMHeadModel, state)
+    hf_parity.assert_exported(
+        root / "dp2tp2", transformers.GPT2LMHeadModel, state, source=root / "hf"
+    )
+    hf_parity.assert_exported(
+        root / "tp2pp2", transformers.GPT2LMHeadModel, state, source=root / "hf"
+    )

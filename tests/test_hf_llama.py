@@ -31,6 +31,7 @@ SHAPES = dict(
     vocab_size=VOCAB,
     max_position_embeddings=64,
     attention_dropout=0.0,
+    rms_norm_eps=1e-2,  # away from every default (1e-6 / 1e-5): a loader ignoring it fails
 )
 LLAMA3_ROPE = {
     "rope_type": "llama3",
@@ -43,8 +44,8 @@ LLAMA3_ROPE = {
 
 def build_hf(kind: str):
     torch.manual_seed({"llama": 0, "llama3": 1, "qwen2": 2}[kind])
-    if kind == "llama":
-        return transformers.LlamaForCausalLM(transformers.LlamaConfig(**SHAPES))
+    if kind == "llama":  # a RoPE base of neither 1e4 (the default) nor llama3's 5e5
+        return transformers.LlamaForCausalLM(transformers.LlamaConfig(**SHAPES, rope_theta=3e4))
     if kind == "llama3":
         config = transformers.LlamaConfig(
             **SHAPES, rope_theta=500000.0, rope_scaling=LLAMA3_ROPE, tie_word_embeddings=True
@@ -98,7 +99,14 @@ def test_single_process_parity_and_export(cases, kind):
     assert config["model_type"] == ("qwen2" if kind == "qwen2" else "llama")
     assert config["architectures"] == [hf_cls.__name__]
     assert (out / "model.safetensors.index.json").exists()
-    hf_parity.assert_exported(out, hf_cls, state)
+    hf_parity.assert_exported(out, hf_cls, state, source=root / "hf")
+    # the settings the short parity batch barely feels, read from the loaded modules
+    dist.setup_dist_util({})
+    model = load_huggingface(str(root / "hf"))
+    hf = hf_cls.from_pretrained(root / "hf")
+    assert torch.equal(model.model.rotary_emb.inv_freq, hf.model.rotary_emb.inv_freq), kind
+    eps = {m.eps for m in model.modules() if hasattr(m, "eps")}
+    assert eps == {1e-2}, eps
 
 
 def test_padded_batch_with_ignored_labels(tmp_path):
@@ -115,8 +123,8 @@ def test_tp2_and_pp2(cases):
     results = check_layouts(case_path, str(root / "hf"), 2, layouts)
     # pp: each stage checks only its own parameters' gradients, the two stages together all
     assert sum(r["grads_checked"] for r in results["pp2"]) >= results["tp2"][0]["grads_checked"]
-    hf_parity.assert_exported(root / "tp2", hf_cls, state)
-    hf_parity.assert_exported(root / "pp2", hf_cls, state)
+    hf_parity.assert_exported(root / "tp2", hf_cls, state, source=root / "hf")
+    hf_parity.assert_exported(root / "pp2", hf_cls, state, source=root / "hf")
 
 
 def test_dp2_tp2(cases):
@@ -124,7 +132,7 @@ def test_dp2_tp2(cases):
     root, case_path, hf_cls, state = cases("qwen2")
     layouts = [hf_parity.dp2_tp2_layout(root)]
     check_layouts(case_path, str(root / "hf"), 4, layouts)
-    hf_parity.assert_exported(root / "dp2tp2", hf_cls, state)
+    hf_parity.assert_exported(root / "dp2tp2", hf_cls, state, source=root / "hf")
 
 
 # ---- generation with a KV cache ---------------------------------------------------------------

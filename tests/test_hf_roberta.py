@@ -30,6 +30,7 @@ def tiny_config(**kw):
         type_vocab_size=1,
         hidden_dropout_prob=0.0,
         attention_probs_dropout_prob=0.0,
+        layer_norm_eps=1e-3,  # away from the defaults: a loader ignoring it fails parity
         **kw,
     )
 
@@ -114,15 +115,21 @@ def test_masked_lm_single_process(mlm_case):
     root, case, state = mlm_case
     result = check_single_process(case, str(root / "hf"), {"export_dir": str(root / "out1")})
     assert "out_logits" in result and result["grads_checked"] >= 30
-    hf_parity.assert_exported(root / "out1", transformers.RobertaForMaskedLM, state)
+    hf_parity.assert_exported(
+        root / "out1", transformers.RobertaForMaskedLM, state, source=root / "hf"
+    )
 
 
 def test_masked_lm_tp2_and_pp2(mlm_case):
     root, case, state = mlm_case
     layouts = [hf_parity.tp2_layout(root), hf_parity.pp2_layout(root, max_shard_size=None)]
     check_layouts(case, str(root / "hf"), 2, layouts)
-    hf_parity.assert_exported(root / "tp2", transformers.RobertaForMaskedLM, state)
-    hf_parity.assert_exported(root / "pp2", transformers.RobertaForMaskedLM, state)
+    hf_parity.assert_exported(
+        root / "tp2", transformers.RobertaForMaskedLM, state, source=root / "hf"
+    )
+    hf_parity.assert_exported(
+        root / "pp2", transformers.RobertaForMaskedLM, state, source=root / "hf"
+    )
 
 
 def test_causal_lm_single_process(causal_case):
@@ -132,14 +139,18 @@ def test_causal_lm_single_process(causal_case):
         case, str(root / "hf"), {"model": model_path, "export_dir": str(root / "out1")}
     )
     assert "out_logits" in result
-    hf_parity.assert_exported(root / "out1", transformers.RobertaForCausalLM, state)
+    hf_parity.assert_exported(
+        root / "out1", transformers.RobertaForCausalLM, state, source=root / "hf"
+    )
 
 
 def test_causal_lm_dp2_tp2(causal_case):
     root, case, state = causal_case
     layouts = [hf_parity.dp2_tp2_layout(root)]
     check_layouts(case, str(root / "hf"), 4, layouts)
-    hf_parity.assert_exported(root / "dp2tp2", transformers.RobertaForCausalLM, state)
+    hf_parity.assert_exported(
+        root / "dp2tp2", transformers.RobertaForCausalLM, state, source=root / "hf"
+    )
 
 
 def test_causal_lm_is_causal_and_picked_from_config(causal_case):

@@ -30,6 +30,7 @@ COMMON = dict(
     relative_attention_num_buckets=8,
     relative_attention_max_distance=16,
     decoder_start_token_id=0,
+    layer_norm_epsilon=1e-3,  # away from the default: a loader ignoring it fails parity
 )
 PP = {"pipeline_parallel_size": 2, "pipeline_num_layers": 4}
 PP_LAYOUTS = [  # layers: encoder 0, 1 then decoder 2, 3
@@ -128,6 +129,7 @@ def assert_exported(path, hf) -> None:
     config = json.loads((path / "config.json").read_text())
     assert config["architectures"] == [type(hf).__name__]
     assert config["model_type"] == hf.config.model_type
+    hf_parity.assert_same_config(path, path.parent / "hf")
 
 
 @pytest.mark.parametrize("kind", ["t5", "mt5"])

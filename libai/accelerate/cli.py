@@ -166,7 +166,7 @@ def main(argv=None) -> int:
     runner_model = TaskFinetuner(engine, prepared, tokenizer, task.name == "pretraining")
     model = runner_model.train()
     out = os.path.join(args.save, "hf")
-    save_pretrained(model, out, tokenizer, args.pretrained_model_name_or_path)
+    save_pretrained(model, out, tokenizer)
     if dist.is_main_process():
         logger.info("Trained model written to %s (transformers' from_pretrained loads it)", out)
     return 0

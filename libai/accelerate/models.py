@@ -148,27 +148,9 @@ def build_model(
     return HFTaskModel(hf), False
 
 
-#: config.json keys a zoo export may leave out that the source checkpoint had (token ids)
-CARRIED_CONFIG_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")
-
-
-def _carry_config(path: str, source_dir: str) -> None:
-    """Copy the source checkpoint's special token ids into ``path``'s config.json where the
-    export left them out (transformers would otherwise fall back to its own defaults)."""
-    with open(os.path.join(source_dir, "config.json"), encoding="utf-8") as f:
-        source = json.load(f)
-    target_file = os.path.join(path, "config.json")
-    with open(target_file, encoding="utf-8") as f:
-        target = json.load(f)
-    missing = {k: source[k] for k in CARRIED_CONFIG_KEYS if k in source and k not in target}
-    if missing:
-        with open(target_file, "w", encoding="utf-8") as f:
-            json.dump({**target, **missing}, f, indent=2, sort_keys=True)
-
-
-def save_pretrained(model: nn.Module, path: str, tokenizer=None, source_dir=None) -> None:
+def save_pretrained(model: nn.Module, path: str, tokenizer=None) -> None:
     """Write ``model`` as a Hugging Face directory ``path`` (collective): a zoo model through
-    its loader's export (with ``source_dir``'s special token ids), a transformers module with
+    its loader's export (which carries the source checkpoint's other settings), a transformers module with
     its full state dict (gathered from ZeRO-3 shards) by rank 0. The tokenizer's files go
     along."""
     if isinstance(model, HFTaskModel):
@@ -185,8 +167,6 @@ def save_pretrained(model: nn.Module, path: str, tokenizer=None, source_dir=None
         from libai.models.utils import save_huggingface
 
         save_huggingface(model, path)
-        if source_dir and dist.is_main_process():
-            _carry_config(path, source_dir)
     if tokenizer is not None and dist.is_main_process():
         tokenizer.save_pretrained(path)
     dist.synchronize()

@@ -129,12 +129,29 @@ def export_weights(
     return weight_map, total_size
 
 
+#: config.json entries never carried from the loaded checkpoint: bookkeeping
+NOT_CARRIED = ("_name_or_path", "transformers_version", "architectures", "torch_dtype", "dtype")
+
+
+def carry_source_settings(hf_config: dict, model: nn.Module) -> dict:
+    """``hf_config`` plus every setting of the checkpoint ``model`` was loaded from (by
+    ``load_huggingface``) that the export does not write itself: what the libai config does
+    not model (special token ids, label names, tokenizer class, ...) comes back unchanged
+    instead of falling to transformers' defaults. A model built without a checkpoint
+    exports ``hf_config`` as is."""
+    source = getattr(model, "libai_hf_source_config", None) or {}
+    carried = {k: v for k, v in source.items() if k not in hf_config and k not in NOT_CARRIED}
+    return {**hf_config, **carried}
+
+
 def save_huggingface(
     model: nn.Module, path: str, *, loader=None, dtype=None, max_shard_size: int = 5 * 2**30
 ) -> None:
     """Save ``model`` (any layout, pruned to its pipeline stages or not) to ``path`` as a
-    Hugging Face directory: ``config.json`` and safetensors (sharded with an index when the
-    weights exceed ``max_shard_size`` bytes). Collective: every rank must call it.
+    Hugging Face directory: ``config.json`` (with the settings of the checkpoint it was
+    loaded from that libai does not model: :func:`carry_source_settings`) and safetensors
+    (sharded with an index when the weights exceed ``max_shard_size`` bytes). Collective:
+    every rank must call it.
     """
     from libai.models.utils import loader_for_model
 
@@ -148,7 +165,7 @@ def save_huggingface(
     )
     dist.synchronize()
     if dist.is_main_process():
-        hf_config = loader.hf_config(cfg, model)
+        hf_config = carry_source_settings(loader.hf_config(cfg, model), model)
         if dtype is not None:
             hf_config["torch_dtype"] = str(dtype).removeprefix("torch.")
         with open(os.path.join(path, CONFIG), "w", encoding="utf-8") as f:

@@ -119,6 +119,9 @@ class ModelLoaderHuggerFace:
             self.base_model_prefix,
             self.optional_missing,
         )
+        # what the export carries over that the libai config does not model (token ids,
+        # label names, ...): see save_huggingface
+        model.libai_hf_source_config = dict(hf_config)
         return model
 
     def _default_class(self, hf_config: dict) -> type:

@@ -149,7 +149,6 @@ class LlamaLoaderHuggerFace(ModelLoaderHuggerFace):
             out.update(
                 use_sliding_window=False,
                 sliding_window=None,
-                max_window_layers=layers,
                 layer_types=["full_attention"] * layers,
             )
         else:
