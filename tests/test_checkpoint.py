@@ -539,3 +539,49 @@ def test_tied_copy_and_padding_are_layout_independent(tmp_path, declare):
             other_opt.state[p]["momentum_buffer"][:10],
             optimizer.state[model.embed]["momentum_buffer"][:10],
         )
+
+
+class _EvalLoop:
+    """The engine's loop (TrainerBase) with an evaluation that returns the next value of
+    ``metrics`` and a checkpointer that records what it is asked to save."""
+
+    def __init__(self, metrics, mode, period=2, max_iter=6):
+        from libai.engine.hooks import BestCheckpointer, EvalHook
+        from libai.engine.trainer import TrainerBase
+
+        values = iter(metrics)
+        saved = self.saved = []
+
+        class Recorder:
+            def save(self, name, **extra):
+                saved.append((name, extra["iteration"]))
+
+        class Loop(TrainerBase):
+            def run_step(self):
+                pass
+
+            def checkpoint_extra(self):  # the last completed iteration, as EagerTrainer's
+                return {"iteration": min(self.iter, self.max_iter - 1)}
+
+        self.loop = Loop()
+        self.loop.register_hooks(
+            [
+                EvalHook(period, lambda: {"ppl": next(values)}),
+                BestCheckpointer(period, Recorder(), "ppl", mode=mode),
+            ]
+        )
+        self.loop.train(0, max_iter)
+
+
+@pytest.mark.parametrize(
+    "mode, metrics, saved_at",
+    [
+        ("min", [3.0, 1.0, 2.0], [1, 3]),  # evaluations after iterations 1, 3 and 5
+        ("max", [3.0, 1.0, 2.0], [1]),
+        ("max", [1.0, 3.0, 2.0], [1, 3]),
+        ("min", [2.0, float("nan"), 1.0], [1, 5]),  # a nan never becomes the best
+    ],
+)
+def test_best_checkpointer_saves_only_improvements(mode, metrics, saved_at):
+    loop = _EvalLoop(metrics, mode)
+    assert loop.saved == [("model_best", i) for i in saved_at]

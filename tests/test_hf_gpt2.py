@@ -10,6 +10,9 @@ import torch.nn.functional as F
 import transformers
 from hf_parity import check_layouts, check_single_process, hf_reference, save_case
 
+from libai.models.utils import load_huggingface
+from libai.utils import distributed as dist
+
 VOCAB = 101
 
 
@@ -91,3 +94,25 @@ def test_dp2_tp2_and_tp2_pp2(gpt2_case):
     hf_parity.assert_exported(
         root / "tp2pp2", transformers.GPT2LMHeadModel, state, source=root / "hf"
     )
+
+
+def test_kv_cache_without_position_ids_continues_the_positions(gpt2_case):
+    """GPTModel with a KV cache and no position_ids (a caller that leaves positions to the
+    model): each cached step takes the positions after the cached ones, so the steps'
+    logits equal one forward over the whole sequence, which equals transformers."""
+    root, _, _ = gpt2_case
+    dist.setup_dist_util({})
+    model = load_huggingface(str(root / "hf")).eval()
+    gpt = model.GPT_model
+    ids = torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        full = gpt.lm_head.gather(gpt(ids))
+        logits, past = gpt(ids[:, :4], use_cache=True)
+        steps = [gpt.lm_head.gather(logits)]
+        for t in range(4, 9):
+            logits, past = gpt(ids[:, t : t + 1], past_key_values=past, use_cache=True)
+            steps.append(gpt.lm_head.gather(logits))
+        hf = transformers.GPT2LMHeadModel.from_pretrained(root / "hf").eval()
+        want = hf(ids).logits
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=0)
+    torch.testing.assert_close(full, want, atol=1e-5, rtol=0)

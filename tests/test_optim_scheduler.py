@@ -70,9 +70,15 @@ def _decay_of(groups):
 # ----------------------------------------------------------------------------- param groups
 
 
-def test_param_groups_no_decay_on_norms_and_biases():
+@pytest.mark.parametrize("norm, bias", [(0.0, 0.0), (0.05, 0.02)])
+def test_param_groups_no_decay_on_norms_and_biases(norm, bias):
+    """weight_decay_norm for the parameters of normalization layers, weight_decay_bias for
+    every bias (a norm's bias too: detectron2 / LiBai apply the bias rule last); the values
+    away from 0 make ignoring either visible."""
     model = _Mixed()
-    groups = get_default_optimizer_params(model, weight_decay=0.1)
+    groups = get_default_optimizer_params(
+        model, weight_decay=0.1, weight_decay_norm=norm, weight_decay_bias=bias
+    )
     decay = _decay_of(groups)
     trainable = [p for p in model.parameters() if p.requires_grad]
     flat = [p for g in groups for p in g["params"]]
@@ -83,9 +89,9 @@ def test_param_groups_no_decay_on_norms_and_biases():
             if not p.requires_grad:
                 continue
             is_norm = name in {"ln", "rms", "torch_ln", "bn", "gn", "torch_rms"}
-            expected = 0.0 if (is_norm or pname == "bias") else 0.1
+            expected = bias if pname == "bias" else norm if is_norm else 0.1
             assert decay[id(p)] == expected, f"{name}.{pname}"
-    assert len(groups) == 2  # merged by hyperparameters
+    assert len(groups) == len({0.1, norm, bias})  # merged by hyperparameters
 
 
 def test_param_groups_on_gpt_keep_every_parameter_once():
