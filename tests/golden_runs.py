@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent
-sys.path.insert(0, str(TESTS))
+sys.path[:0] = [str(TESTS), str(TESTS.parent)]  # the helpers, then this checkout (projects/)
 
 from accelerate_helpers import task_argv  # noqa: E402
 from engine_helpers import SIMPLE_NET, SMALL, TINY_GPT_YAML, run_tool  # noqa: E402
