@@ -35,8 +35,8 @@ setup(
         # libai.accelerate (libai-accelerate): unmodified Hugging Face models on local data
         "accelerate": ["transformers", "datasets"],
         # transformers: the reference models of the parity tests and the benchmarks' baseline;
-        # jinja2: chat templates (projects/chat_sft)
-        "test": ["pytest>=7", "ruff", "transformers", "datasets", "jinja2>=3.1"],
+        # jinja2: chat templates (projects/chat_sft); import-linter: the import rule
+        "test": ["pytest>=7", "ruff", "transformers", "datasets", "jinja2>=3.1", "import-linter"],
     },
     entry_points={"console_scripts": ["libai-accelerate=libai.accelerate.cli:console_main"]},
 )

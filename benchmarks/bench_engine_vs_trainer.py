@@ -31,9 +31,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from libai.config import LazyConfig  # noqa: E402
-from libai.config.yaml_config import load_yaml_config  # noqa: E402
 from libai.engine import DefaultTrainer, Engine, default_setup  # noqa: E402
-from libai.engine.yaml_setup import build_module, setup_yaml_run  # noqa: E402
+from libai.fleetx.yaml_config import load_yaml_config  # noqa: E402
+from libai.fleetx.yaml_setup import build_module, setup_yaml_run  # noqa: E402
 from libai.utils.events import EventStorage  # noqa: E402
 
 TARGET_RATIO = 1.02

@@ -12,7 +12,7 @@ tokens: ``--warmup`` AdamW steps (global-norm clipping at 1.0), then ``--steps``
   buffer, allocator cache and communication buffer took;
 - **state**: per rank, tracked tensor bytes of parameters + gradients (at their peak, after
   the last backward) + optimizer state, measured on the live tensors;
-- **predicted**: :func:`libai.utils.memory_estimator.estimate_config` for the same config:
+- **predicted**: :func:`libai.runtime.memory_estimator.estimate_config` for the same config:
   its state (params + grads + optimizer) and its total (state + activations in flight).
 
     python benchmarks/bench_zero_memory.py                  # all rows, a few minutes on CPU
@@ -88,11 +88,11 @@ def worker(args) -> None:
     import torch
 
     from libai.config import LazyConfig, instantiate, resolve_batch_sizes
-    from libai.engine.core import build_runner, shard_optimizer_for
-    from libai.engine.zero import optimizer_state_bytes
     from libai.optim import build_optimizer
+    from libai.runtime.core import build_runner, shard_optimizer_for
+    from libai.runtime.memory_estimator import estimate_config
+    from libai.runtime.zero import optimizer_state_bytes
     from libai.utils import distributed as dist
-    from libai.utils.memory_estimator import estimate_config
 
     cfg = LazyConfig.apply_overrides(LazyConfig.load(str(CONFIG)), args.opts)
     world = int(os.environ["WORLD_SIZE"])

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from libai.engine.parallel import ModelRunner
 from libai.models import GPTForPreTraining, LlamaForCausalLM
+from libai.runtime.parallel import ModelRunner
 from libai.utils import distributed as dist
 
 SEED = 4321

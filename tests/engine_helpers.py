@@ -9,9 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from libai.config.yaml_config import load_yaml_config
-from libai.engine import Engine
-from libai.engine.yaml_setup import build_module, setup_yaml_run
+from libai.fleetx import Engine
+from libai.fleetx.yaml_config import load_yaml_config
+from libai.fleetx.yaml_setup import build_module, setup_yaml_run
 from projects.simple_net.module import SimpleNetModule
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from libai.engine.parallel import ModelRunner
 from libai.models import GPTForPreTraining
+from libai.runtime.parallel import ModelRunner
 from libai.utils import distributed as dist
 
 TINY_GPT = dict(

@@ -79,13 +79,13 @@ def run_case(case_path: str, hf_dir: str, spec: dict) -> dict:
     """
     import importlib
 
-    from libai.engine.parallel import ModelRunner
     from libai.models.utils import (
         get_loader_class,
         load_huggingface,
         read_hf_config,
         save_huggingface,
     )
+    from libai.runtime.parallel import ModelRunner
     from libai.utils import distributed as dist
 
     case = torch.load(case_path, weights_only=False)

@@ -6,10 +6,10 @@ import torch
 from memory_probe import held_activation_bytes
 
 from libai.config import LazyCall
-from libai.engine.parallel import ModelRunner
-from libai.engine.zero import optimizer_state_bytes
 from libai.models import GPTForPreTraining, LlamaForCausalLM
-from libai.utils.memory_estimator import TrainSettings, estimate_memory
+from libai.runtime.memory_estimator import TrainSettings, estimate_memory
+from libai.runtime.parallel import ModelRunner
+from libai.runtime.zero import optimizer_state_bytes
 
 #: big enough that per-token terms dominate the per-block constants (RNG state, stats)
 ACT_GPT = dict(

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from libai.engine.amp_lists import TORCH_FUNCTIONS, AutocastOpLists, resolve_op_names
+from libai.runtime.amp_lists import TORCH_FUNCTIONS, AutocastOpLists, resolve_op_names
 
 BLACK_KEY = "Engine.mix_precision.custom_black_list"
 
@@ -132,7 +132,7 @@ def test_black_elementwise_and_operators():
 
 
 def test_kwargs_and_nested_sequences_are_cast():
-    from libai.engine.amp_lists import _cast
+    from libai.runtime.amp_lists import _cast
 
     a, i = torch.randn(2).bfloat16(), torch.tensor([1])
     cast = _cast((a, [a, (a, i)], 3), (torch.bfloat16,), torch.float32)
@@ -226,7 +226,7 @@ def test_black_linear_equals_fp32_exactly():
 
 def test_mode_is_off_inside_its_own_torch_function():
     """The inner call of a listed op is not intercepted again (no recursion, one dispatch)."""
-    from libai.engine import amp_lists
+    from libai.runtime import amp_lists
 
     calls = []
     orig = amp_lists._OpListMode.__torch_function__

@@ -546,8 +546,8 @@ class _EvalLoop:
     ``metrics`` and a checkpointer that records what it is asked to save."""
 
     def __init__(self, metrics, mode, period=2, max_iter=6):
-        from libai.engine.hooks import BestCheckpointer, EvalHook
-        from libai.engine.trainer import TrainerBase
+        from libai.runtime.hooks import BestCheckpointer, EvalHook
+        from libai.runtime.trainer import TrainerBase
 
         values = iter(metrics)
         saved = self.saved = []

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from libai.engine.core import resolve_compile
 from libai.models import GPTForPreTraining, LlamaForCausalLM
+from libai.runtime.core import resolve_compile
 from libai.utils import distributed as dist
 
 

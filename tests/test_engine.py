@@ -12,7 +12,7 @@ import torch
 from engine_helpers import SIMPLE_NET, RecordingModule, make_engine, run_tool, simple_cfg
 from train_net_helpers import read_metrics
 
-from libai.config.yaml_config import load_yaml_config
+from libai.fleetx.yaml_config import load_yaml_config
 from libai.utils.checkpoint import Checkpointer
 
 

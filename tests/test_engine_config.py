@@ -8,8 +8,8 @@ import textwrap
 import pytest
 from engine_helpers import SIMPLE_NET, make_engine, run_tool, simple_cfg
 
-from libai.config.yaml_config import YAMLConfigError, load_yaml_config, resolve_batch_config
-from libai.engine import yaml_setup
+from libai.fleetx import yaml_setup
+from libai.fleetx.yaml_config import YAMLConfigError, load_yaml_config, resolve_batch_config
 from libai.utils import distributed as dist
 
 

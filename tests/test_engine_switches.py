@@ -12,7 +12,7 @@ from door_memory import check_zero_holdings
 from engine_helpers import RecordingModule, make_engine, simple_cfg
 from launch import torchrun
 
-from libai.engine.trainer import to_device
+from libai.runtime.trainer import to_device
 
 AMP = ["Engine.mix_precision.enable=true", "Engine.mix_precision.dtype=bfloat16"]
 

@@ -13,7 +13,7 @@ from engine_helpers import ROOT, make_engine, run_tool
 from train_net_helpers import read_metrics
 from zoo_data import build_image_folder, build_sft_files, build_text_classification
 
-from libai.config.yaml_config import load_yaml_config
+from libai.fleetx.yaml_config import load_yaml_config
 
 CONFIGS = ROOT / "configs" / "fleetx"
 

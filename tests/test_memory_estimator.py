@@ -1,4 +1,4 @@
-"""The memory estimator (libai.utils.memory_estimator, tools/estimate_memory.py).
+"""The memory estimator (libai.runtime.memory_estimator, tools/estimate_memory.py).
 
 Parameter, gradient and optimizer-state bytes per rank equal what real runs hold, exactly:
 one process through the trainer's config path (AdamW, SGD with and without momentum), and
@@ -22,14 +22,14 @@ from launch import torchrun
 from memory_cases import ACT_RTOL, activation_case, local_bytes, measured_state
 
 from libai.config import LazyConfig, instantiate
-from libai.engine.parallel import ModelRunner
 from libai.optim import build_optimizer
-from libai.utils import distributed as dist
-from libai.utils.memory_estimator import (
+from libai.runtime.memory_estimator import (
     estimate_config,
     fsdp_shard_numel,
     in_flight_micro_batches,
 )
+from libai.runtime.parallel import ModelRunner
+from libai.utils import distributed as dist
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "configs" / "gpt2_pretrain.py"

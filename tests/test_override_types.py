@@ -18,7 +18,7 @@ from libai.config.overrides import (
     OverrideTypeError,
     check_override_type,
 )
-from libai.config.yaml_config import load_yaml_config
+from libai.fleetx.yaml_config import load_yaml_config
 from libai.utils.cli import INPUT_ERRORS
 
 GPT2_CONFIG = ROOT / "configs" / "gpt2_pretrain.py"

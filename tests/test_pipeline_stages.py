@@ -11,7 +11,7 @@ import pytest
 import torch
 from launch import torchrun
 
-from libai.engine.pipeline_stages import check_schedule_microbatches, check_stage_outputs
+from libai.runtime.pipeline_stages import check_schedule_microbatches, check_stage_outputs
 
 
 def _torch_accepts(schedule: str, n: int, pp: int) -> bool:

@@ -9,9 +9,9 @@ import torch
 from memory_probe import held_activation_bytes
 from torch import nn
 
-from libai.engine.amp import DynamicLossScaler, resolve_amp_dtype
-from libai.engine.parallel import ModelRunner
 from libai.models import GPTForPreTraining
+from libai.runtime.amp import DynamicLossScaler, resolve_amp_dtype
+from libai.runtime.parallel import ModelRunner
 from libai.utils import distributed as dist
 
 GPT = dict(
@@ -193,7 +193,7 @@ def test_the_training_step_does_not_read_the_device():
     """The loop keeps each step's loss and gradient norm as device tensors: they are read
     back when a writer logs them (one transfer for a window) and the finiteness check runs
     at the logging period, not every step."""
-    from libai.engine.trainer import EagerTrainer
+    from libai.runtime.trainer import EagerTrainer
     from libai.utils.events import EventStorage
 
     model = make_model()

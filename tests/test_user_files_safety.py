@@ -186,7 +186,7 @@ def test_fleetx_gpt_on_the_users_own_files_writes_nothing_to_them(user_data, tmp
 
 
 def test_fleetx_gpt_tokenizer_needs_both_files_or_neither(user_data, tmp_path, monkeypatch):
-    from libai.engine.modules.gpt import _gpt2_tokenizer
+    from libai.fleetx.modules.gpt import _gpt2_tokenizer
 
     data_dir, before = user_data
     monkeypatch.setenv("LIBAI_SAMPLE_DATA_DIR", str(tmp_path / "cache"))

@@ -21,9 +21,9 @@ from gpt_reference import (
 from launch import torchrun
 from zero_runs import ADAMW, make_run, predict, train
 
-from libai.engine.fsdp import _check_disjoint, check_fsdp_units
-from libai.engine.parallel import ModelRunner
-from libai.engine.zero import optimizer_state_bytes, partition_parameters, resolve_zero_stage
+from libai.runtime.fsdp import _check_disjoint, check_fsdp_units
+from libai.runtime.parallel import ModelRunner
+from libai.runtime.zero import optimizer_state_bytes, partition_parameters, resolve_zero_stage
 from libai.utils import distributed as dist
 from libai.utils.checkpoint import Checkpointer
 

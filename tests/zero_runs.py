@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 from gpt_reference import MAX_GRAD_NORM, build_model, make_batch
 
-from libai.engine.parallel import ModelRunner
-from libai.engine.zero import prepare_model, shard_optimizer
+from libai.runtime.parallel import ModelRunner
+from libai.runtime.zero import prepare_model, shard_optimizer
 from libai.utils import distributed as dist
 
 ADAMW = dict(lr=0.01, weight_decay=0.1, eps=1e-6)

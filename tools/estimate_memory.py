@@ -5,7 +5,7 @@ python tools/estimate_memory.py configs/gpt2_pretrain.py train.dist.tensor_paral
     train.zero_optimization.enabled=True train.zero_optimization.stage=3 --world-size 8
 
 Overrides use tools/train_net.py's grammar. No process is started: the model is built on
-the meta device per (pipeline, tensor-parallel) rank (libai.utils.memory_estimator).
+the meta device per (pipeline, tensor-parallel) rank (libai.runtime.memory_estimator).
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from __future__ import annotations
 import argparse
 
 from libai.config import LazyConfig
+from libai.runtime.memory_estimator import TrainSettings, estimate_config
 from libai.utils import distributed as dist
 from libai.utils.cli import run_cli
-from libai.utils.memory_estimator import TrainSettings, estimate_config
 
 
 def _mib(n: float) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from libai.engine.yaml_setup import engine_from_command_line
+from libai.fleetx.yaml_setup import engine_from_command_line
 from libai.utils.cli import run_cli
 
 

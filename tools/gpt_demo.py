@@ -15,8 +15,8 @@ import time
 
 import torch
 
-from libai.engine.parallel import ModelRunner
 from libai.models import GPTForPreTraining
+from libai.runtime.parallel import ModelRunner
 from libai.utils import distributed as dist
 
 

@@ -11,7 +11,7 @@ import json
 import numpy as np
 import torch
 
-from libai.engine.yaml_setup import engine_from_command_line
+from libai.fleetx.yaml_setup import engine_from_command_line
 from libai.utils import distributed as dist
 from libai.utils.cli import run_cli
 

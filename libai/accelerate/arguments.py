@@ -1,5 +1,5 @@
 """Rapidformer's command line: flag names, checks, and the translation into the core's
-``train`` namespace (:mod:`libai.engine.core` builds the runner, hooks and writers from it).
+``train`` namespace (:mod:`libai.runtime.core` builds the runner, hooks and writers from it).
 
 Everything that can be checked without a collective is checked here, before the mesh exists:
 the task, local paths (nothing is downloaded), batch arithmetic against the process count,
@@ -265,7 +265,7 @@ def check_args(args: argparse.Namespace) -> argparse.Namespace:
 
 
 def train_namespace(args, *, train_iter: int, dist_cfg: dict) -> OmegaConf:
-    """LiBai's ``train`` namespace for ``args`` (what :mod:`libai.engine.core` reads)."""
+    """LiBai's ``train`` namespace for ``args`` (what :mod:`libai.runtime.core` reads)."""
     never = train_iter + 1
     return OmegaConf.create(
         {

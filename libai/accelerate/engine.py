@@ -1,7 +1,7 @@
 """``AccelerateEngine``: the mesh and the acceleration switches of the command line, for the
 three ways in (the black box, the templates, and ``compose`` for a loop of your own).
 
-Every way runs on the core (:mod:`libai.engine.core`): the same ``ModelRunner`` (mixed
+Every way runs on the core (:mod:`libai.runtime.core`): the same ``ModelRunner`` (mixed
 precision, loss scaler, ZeRO, recompute, compile, gradient sync), optimizer sharding,
 checkpointer, hooks and writers as ``tools/train_net.py``; the black box and the templates
 run the core's loop (:meth:`AccelerateEngine.fit`).
@@ -31,15 +31,15 @@ from torch import nn
 
 from libai.accelerate.arguments import check_args, parse_args, train_namespace
 from libai.accelerate.data import build_loader
-from libai.engine.core import (
+from libai.optim import get_default_optimizer_params
+from libai.runtime.core import (
     build_checkpointer,
     build_runner,
     build_training_loop,
     seed_all,
     shard_optimizer_for,
 )
-from libai.engine.trainer import to_device
-from libai.optim import get_default_optimizer_params
+from libai.runtime.trainer import to_device
 from libai.scheduler import WarmupCosineLR, WarmupLinearLR
 from libai.utils import distributed as dist
 from libai.utils.checkpoint import Checkpointer

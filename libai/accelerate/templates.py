@@ -31,7 +31,7 @@ from collections.abc import Mapping
 
 import torch
 
-from libai.engine.trainer import to_device
+from libai.runtime.trainer import to_device
 
 logger = logging.getLogger(__name__)
 

@@ -19,8 +19,8 @@ from libai.config import (
     resolve_train_iters,
     try_get_key,
 )
-from libai.data.sample_corpus import prepare_sample_data
-from libai.engine.core import (
+from libai.optim import build_optimizer, get_clip_grad_settings
+from libai.runtime.core import (
     build_checkpointer,
     build_hooks,
     build_runner,
@@ -29,12 +29,11 @@ from libai.engine.core import (
     seed_all,
     shard_optimizer_for,
 )
-from libai.engine.parallel import pipeline_target
-from libai.engine.trainer import EagerTrainer
-from libai.engine.zero import resolve_zero_stage
-from libai.optim import build_optimizer, get_clip_grad_settings
+from libai.runtime.parallel import pipeline_target
+from libai.runtime.run_config import build_run_tokenizer, fill_pipeline_num_layers
+from libai.runtime.trainer import EagerTrainer
+from libai.runtime.zero import resolve_zero_stage
 from libai.scheduler import build_lr_scheduler
-from libai.tokenizer import build_tokenizer
 from libai.utils import distributed as dist
 from libai.utils.logger import setup_logger
 
@@ -68,20 +67,6 @@ def default_argument_parser(epilog: str | None = None) -> argparse.ArgumentParse
     return parser
 
 
-def _fill_pipeline_num_layers(cfg) -> None:
-    """pp > 1 needs the layer count: take it from ``model.cfg.hidden_layers`` (``depth`` for
-    ViT; plus ``num_decoder_layers`` for T5) when unset."""
-    dist_cfg = cfg.train.dist
-    pp = dist_cfg.get("pipeline_parallel_size", 1) or 1
-    if pp > 1 and dist_cfg.get("pipeline_num_layers") is None:
-        layers = try_get_key(cfg, "model.cfg.hidden_layers")
-        if layers is None:
-            layers = try_get_key(cfg, "model.cfg.depth")
-        decoder_layers = try_get_key(cfg, "model.cfg.num_decoder_layers")  # T5: E + D
-        if layers is not None:
-            dist_cfg.pipeline_num_layers = int(layers) + int(decoder_layers or 0)
-
-
 def default_setup(cfg, args) -> None:
     """Mesh, output dir, logger, the full ``config.yaml``, and seeds.
 
@@ -97,7 +82,7 @@ def default_setup(cfg, args) -> None:
         cfg.train.evaluation.eval_iter = min(cfg.train.evaluation.eval_iter, 5)
     if args.resume:
         cfg.train.resume = True
-    _fill_pipeline_num_layers(cfg)
+    fill_pipeline_num_layers(cfg)
     world = int(os.environ.get("WORLD_SIZE", 1))
     layout = dist.resolve_layout(cfg.train.dist, world)  # raises before any collective
     resolve_zero_stage(try_get_key(cfg, "train.zero_optimization"), layout)  # so does ZeRO
@@ -181,26 +166,9 @@ class DefaultTrainer(EagerTrainer):
     # ---- builders -----------------------------------------------------------------------------
     @classmethod
     def build_tokenizer(cls, cfg):
-        """The tokenizer (None without ``tokenization``); builds the sample data, in our cache
-        directory, if a config value says ``${libai_sample:...}``."""
-        sample = prepare_sample_data(cfg)  # every rank may call it: a file lock builds it once
-        if sample is not None:
-            logger.info(
-                "Sample dataset (Python stdlib sources, built offline): %s", sample["data_dir"]
-            )
-        if try_get_key(cfg, "tokenization.tokenizer") is None:
-            return None
-        tokenizer = build_tokenizer(cfg.tokenization)
-        if (
-            try_get_key(cfg, "tokenization.setup", default=False)
-            and try_get_key(cfg, "model.cfg.vocab_size") is not None
-        ):
-            # the same size on every layout, so checkpoints load on any tp (the vocab-parallel
-            # layers pad their shards to a multiple of tp themselves, and mask those rows)
-            cfg.model.cfg.vocab_size = tokenizer.padded_vocab_size(
-                cfg.tokenization.make_vocab_size_divisible_by
-            )
-        return tokenizer
+        """The tokenizer (None without ``tokenization``), the vocab padded as
+        :func:`~libai.runtime.run_config.build_run_tokenizer` pads it."""
+        return build_run_tokenizer(cfg)
 
     @classmethod
     def build_model(cls, cfg):

@@ -32,10 +32,10 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from libai.config import LazyConfig, instantiate, locate, try_get_key
-from libai.engine.parallel import pipeline_inputs, pipeline_stage_kwargs, prune_to_stages
 from libai.inference.stage_comm import StagePipe
 from libai.inference.tokenizer_loading import find_tokenizer_files, load_tokenizer
 from libai.models.utils import CheckpointReader, load_huggingface, read_hf_config
+from libai.runtime.parallel import pipeline_inputs, pipeline_stage_kwargs, prune_to_stages
 from libai.utils import distributed as dist
 
 logger = logging.getLogger(__name__)
@@ -248,9 +248,9 @@ class BasePipeline(ABC):
         ``None`` when the config has no ``tokenization.tokenizer``."""
         if _get(cfg, "tokenization.tokenizer") is None:
             return None
-        from libai.engine.default import DefaultTrainer
+        from libai.runtime.run_config import build_run_tokenizer
 
-        return DefaultTrainer.build_tokenizer(cfg)
+        return build_run_tokenizer(cfg)
 
     def build_model(self, cfg) -> nn.Module:
         """``instantiate(cfg.model)`` after seeding with ``train.seed`` (default 0), so the

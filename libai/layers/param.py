@@ -168,7 +168,7 @@ def mark_sequence_parallel(*params: torch.Tensor | None) -> None:
     """Mark replicated parameters used inside the sequence-parallel region (norm weights,
     row-parallel biases): each tp rank sees only its share of the sequence, so their
     gradients are partial sums over tp that the runner all-reduces
-    (:meth:`~libai.engine.parallel.ModelRunner.sync_gradients`), as Megatron does."""
+    (:meth:`~libai.runtime.parallel.ModelRunner.sync_gradients`), as Megatron does."""
     for param in params:
         if param is not None:
             param.libai_sequence_parallel = True

@@ -11,7 +11,7 @@ Masked-LM loss is the mean over the masked positions: those where ``lm_labels !=
 when given, ``loss_mask == 1`` -- the semantics of transformers' ``CrossEntropyLoss`` with
 ``ignore_index=-100``.
 
-Pipeline contract (``libai.engine.parallel``): the first stage takes ``input_ids``; every
+Pipeline contract (``libai.runtime.parallel``): the first stage takes ``input_ids``; every
 stage reads ``attention_mask`` and ``tokentype_ids`` from its own batch (stage keyword
 inputs); every stage but the last hands its hidden states to the next; targets are packed
 into one tensor.

@@ -211,7 +211,7 @@ class GPTForPreTraining(nn.Module):
     generation keep the logits.
     """
 
-    #: pipeline contract (libai.engine.parallel): batch key fed to the first stage, key of
+    #: pipeline contract (libai.runtime.parallel): batch key fed to the first stage, key of
     #: the target handed to the loss on the last stage
     pipeline_input_key = "input_ids"
     pipeline_target_key = "labels"

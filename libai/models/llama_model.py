@@ -235,7 +235,7 @@ class LlamaForCausalLM(nn.Module):
     ``"past_key_values"`` with ``use_cache=True``). Takes the same ``cfg`` / keyword
     hyper-parameters as :class:`LlamaModel`.
 
-    Pipeline contract (:class:`libai.engine.parallel.ModelRunner`): the first stage takes
+    Pipeline contract (:class:`libai.runtime.parallel.ModelRunner`): the first stage takes
     ``input_ids`` (and ``attention_mask`` when the batch has one, handed on to later stages),
     the last returns vocab-split logits, and the loss shifts the unshifted ``labels``.
 

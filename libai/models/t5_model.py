@@ -418,7 +418,7 @@ class T5ForPreTraining(nn.Module):
             result["logits"] = self.lm_head.gather(logits)
         return result
 
-    # ---- pipeline contract (libai.engine.parallel) --------------------------------------------
+    # ---- pipeline contract (libai.runtime.parallel) --------------------------------------------
     def pipeline_inputs(self, batch) -> tuple:
         return batch["encoder_input_ids"], batch["decoder_input_ids"]
 

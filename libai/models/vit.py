@@ -110,7 +110,7 @@ class VisionTransformer(nn.Module):
         initializer_range: std of the normal init (ours).
     """
 
-    #: pipeline contract (libai.engine.parallel): images into the first stage, labels as
+    #: pipeline contract (libai.runtime.parallel): images into the first stage, labels as
     #: the target of the last stage
     pipeline_input_key = "images"
     pipeline_target_key = "labels"

@@ -53,7 +53,7 @@ DIST_CONFIG_KEYS = {
     "device_type": "cpu",
     # ours: model chunks per pipeline rank (interleaved schedules need > 1)
     "virtual_pipeline_size": 1,
-    # ours: torch.distributed.pipelining schedule name, see libai.engine.parallel
+    # ours: torch.distributed.pipelining schedule name, see libai.runtime.parallel
     "pipeline_schedule": "1F1B",
     # ours: Megatron-style sequence parallel over the tp group (needs tensor_parallel_size > 1)
     "sequence_parallel": False,

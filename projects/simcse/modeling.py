@@ -173,7 +173,7 @@ class SimCSE(nn.Module):
             )
         return out
 
-    # ---- the runner's contract (libai.engine.parallel; no pipeline split) ---------------------
+    # ---- the runner's contract (libai.runtime.parallel; no pipeline split) ---------------------
     def pipeline_inputs(self, batch) -> tuple:
         ids = batch["input_ids"]
         mask = batch.get("attention_mask")

@@ -7,7 +7,7 @@ import logging
 import torch
 from torch import nn
 
-from libai.engine import BasicModule, InputSpec
+from libai.fleetx import BasicModule, InputSpec
 
 from .network import SimpleNet
 

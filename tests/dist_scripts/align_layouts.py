@@ -18,7 +18,7 @@ from common import parse_out_dir, run_checks
 from torch.distributed.tensor import DTensor
 
 from libai.align import create_model
-from libai.engine.parallel import ModelRunner
+from libai.runtime.parallel import ModelRunner
 from libai.utils import distributed as dist
 
 LAYOUTS = {

@@ -21,9 +21,9 @@ import torch
 from common import parse_out_dir, run_checks
 from gpt_reference import BATCH, SEED, TINY_GPT, make_batch
 
-from libai.engine.amp import DynamicLossScaler
-from libai.engine.parallel import ModelRunner
 from libai.models import GPTForPreTraining
+from libai.runtime.amp import DynamicLossScaler
+from libai.runtime.parallel import ModelRunner
 from libai.utils import checkpoint as ckpt_mod
 from libai.utils import distributed as dist
 from libai.utils.checkpoint import Checkpointer, CheckpointError

@@ -30,7 +30,7 @@ from chunked_loss_cases import (
 from common import parse_out_dir, run_checks
 from torch.distributed.tensor import DTensor
 
-from libai.engine.parallel import pipeline_target
+from libai.runtime.parallel import pipeline_target
 from libai.utils import distributed as dist
 
 CHUNK = 7

@@ -9,9 +9,9 @@ from common import parse_out_dir, run_checks
 from omegaconf import OmegaConf
 from torch.distributed.tensor import DTensor
 
-from libai.engine.parallel import ModelRunner
 from libai.layers import MultiheadAttention, VocabEmbedding
 from libai.models import GPTForPreTraining
+from libai.runtime.parallel import ModelRunner
 from libai.utils import distributed as dist
 
 GPT = dict(

@@ -23,7 +23,7 @@ from gpt_reference import (
 )
 from torch.distributed.tensor import DTensor, Shard
 
-from libai.engine.parallel import ModelRunner
+from libai.runtime.parallel import ModelRunner
 from libai.utils import distributed as dist
 
 #: losses, gradients, norms and parameters after SGD (linear in the gradients, so nothing

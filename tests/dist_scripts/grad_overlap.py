@@ -9,8 +9,8 @@ import json
 from common import parse_out_dir, run_checks
 from gpt_reference import STEPS, build_model, full_state, make_batch, make_optimizer, max_diff
 
-from libai.engine.grad_overlap import OverlappedGradReducer
-from libai.engine.parallel import ModelRunner
+from libai.runtime.grad_overlap import OverlappedGradReducer
+from libai.runtime.parallel import ModelRunner
 from libai.utils import distributed as dist
 
 

@@ -3,7 +3,7 @@
 For every layout and ZeRO stage (``stages``, default none, 1, 2, 3; ``hsdp``: stage 3 as
 HSDP with that replicate size): one AdamW step of the tiny GPT
 (``tests/zero_runs.py``), then this rank's parameter, synced-gradient and optimizer-state
-bytes next to :func:`libai.utils.memory_estimator.estimate_memory`'s row for this rank. A
+bytes next to :func:`libai.runtime.memory_estimator.estimate_memory`'s row for this rank. A
 layout with ``activations`` also records one micro-batch's held activation bytes of a larger
 GPT (with and without sequence parallel). The test (tests/test_memory_estimator.py) judges.
 """

@@ -17,8 +17,8 @@ import torch
 from common import parse_out_dir, run_checks
 
 from libai.config import LazyConfig, instantiate
-from libai.engine.parallel import ModelRunner
 from libai.layers import local_value
+from libai.runtime.parallel import ModelRunner
 from libai.utils import distributed as dist
 from libai.utils.checkpoint import Checkpointer
 

@@ -29,9 +29,9 @@ from gpt_reference import (
 )
 from sp_reference import build_llama, llama_batch, llama_state
 
-from libai.engine.parallel import ModelRunner
 from libai.layers import TransformerLayer
 from libai.models import BertForPreTraining
+from libai.runtime.parallel import ModelRunner
 from libai.utils import distributed as dist
 
 MODELS = {

@@ -19,7 +19,7 @@ from door_memory import holdings, probe_step  # noqa: E402
 from train_net_helpers import TINY  # noqa: E402
 
 from libai.engine import DefaultTrainer, default_argument_parser  # noqa: E402
-from libai.engine.trainer import HookBase  # noqa: E402
+from libai.runtime.trainer import HookBase  # noqa: E402
 
 CONFIG = ROOT / "configs" / "gpt2_pretrain.py"
 

@@ -23,8 +23,8 @@ from gpt_reference import STEPS, full_state, max_diff
 from zero_runs import make_run as _make_run
 from zero_runs import predict, train
 
-from libai.engine.zero import ZeroOptimizer, optimizer_state_bytes, owned_parameters
 from libai.layers import TransformerLayer
+from libai.runtime.zero import ZeroOptimizer, optimizer_state_bytes, owned_parameters
 from libai.utils import distributed as dist
 from libai.utils.checkpoint import Checkpointer
 

@@ -16,7 +16,7 @@ import torch.distributed as torch_dist
 from common import parse_out_dir, run_checks
 from zero_runs import make_run, train
 
-from libai.engine.zero import optimizer_state_bytes, prepare_model
+from libai.runtime.zero import optimizer_state_bytes, prepare_model
 from libai.utils import distributed as dist
 from libai.utils.checkpoint import Checkpointer
 

@@ -2,12 +2,12 @@
 
 The order is torchtitan's: the model already holds its tensor-parallel shards (DTensors on
 the stage's (dp, tp) mesh, ``[B, S(k)]`` or ``[B, B]``), activation checkpointing and compile
-were applied by the :class:`~libai.engine.parallel.ModelRunner`, and the pipeline stage was
+were applied by the :class:`~libai.runtime.parallel.ModelRunner`, and the pipeline stage was
 cut out. Then, per pipeline stage of this rank:
 
 1. every parameter drops its (replicated) dp dim: a DTensor on the ``tp`` sub-mesh with its
    tp placement (a plain tensor when tp = 1) -- FSDP2 adds the dp dim back as its own;
-2. ``fully_shard`` each block (:func:`~libai.engine.blocks.model_blocks`), then the stage
+2. ``fully_shard`` each block (:func:`~libai.runtime.blocks.model_blocks`), then the stage
    root, on the dp mesh: ``[S(0)]`` over dp for a plain parameter, ``[S(0), S(k)]`` over
    (dp, tp) for a tp-sharded one (``_StridedShard`` when both split dim 0);
 3. with HSDP (``hsdp_replicate_size = r > 1``) the dp dim is unflattened into
@@ -98,7 +98,7 @@ def fsdp_mesh(util, replicate_size: int = 1) -> DeviceMesh:
 
 
 def _units(roots: Iterable[nn.Module]) -> list[tuple[nn.Module, list[nn.Module]]]:
-    from libai.engine.blocks import model_blocks
+    from libai.runtime.blocks import model_blocks
 
     return [(root, model_blocks(root)) for root in roots]
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from libai.engine.module import BasicModule, InputSpec
+from libai.fleetx.module import BasicModule, InputSpec
 from libai.utils import distributed as dist
 
 logger = logging.getLogger(__name__)

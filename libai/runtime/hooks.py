@@ -6,8 +6,8 @@ import logging
 import math
 import time
 
-from libai.engine.trainer import HookBase
 from libai.evaluation import flatten_results_dict
+from libai.runtime.trainer import HookBase
 from libai.utils import distributed as dist
 from libai.utils.checkpoint import PeriodicCheckpointer as _PeriodicCheckpointer
 

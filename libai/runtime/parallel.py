@@ -10,7 +10,7 @@ their shards; this module adds what crosses layers:
 - **tied weights across stages**: gradients of parameters marked ``libai_tied_group`` (the
   word embedding on the first stage and its copy on the last) are summed between the two;
 - **sequence parallel**: gradients of parameters marked ``libai_sequence_parallel`` are
-  summed over tp (:mod:`libai.engine.sequence_parallel`).
+  summed over tp (:mod:`libai.runtime.sequence_parallel`).
 
 Usage::
 
@@ -31,18 +31,18 @@ from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.distributed.tensor import DTensor
 
-from libai.engine.amp import DynamicLossScaler, autocast
-from libai.engine.blocks import compile_layers, enable_activation_checkpointing
-from libai.engine.fsdp import fsdp_forward_method
-from libai.engine.grad_clip import clip_grad_norm_
-from libai.engine.pipeline_stages import (
+from libai.runtime.amp import DynamicLossScaler, autocast
+from libai.runtime.blocks import compile_layers, enable_activation_checkpointing
+from libai.runtime.fsdp import fsdp_forward_method
+from libai.runtime.grad_clip import clip_grad_norm_
+from libai.runtime.pipeline_stages import (
     PIPELINE_SCHEDULES,
     LibaiPipelineStage,
     StageModule,
     check_schedule_microbatches,
     contiguous,
 )
-from libai.engine.sequence_parallel import (
+from libai.runtime.sequence_parallel import (
     all_reduce_sequence_parallel_grads,
     check_sequence_parallel_batch,
     check_sequence_parallel_support,
@@ -124,10 +124,10 @@ class ModelRunner:
         backward_fn: ``backward_fn(loss)`` replaces ``loss.backward()``; it receives the
             loss already multiplied by the fp16 loss scale and divided by the micro-batch
             count. Not with pipeline parallelism.
-        autocast_op_lists: a :class:`~libai.engine.amp_lists.AutocastOpLists` (custom
+        autocast_op_lists: a :class:`~libai.runtime.amp_lists.AutocastOpLists` (custom
             black / white op lists entered inside autocast); needs ``amp_dtype``.
         overlap_grad_reduce: all-reduce the gradients over dp in buckets while backward
-            runs (:class:`~libai.engine.grad_overlap.OverlappedGradReducer`; the same sums as
+            runs (:class:`~libai.runtime.grad_overlap.OverlappedGradReducer`; the same sums as
             reducing after it). Used without pipeline parallel and without ZeRO 2/3.
     """
 
@@ -164,7 +164,7 @@ class ModelRunner:
         self.overlap_grad_reduce = overlap_grad_reduce
         self._grad_reducer = None
         self.last_step_skipped, self.last_grad_norm = False, None
-        #: ZeRO stage 2/3 (libai.engine.zero): replaces the dp all-reduce; clipping sums over dp
+        #: ZeRO stage 2/3 (libai.runtime.zero): replaces the dp all-reduce; clipping sums over dp
         self.grad_sharder = None
         if activation_checkpointing:
             enable_activation_checkpointing(model, activation_checkpointing)
@@ -323,7 +323,7 @@ class ModelRunner:
         ):
             return None
         if self._grad_reducer is None:
-            from libai.engine.grad_overlap import OverlappedGradReducer
+            from libai.runtime.grad_overlap import OverlappedGradReducer
 
             self._grad_reducer = OverlappedGradReducer(
                 list(self.model.parameters()),
@@ -345,7 +345,7 @@ class ModelRunner:
     def _schedule_arguments(self, batch) -> tuple[tuple, dict]:
         """``(args, kwargs)`` of a schedule call on this rank: the first stage's inputs, every
         stage's :func:`pipeline_stage_kwargs` and the last stage's ``target``, contiguous
-        (see :func:`~libai.engine.pipeline_stages.contiguous`)."""
+        (see :func:`~libai.runtime.pipeline_stages.contiguous`)."""
         args = ()
         kwargs = {k: contiguous(v) for k, v in pipeline_stage_kwargs(self.model, batch).items()}
         if self.is_first:

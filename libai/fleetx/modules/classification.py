@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-from libai.engine.module import InputSpec
-from libai.engine.modules.base import AccuracyModule, tokenizer_from
+from libai.fleetx.module import InputSpec
+from libai.fleetx.modules.base import AccuracyModule, tokenizer_from
 from libai.models import BertForClassification, BertModel
 
 __all__ = ["SequenceClassificationModule"]

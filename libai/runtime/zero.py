@@ -11,7 +11,7 @@ them between those ranks:
   of gradients is reduced to its owner only, and a rank drops (sets to ``None``) the
   gradients it does not own. Gradient clipping then sums the squared norms over dp too.
 - **stage 3** (also parameter sharding): FSDP2 ``fully_shard`` over the dp dim of any
-  dp x tp x pp mesh, one unit per block plus the stage root (:mod:`libai.engine.fsdp`;
+  dp x tp x pp mesh, one unit per block plus the stage root (:mod:`libai.runtime.fsdp`;
   HSDP with ``hsdp_replicate_size``). Parameters become dp-sharded DTensors, so the plain
   optimizer's state is sharded too.
 
@@ -42,7 +42,7 @@ from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.distributed.tensor import DTensor
 
-from libai.engine.fsdp import HSDP_KEY, FullyShardedGrads, apply_fully_shard
+from libai.runtime.fsdp import HSDP_KEY, FullyShardedGrads, apply_fully_shard
 from libai.utils import distributed as dist
 
 SUPPORTED_STAGES = (1, 2)  # by ZeroOptimizer; stage 3 is FSDP2
@@ -53,7 +53,7 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 def _buckets(tensors, bucket_bytes: int = 25 * 2**20):
-    from libai.engine.parallel import _buckets as buckets
+    from libai.runtime.parallel import _buckets as buckets
 
     return buckets(tensors, bucket_bytes)
 
@@ -166,7 +166,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
             rank owns; group hyper-parameters (LR, ...) stay shared with the wrapper.
         model: the model (names for errors and the checkpoint signature).
         stage: 1 or 2. Stage 2 also shards gradients; :func:`shard_optimizer` hooks it into a
-            :class:`~libai.engine.parallel.ModelRunner`.
+            :class:`~libai.runtime.parallel.ModelRunner`.
     """
 
     @property
@@ -350,7 +350,7 @@ def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
 
 def prepare_model(runner, stage: int | None, *, hsdp_replicate_size: int = 1) -> None:
     """Stage 3: ``fully_shard`` each block and the stage root on the dp mesh (call after the
-    ModelRunner is built, before the optimizer; :func:`libai.engine.fsdp.apply_fully_shard`).
+    ModelRunner is built, before the optimizer; :func:`libai.runtime.fsdp.apply_fully_shard`).
     Stages 1 and 2 leave the model alone."""
     if stage != 3:
         return

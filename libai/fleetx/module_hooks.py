@@ -7,8 +7,8 @@ from collections.abc import Mapping
 
 import torch
 
-from libai.engine.module import BasicModule
-from libai.engine.trainer import HookBase
+from libai.fleetx.module import BasicModule
+from libai.runtime.trainer import HookBase
 
 __all__ = ["ModuleCallbacks", "batch_loss_and_sums", "overridden"]
 

@@ -9,14 +9,14 @@ the model is built from the config on the ``meta`` device under a *counting* mes
 :class:`~libai.utils.distributed.DistUtil` that holds this rank's coordinates but no process
 group): every layer creates exactly the tp shard and pipeline stage it would create in
 training (vocab padding, custom stage ids, the tied LM-head copy on the last stage), and
-:func:`~libai.engine.parallel.prune_to_stages` drops the other stages. Tied tensors are
+:func:`~libai.runtime.parallel.prune_to_stages` drops the other stages. Tied tensors are
 counted once.
 
 **ZeRO** then splits these local tensors over the data-parallel ranks, with the same rules
-as :mod:`libai.engine.zero`:
+as :mod:`libai.runtime.zero`:
 
 - stage 1/2: parameter ``i`` belongs to dp rank ``owner[i]`` of
-  :func:`~libai.engine.zero.partition_parameters` (greedy by element count); a rank keeps
+  :func:`~libai.runtime.zero.partition_parameters` (greedy by element count); a rank keeps
   the optimizer state (stage 1) and also the gradients (stage 2) of what it owns;
 - stage 3 (FSDP2): every local tensor is split along dim 0 over the shard group of
   ``g = dp / hsdp_replicate_size`` ranks like ``torch.chunk``: rank ``r`` holds rows
@@ -165,8 +165,8 @@ def counting_mesh(util: CountingDistUtil):
 def build_stage_model(model_cfg, util: CountingDistUtil) -> nn.Module:
     """The model of ``util``'s rank, on ``meta``: its pipeline stages only, its tp shards."""
     from libai.config import instantiate
-    from libai.engine.parallel import prune_to_stages
     from libai.layers.param import skip_init
+    from libai.runtime.parallel import prune_to_stages
 
     with counting_mesh(util), torch.random.fork_rng(devices=[]), skip_init():
         model = instantiate(model_cfg)
@@ -206,7 +206,7 @@ def fsdp_shard_numel(shape: tuple[int, ...], shard_size: int, shard_rank: int) -
 def held_numels(shapes, settings: TrainSettings, dp: int, dp_rank: int) -> tuple:
     """``(parameter, gradient, optimizer)`` element lists this dp rank holds of a (pp, tp)
     position's local parameter ``shapes`` under ``settings.zero_stage``."""
-    from libai.engine.zero import partition_parameters
+    from libai.runtime.zero import partition_parameters
 
     numels = [math.prod(s) for s in shapes]
     stage = settings.zero_stage
@@ -426,13 +426,13 @@ def estimate_config(
     the layout cannot use, an unknown switch value).
     """
     from libai.config import resolve_batch_sizes, try_get_key
-    from libai.engine.amp import resolve_amp_dtype
-    from libai.engine.default import _fill_pipeline_num_layers
-    from libai.engine.zero import resolve_zero_stage
     from libai.layers.checkpointing import resolve_mode
+    from libai.runtime.amp import resolve_amp_dtype
+    from libai.runtime.run_config import build_run_tokenizer, fill_pipeline_num_layers
+    from libai.runtime.zero import resolve_zero_stage
 
     train = cfg.train
-    _fill_pipeline_num_layers(cfg)
+    fill_pipeline_num_layers(cfg)
     if world_size is None:
         d = train.dist
         world_size = (
@@ -461,8 +461,6 @@ def estimate_config(
         activations=activations,
     )
     if try_get_key(cfg, "tokenization.setup", default=False):
-        from libai.engine.default import DefaultTrainer
-
         with counting_mesh(CountingDistUtil(layout, 0)):
-            DefaultTrainer.build_tokenizer(cfg)  # pads model.cfg.vocab_size as training does
+            build_run_tokenizer(cfg)  # pads model.cfg.vocab_size as training does
     return layout, settings, estimate_memory(cfg.model, layout, settings, cfg.optim)

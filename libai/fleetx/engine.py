@@ -1,10 +1,10 @@
 """FleetX's ``Engine``: fit / evaluate / predict / save / load / export / inference of a task
-:class:`~libai.engine.module.BasicModule`, on the same core as ``DefaultTrainer``.
+:class:`~libai.fleetx.module.BasicModule`, on the same core as ``DefaultTrainer``.
 
 The Engine is a front door, not a second trainer: it translates the YAML config into LiBai's
-``train`` namespace (:func:`~libai.engine.yaml_setup.train_namespace`) and builds the
-runner, ZeRO, checkpointer, hooks and writers with :mod:`libai.engine.core`; ``fit`` runs
-:class:`~libai.engine.trainer.EagerTrainer`, the loop ``tools/train_net.py`` runs. The
+``train`` namespace (:func:`~libai.fleetx.yaml_setup.train_namespace`) and builds the
+runner, ZeRO, checkpointer, hooks and writers with :mod:`libai.runtime.core`; ``fit`` runs
+:class:`~libai.runtime.trainer.EagerTrainer`, the loop ``tools/train_net.py`` runs. The
 module's ``training_step`` / ``backward`` become the runner's loss and backward functions,
 ``pretreating_batch`` its batch transform, and the logging hooks are called by
 :class:`ModuleCallbacks`.
@@ -22,7 +22,10 @@ import time
 import torch
 import torch.distributed as torch_dist
 
-from libai.engine.core import (
+from libai.fleetx.module import BasicModule
+from libai.fleetx.module_hooks import ModuleCallbacks, overridden
+from libai.fleetx.yaml_setup import amp_settings, train_namespace
+from libai.runtime.core import (
     build_checkpointer,
     build_runner,
     build_training_loop,
@@ -30,10 +33,7 @@ from libai.engine.core import (
     seed_all,
     shard_optimizer_for,
 )
-from libai.engine.module import BasicModule
-from libai.engine.module_hooks import ModuleCallbacks, overridden
-from libai.engine.trainer import EagerTrainer, to_device
-from libai.engine.yaml_setup import amp_settings, train_namespace
+from libai.runtime.trainer import EagerTrainer, to_device
 from libai.utils import distributed as dist
 from libai.utils.plot import plot_loss_curve
 
@@ -52,8 +52,8 @@ class Engine:
     """Run a task module with every switch of its YAML config (see the module doc).
 
     Args:
-        cfg: a config from :func:`~libai.config.yaml_config.load_yaml_config`, set up with
-            :func:`~libai.engine.yaml_setup.setup_yaml_run` (the mesh exists).
+        cfg: a config from :func:`~libai.fleetx.yaml_config.load_yaml_config`, set up with
+            :func:`~libai.fleetx.yaml_setup.setup_yaml_run` (the mesh exists).
         module: the task module (its model built on that mesh).
         mode: ``"train"``, ``"eval"``, ``"export"`` or ``"inference"``.
     """
@@ -150,7 +150,7 @@ class Engine:
                 )
 
     def _build_loader(self, split: str, num_samples):
-        from libai.data.yaml_loaders import build_split_loader
+        from libai.fleetx.yaml_loaders import build_split_loader
 
         section = self.cfg.Data.get(split)
         if section is None:
@@ -205,7 +205,7 @@ class Engine:
         return min(candidates)
 
     def _build_optimizer(self):
-        from libai.engine.yaml_optim import build_yaml_lr_scheduler, build_yaml_optimizer
+        from libai.fleetx.yaml_optim import build_yaml_lr_scheduler, build_yaml_optimizer
 
         model = self.runner.model
         configured = self.module.configure_optimizers()
@@ -326,7 +326,7 @@ class Engine:
 
     @torch.no_grad()
     def _loss_loop(self, loader, epoch, max_batches, step_name, end_name, cost_key) -> dict:
-        from libai.engine.module_hooks import batch_loss_and_sums
+        from libai.fleetx.module_hooks import batch_loss_and_sums
 
         model, runner = self.runner.model, self.runner
         was_training = model.training
@@ -416,7 +416,7 @@ class Engine:
     def export(self, output_dir: str | None = None) -> list:
         """Export the model to ONNX under ``output_dir`` (default ``Inference.model_dir``,
         else ``output_dir/export``) and verify it with onnxruntime; returns the checks."""
-        from libai.engine.export import export_module
+        from libai.fleetx.export import export_module
 
         self._need("export", "export")
         output_dir = output_dir or self.export_dir()
@@ -432,7 +432,7 @@ class Engine:
         ``predict_step`` then ``predict_step_end``."""
         self._need("inference", "inference")
         if self.cfg.Inference.model_dir:
-            from libai.engine.export import OnnxPredictor
+            from libai.fleetx.export import OnnxPredictor
 
             if getattr(self, "_predictor", None) is None:
                 self._predictor = OnnxPredictor(self.cfg.Inference.model_dir)

@@ -27,8 +27,8 @@ import math
 import torch
 from omegaconf import OmegaConf
 
-from libai.config.yaml_config import YAMLConfigError
-from libai.data.yaml_loaders import check_arguments
+from libai.fleetx.yaml_config import YAMLConfigError
+from libai.fleetx.yaml_loaders import check_arguments
 from libai.optim import get_default_optimizer_params
 from libai.scheduler import fleetx as fleetx_schedulers
 from libai.scheduler import lr_scheduler as schedulers
@@ -94,7 +94,7 @@ def build_yaml_optimizer(opt_cfg, model: torch.nn.Module, device_type: str = "cp
     opt = {RENAMES.get(k, k): v for k, v in opt.items()}
     cls = getattr(torch.optim, name, None) if "." not in name else None
     if cls is None:
-        from libai.data.yaml_loaders import resolve_name
+        from libai.fleetx.yaml_loaders import resolve_name
 
         cls = resolve_name(
             name, {n: getattr(torch.optim, n) for n in _torch_optimizers()}, "Optimizer.name"
@@ -158,7 +158,7 @@ def build_yaml_lr_scheduler(opt_cfg, optimizer, train_iter: int):
             warmup=args.get("warmup", 0),
         )
     if name not in LIBAI_SCHEDULERS:
-        from libai.data.yaml_loaders import resolve_name
+        from libai.fleetx.yaml_loaders import resolve_name
 
         resolve_name(
             name, dict.fromkeys([*FLEETX_SCHEDULERS, *LIBAI_SCHEDULERS]), "Optimizer.lr.name"

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 
 import torch
 
-from libai.engine.parallel import ModelRunner
+from libai.runtime.parallel import ModelRunner
 from libai.utils.events import EventStorage, get_event_storage
 
 logger = logging.getLogger(__name__)
@@ -128,7 +128,7 @@ class EagerTrainer(TrainerBase):
         data_loader: endless iterable of this rank's batches (one optimizer step each).
         optimizer: the (possibly ZeRO-wrapped) optimizer.
         max_grad_norm, norm_type: global-norm clipping (``None``: no clipping).
-        lr_scheduler: stepped by the :class:`~libai.engine.hooks.LRScheduler` hook.
+        lr_scheduler: stepped by the :class:`~libai.runtime.hooks.LRScheduler` hook.
         global_batch_size: samples per step over all dp ranks (the consumed-samples count).
         consumed_train_samples: samples consumed before ``start_iter`` (a resumed run).
         batch_transform: ``batch -> batch`` applied on the device before the step (a task

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from libai.engine.module import InputSpec
-from libai.engine.modules.base import ZooModule, tokenizer_from
+from libai.fleetx.module import InputSpec
+from libai.fleetx.modules.base import ZooModule, tokenizer_from
 from libai.models import LlamaForCausalLM, LlamaModel
 
 __all__ = ["LlamaSFTModule"]

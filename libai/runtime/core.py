@@ -11,7 +11,7 @@ same runner, optimizer sharding, checkpoints, hooks and writers whichever door w
 - :func:`build_checkpointer`, :func:`build_writers`, :func:`build_hooks`: checkpoints,
   console / metrics.json / TensorBoard output, and the periodic hooks of the loop.
 
-The loop itself is :class:`~libai.engine.trainer.EagerTrainer`.
+The loop itself is :class:`~libai.runtime.trainer.EagerTrainer`.
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ import numpy as np
 import torch
 
 from libai.config import try_get_key
-from libai.engine import hooks
-from libai.engine.amp import DynamicLossScaler, resolve_amp_dtype
-from libai.engine.parallel import ModelRunner
-from libai.engine.trainer import EagerTrainer
-from libai.engine.zero import prepare_model, resolve_zero_stage, shard_optimizer
+from libai.runtime import hooks
+from libai.runtime.amp import DynamicLossScaler, resolve_amp_dtype
+from libai.runtime.parallel import ModelRunner
+from libai.runtime.trainer import EagerTrainer
+from libai.runtime.zero import prepare_model, resolve_zero_stage, shard_optimizer
 from libai.utils import distributed as dist
 from libai.utils.checkpoint import Checkpointer
 from libai.utils.events import CommonMetricPrinter, JSONWriter, TensorboardXWriter

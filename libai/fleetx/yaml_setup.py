@@ -1,5 +1,5 @@
 """The FleetX front door's translation into the core: a YAML config becomes the mesh, the
-task module, and LiBai's ``train`` namespace that :mod:`libai.engine.core` builds from.
+task module, and LiBai's ``train`` namespace that :mod:`libai.runtime.core` builds from.
 
 ::
 
@@ -18,9 +18,9 @@ import sys
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from libai.config.yaml_config import YAMLConfigError, resolve_batch_config
-from libai.data.yaml_loaders import resolve_name
-from libai.engine.core import seed_all
+from libai.fleetx.yaml_config import YAMLConfigError, resolve_batch_config
+from libai.fleetx.yaml_loaders import resolve_name
+from libai.runtime.core import seed_all
 from libai.utils import distributed as dist
 from libai.utils.logger import setup_logger
 
@@ -38,11 +38,11 @@ __all__ = [
 
 #: ready-made task modules for the zoo, by the name a YAML's ``Model.module`` gives
 MODULES = {
-    "GPTModule": "libai.engine.modules.gpt.GPTModule",
-    "LlamaSFTModule": "libai.engine.modules.llama.LlamaSFTModule",
-    "SequenceClassificationModule": "libai.engine.modules.classification."
+    "GPTModule": "libai.fleetx.modules.gpt.GPTModule",
+    "LlamaSFTModule": "libai.fleetx.modules.llama.LlamaSFTModule",
+    "SequenceClassificationModule": "libai.fleetx.modules.classification."
     "SequenceClassificationModule",
-    "ImageClassificationModule": "libai.engine.modules.vit.ImageClassificationModule",
+    "ImageClassificationModule": "libai.fleetx.modules.vit.ImageClassificationModule",
 }
 AMP_DTYPES = {"float16": "fp16", "fp16": "fp16", "bfloat16": "bf16", "bf16": "bf16"}
 DEVICES = {"cpu": "cpu", "gpu": "cuda", "cuda": "cuda"}
@@ -52,8 +52,8 @@ LAYER_COUNT_KEYS = ("hidden_layers", "num_layers", "num_hidden_layers", "depth")
 
 def resolve_module_class(name: str):
     """The task module class ``Model.module`` names (a :data:`MODULES` name or a dotted
-    import path); it must subclass :class:`~libai.engine.module.BasicModule`."""
-    from libai.engine.module import BasicModule
+    import path); it must subclass :class:`~libai.fleetx.module.BasicModule`."""
+    from libai.fleetx.module import BasicModule
 
     cls = resolve_name(name, MODULES, "Model.module")
     if not (isinstance(cls, type) and issubclass(cls, BasicModule)):
@@ -102,7 +102,7 @@ def dist_config(cfg: DictConfig) -> dict:
 def amp_settings(cfg: DictConfig, mode: str = "train") -> tuple[bool, str, object]:
     """``(enabled, libai dtype, AutocastOpLists or None)`` of ``Engine.mix_precision``;
     off for export (FleetX does the same)."""
-    from libai.engine.amp_lists import AutocastOpLists
+    from libai.runtime.amp_lists import AutocastOpLists
 
     mp = cfg.Engine.mix_precision
     if not mp.enable or mode == "export":
@@ -125,7 +125,7 @@ def train_namespace(
     cfg: DictConfig, *, train_iter: int, steps_per_epoch: int | None, mode: str, has_eval: bool
 ) -> DictConfig:
     """LiBai's ``train`` namespace (the keys of ``configs/common/train.py``) for a resolved
-    YAML config, which :mod:`libai.engine.core` builds the runner, hooks and writers from.
+    YAML config, which :mod:`libai.runtime.core` builds the runner, hooks and writers from.
 
     ``run_mode: step`` evaluates every ``eval_freq`` steps and saves every ``save_steps``;
     ``run_mode: epoch`` every ``eval_freq`` / ``save_epoch`` epochs (``steps_per_epoch``).
@@ -256,8 +256,8 @@ def yaml_argument_parser(description: str):
 def engine_from_command_line(mode: str, description: str):
     """What every YAML tool does first: parse ``-c`` / ``-o``, load and check the config,
     :func:`setup_yaml_run`, build the module and the ``Engine`` in ``mode``."""
-    from libai.config.yaml_config import load_yaml_config
-    from libai.engine.engine import Engine
+    from libai.fleetx.engine import Engine
+    from libai.fleetx.yaml_config import load_yaml_config
 
     args = yaml_argument_parser(description).parse_args()
     sys.path.insert(0, os.getcwd())  # a user's own modules and datasets, by dotted path

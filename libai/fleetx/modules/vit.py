@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from libai.engine.module import InputSpec
-from libai.engine.modules.base import AccuracyModule
+from libai.fleetx.module import InputSpec
+from libai.fleetx.modules.base import AccuracyModule
 from libai.models import VisionTransformer
 
 __all__ = ["ImageClassificationModule"]

@@ -2,7 +2,7 @@
 
 The user writes the network (any ``nn.Module``, or a libai zoo model), wraps it in a
 subclass of :class:`BasicModule` that says how a batch becomes a loss, and hands that to
-:class:`~libai.engine.engine.Engine`, which runs it on the mesh with every switch of the
+:class:`~libai.fleetx.engine.Engine`, which runs it on the mesh with every switch of the
 config. Hooks keep FleetX's names; those FleetX documented but never built
 (``configure_optimizers``, ``validation_epoch_end``, ``predict_step``, ...) work here.
 

@@ -8,7 +8,7 @@ import inspect
 
 from omegaconf import OmegaConf
 
-from libai.engine.module import BasicModule, call_with_batch
+from libai.fleetx.module import BasicModule, call_with_batch
 
 __all__ = ["AccuracyModule", "ZooModule", "tokenizer_from"]
 

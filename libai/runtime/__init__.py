@@ -1,0 +1,28 @@
+"""The execution core every front door drives: how a model is parallelized and run.
+
+``parallel`` (ModelRunner: pipeline stages, micro-batches, gradient sync), ``zero`` / ``fsdp``
+(ZeRO 1-3), ``grad_overlap`` / ``grad_clip`` / ``sequence_parallel`` / ``blocks`` /
+``pipeline_stages``, ``amp`` / ``amp_lists`` (mixed precision), ``trainer`` / ``hooks`` (the
+loop), ``core`` (building the runner, optimizer wrapping, checkpointer and hooks from the
+``train`` settings) and ``memory_estimator``. The doors (``libai.engine`` for LiBai,
+FleetX's Engine, ``libai.accelerate``) translate their own syntax into these; nothing here
+imports a door.
+"""
+
+#: the modules of the runtime (``libai.engine.<name>`` stays an alias of each)
+MODULES = (
+    "amp",
+    "amp_lists",
+    "blocks",
+    "core",
+    "fsdp",
+    "grad_clip",
+    "grad_overlap",
+    "hooks",
+    "memory_estimator",
+    "parallel",
+    "pipeline_stages",
+    "sequence_parallel",
+    "trainer",
+    "zero",
+)

@@ -1,0 +1,50 @@
+"""What a LiBai-style config (``train`` / ``model`` / ``tokenization``) resolves to before a
+run, shared by the LiBai door, the memory estimator and the inference pipelines: the
+pipeline layer count and the tokenizer with the vocabulary padded as training pads it."""
+
+from __future__ import annotations
+
+import logging
+
+from libai.config import try_get_key
+from libai.data.sample_corpus import prepare_sample_data
+from libai.tokenizer import build_tokenizer
+
+logger = logging.getLogger(__name__)
+
+
+def fill_pipeline_num_layers(cfg) -> None:
+    """pp > 1 needs the layer count: take it from ``model.cfg.hidden_layers`` (``depth`` for
+    ViT; plus ``num_decoder_layers`` for T5) when ``train.dist.pipeline_num_layers`` is
+    unset."""
+    dist_cfg = cfg.train.dist
+    pp = dist_cfg.get("pipeline_parallel_size", 1) or 1
+    if pp > 1 and dist_cfg.get("pipeline_num_layers") is None:
+        layers = try_get_key(cfg, "model.cfg.hidden_layers")
+        if layers is None:
+            layers = try_get_key(cfg, "model.cfg.depth")
+        decoder_layers = try_get_key(cfg, "model.cfg.num_decoder_layers")  # T5: E + D
+        if layers is not None:
+            dist_cfg.pipeline_num_layers = int(layers) + int(decoder_layers or 0)
+
+
+def build_run_tokenizer(cfg):
+    """The tokenizer of ``cfg.tokenization`` (None without one); builds the sample data, in
+    our cache directory, if a config value says ``${libai_sample:...}``. With
+    ``tokenization.setup`` it sets ``model.cfg.vocab_size`` to the tokenizer's padded size,
+    the same on every layout, so checkpoints load on any tp (the vocab-parallel layers pad
+    their shards to a multiple of tp themselves, and mask those rows)."""
+    sample = prepare_sample_data(cfg)  # every rank may call it: a file lock builds it once
+    if sample is not None:
+        logger.info("Sample dataset (Python stdlib sources, built offline): %s", sample["data_dir"])
+    if try_get_key(cfg, "tokenization.tokenizer") is None:
+        return None
+    tokenizer = build_tokenizer(cfg.tokenization)
+    if (
+        try_get_key(cfg, "tokenization.setup", default=False)
+        and try_get_key(cfg, "model.cfg.vocab_size") is not None
+    ):
+        cfg.model.cfg.vocab_size = tokenizer.padded_vocab_size(
+            cfg.tokenization.make_vocab_size_divisible_by
+        )
+    return tokenizer

@@ -1,0 +1,104 @@
+"""The import rule (pyproject.toml [tool.importlinter], docs/architecture.md): imports flow
+one way through libai's layers, checked by import-linter on the installed package; and the
+old import paths of the runtime's modules stay importable."""
+
+from __future__ import annotations
+
+import importlib
+import os
+from pathlib import Path
+
+import pytest
+
+importlinter_cli = pytest.importorskip("importlinter.cli")
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def lint(config: Path) -> int:
+    cwd = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        return importlinter_cli.lint_imports(
+            config_filename=str(config), no_cache=True, no_logo=True
+        )
+    finally:
+        os.chdir(cwd)
+
+
+def test_the_layers_contract_is_kept():
+    assert lint(ROOT / "pyproject.toml") == importlinter_cli.EXIT_STATUS_SUCCESS
+
+
+def test_the_checker_sees_an_upward_import(tmp_path):
+    """The same tool on a contract the code breaks (the models import the layers, so the
+    layers cannot sit above them): it must fail, or the kept contract above proves nothing."""
+    config = tmp_path / "inverted.toml"
+    config.write_text(
+        '[tool.importlinter]\nroot_package = "libai"\n\n'
+        "[[tool.importlinter.contracts]]\n"
+        'name = "inverted"\ntype = "layers"\nlayers = ["libai.layers", "libai.models"]\n'
+    )
+    assert lint(config) == importlinter_cli.EXIT_STATUS_ERROR
+
+
+RUNTIME = [
+    "amp",
+    "amp_lists",
+    "blocks",
+    "core",
+    "fsdp",
+    "grad_clip",
+    "grad_overlap",
+    "hooks",
+    "parallel",
+    "pipeline_stages",
+    "sequence_parallel",
+    "trainer",
+    "zero",
+]
+
+
+FLEETX = ["engine", "module", "module_hooks", "yaml_setup", "yaml_optim", "export", "modules"]
+FLEETX += [f"modules.{m}" for m in ("base", "classification", "gpt", "llama", "vit")]
+MOVED = [(f"libai.engine.{m}", f"libai.runtime.{m}") for m in RUNTIME]
+MOVED += [(f"libai.engine.{m}", f"libai.fleetx.{m}") for m in FLEETX]
+
+
+@pytest.mark.parametrize("old, new", MOVED)
+def test_old_paths_are_the_same_modules(old, new):
+    """``libai.engine.<name>`` (the path of earlier releases, and of users' code) is the very
+    module at its new path: patching one patches the other, and classes are identical."""
+    module = importlib.import_module(old)
+    assert module is importlib.import_module(new)
+    parent, _, leaf = old.rpartition(".")
+    assert getattr(importlib.import_module(parent), leaf) is module
+
+
+def test_old_names_keep_working():
+    from libai.engine import (
+        BasicModule,
+        DefaultTrainer,
+        EagerTrainer,
+        Engine,
+        HookBase,
+        ModelRunner,
+        default_setup,
+    )
+    from libai.engine.hooks import BestCheckpointer, EvalHook, PeriodicCheckpointer
+    from libai.engine.modules.gpt import GPTModule
+    from libai.engine.parallel import ModelRunner as Runner
+    from libai.fleetx import BasicModule as FleetXModule
+    from libai.fleetx import Engine as FleetXEngine
+    from libai.fleetx.modules import gpt
+    from libai.runtime import hooks, parallel, trainer
+
+    assert Runner is ModelRunner is parallel.ModelRunner
+    assert (EagerTrainer, HookBase) == (trainer.EagerTrainer, trainer.HookBase)
+    assert (BestCheckpointer, EvalHook, PeriodicCheckpointer) == (
+        hooks.BestCheckpointer,
+        hooks.EvalHook,
+        hooks.PeriodicCheckpointer,
+    )
+    assert (Engine, BasicModule, GPTModule) == (FleetXEngine, FleetXModule, gpt.GPTModule)
+    assert callable(default_setup) and DefaultTrainer
