@@ -85,7 +85,9 @@ def fleetx_runs(root: Path, env: dict) -> dict:
 
 def accelerate_runs(root: Path, env: dict) -> dict:
     import accelerate_data as data
+    import torch
 
+    torch.manual_seed(0)  # the tiny model's random weights: the same in every recording
     files = {"bert": data.bert_dir(root / "files"), "cls": data.classification_csv(root / "files")}
     run_dir = root / "accelerate-bert-dp2"
     argv = task_argv(files, "sequence_classification", run_dir, model="bert", steps=STEPS)
