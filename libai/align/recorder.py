@@ -473,7 +473,7 @@ def _world_size() -> int:
 def _layout() -> dict | None:
     from libai.utils import distributed as dist
 
-    util = dist._DIST_UTIL
+    util = dist.current_dist_util()
     if util is None:
         return None
     lay = util.layout

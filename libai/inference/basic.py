@@ -83,7 +83,7 @@ def setup_mesh(dist_cfg: Mapping) -> dist.DistUtil:
         else int(os.environ.get("WORLD_SIZE", 1))
     )
     layout = dist.resolve_layout(dist_cfg, world)
-    current = dist._DIST_UTIL  # no public "is it set up" accessor; get_dist_util() builds one
+    current = dist.current_dist_util()  # get_dist_util() would build a single-process one
     if current is not None and current.layout == layout:
         return current
     return dist.setup_dist_util(dict(dist_cfg))

@@ -19,7 +19,8 @@ import os
 import numpy as np
 import torch
 
-from libai.inference.basic import BasePipeline, _get
+from libai.config import try_get_key
+from libai.inference.basic import BasePipeline
 from libai.inference.classification_utils import (
     apply_function,
     check_function,
@@ -81,7 +82,8 @@ class ImageClassificationPipeline(BasePipeline):
     def _image_processing(self) -> dict:
         """ViTImageProcessor settings: defaults, the model's image size, then the model
         directory's ``preprocessor_config.json``."""
-        side = self.hf_config.get("image_size") or _get(self.cfg, "model.cfg.img_size") or 224
+        img_size = None if self.cfg is None else try_get_key(self.cfg, "model.cfg.img_size")
+        side = self.hf_config.get("image_size") or img_size or 224
         settings = {**DEFAULTS, "size": {"height": int(side), "width": int(side)}}
         path = os.path.join(self.model_path or "", PREPROCESSOR_CONFIG)
         if self.model_path and os.path.isfile(path):

@@ -197,7 +197,7 @@ def position_loader(trainer: EagerTrainer, consumed: int, global_batch_size: int
         data = iter(trainer.data_loader)
         for _ in range(skip):
             next(data)
-        trainer._data_iter = data
+        trainer.set_data_iter(data)
 
 
 def build_training_loop(

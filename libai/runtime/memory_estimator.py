@@ -154,12 +154,8 @@ class CountingDistUtil(dist.DistUtil):
 @contextlib.contextmanager
 def counting_mesh(util: CountingDistUtil):
     """Make ``util`` the current mesh (restoring the previous one after)."""
-    previous = dist._DIST_UTIL
-    dist._DIST_UTIL = util
-    try:
+    with dist.use_dist_util(util):
         yield util
-    finally:
-        dist._DIST_UTIL = previous
 
 
 def build_stage_model(model_cfg, util: CountingDistUtil) -> nn.Module:

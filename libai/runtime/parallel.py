@@ -33,6 +33,7 @@ from torch.distributed.tensor import DTensor
 
 from libai.runtime.amp import DynamicLossScaler, autocast
 from libai.runtime.blocks import compile_layers, enable_activation_checkpointing
+from libai.runtime.buckets import bucket_tensors
 from libai.runtime.fsdp import fsdp_forward_method
 from libai.runtime.grad_clip import clip_grad_norm_
 from libai.runtime.pipeline_stages import (
@@ -450,7 +451,7 @@ class ModelRunner:
             self._grad_reducer.finish()  # launched during backward
         elif self.util.dp_group is not None:
             grads = [_local(p.grad) for p in self.model.parameters() if p.grad is not None]
-            for bucket in _buckets(grads):
+            for bucket in bucket_tensors(grads):
                 flat = _flatten_dense_tensors(bucket)
                 torch_dist.all_reduce(flat, group=self.util.dp_group)
                 flat /= self.util.layout.data_parallel_size
@@ -582,21 +583,6 @@ def split_batch(batch, n: int) -> list:
         parts = [split_batch(v, n) for v in batch]
         return [type(batch)(p[i] for p in parts) for i in range(n)]
     return [batch] * n
-
-
-def _buckets(tensors: list[torch.Tensor], bucket_bytes: int = 25 * 2**20):
-    """Group same-dtype tensors into buckets of about ``bucket_bytes`` for fewer collectives."""
-    bucket, size = [], 0
-    for t in tensors:
-        if bucket and (
-            size + t.numel() * t.element_size() > bucket_bytes or t.dtype != bucket[0].dtype
-        ):
-            yield bucket
-            bucket, size = [], 0
-        bucket.append(t)
-        size += t.numel() * t.element_size()
-    if bucket:
-        yield bucket
 
 
 def train_step(runner: ModelRunner, batch: Mapping[str, torch.Tensor], optimizer) -> float:

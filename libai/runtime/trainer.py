@@ -170,6 +170,11 @@ class EagerTrainer(TrainerBase):
             self._data_iter = iter(self.data_loader)
         return self._data_iter
 
+    def set_data_iter(self, data_iter) -> None:
+        """Train from ``data_iter`` (an iterator over ``data_loader``, e.g. advanced to a
+        resume point) from the next step on."""
+        self._data_iter = data_iter
+
     def set_data_loader(self, data_loader) -> None:
         """Train on ``data_loader`` from the next step on (e.g. rebuilt at a resume point)."""
         self.data_loader, self._data_iter = data_loader, None

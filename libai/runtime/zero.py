@@ -42,6 +42,7 @@ from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.distributed.tensor import DTensor
 
+from libai.runtime.buckets import bucket_tensors
 from libai.runtime.fsdp import HSDP_KEY, FullyShardedGrads, apply_fully_shard
 from libai.utils import distributed as dist
 
@@ -50,12 +51,6 @@ SUPPORTED_STAGES = (1, 2)  # by ZeroOptimizer; stage 3 is FSDP2
 
 def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
-
-
-def _buckets(tensors, bucket_bytes: int = 25 * 2**20):
-    from libai.runtime.parallel import _buckets as buckets
-
-    return buckets(tensors, bucket_bytes)
 
 
 def resolve_zero_stage(zero_cfg, layout) -> int | None:
@@ -247,7 +242,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         """Every parameter's local tensor from its owner to the other dp ranks."""
         for owner, params in enumerate(self.owned_by):
             tensors = [_local(p).detach() for p in params]
-            for bucket in _buckets(tensors):
+            for bucket in bucket_tensors(tensors):
                 if len(bucket) == 1:
                     torch_dist.broadcast(bucket[0], group=self.group, group_src=owner)
                     continue
@@ -263,7 +258,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         other ranks drop theirs. Called by ``ModelRunner.sync_gradients``."""
         for owner, params in enumerate(self.owned_by):
             grads = [_local(p.grad) for p in params if p.grad is not None]
-            for bucket in _buckets(grads):
+            for bucket in bucket_tensors(grads):
                 flat = bucket[0] if len(bucket) == 1 else _flatten_dense_tensors(bucket)
                 torch_dist.reduce(flat, group=self.group, group_dst=owner)
                 if owner == self.dp_rank:

@@ -18,6 +18,7 @@ Usage::
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import logging
 import os
@@ -371,6 +372,24 @@ def get_dist_util() -> DistUtil:
     if _DIST_UTIL is None:
         setup_dist_util()
     return _DIST_UTIL
+
+
+def current_dist_util() -> DistUtil | None:
+    """The current :class:`DistUtil`, or ``None`` when no mesh is set up (unlike
+    :func:`get_dist_util`, which builds a single-process one)."""
+    return _DIST_UTIL
+
+
+@contextlib.contextmanager
+def use_dist_util(util):
+    """Make ``util`` (a :class:`DistUtil` or a stand-in with its interface, e.g. the memory
+    estimator's counting mesh) the current one inside the block; the previous one after."""
+    global _DIST_UTIL
+    previous, _DIST_UTIL = _DIST_UTIL, util
+    try:
+        yield util
+    finally:
+        _DIST_UTIL = previous
 
 
 def reset_dist_util() -> None:
