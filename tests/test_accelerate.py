@@ -70,7 +70,7 @@ def assert_export_is_the_trained_model(task, model_dir, out) -> None:
     from the checkpoint) gives the exported model's logits; a zoo model, re-exported on one
     process, gives the exported weights bit for bit."""
     from libai.accelerate.models import HFTaskModel, model_type_of, zoo_class_name
-    from libai.utils.checkpoint import Checkpointer
+    from libai.checkpoint.checkpointer import Checkpointer
 
     dist.setup_dist_util({})
     auto = getattr(transformers, cli.get_task(task).auto_model)
@@ -164,9 +164,9 @@ def test_data_parallel_tensor_and_pipeline_parallel_runs(accelerate_files, one_p
             assert final_eval(tmp_path / name) == pytest.approx(want, rel=1e-5), name
     # each layout wrote back exactly what it trained: its final checkpoint, exported on one
     # process
+    from libai.checkpoint.checkpointer import Checkpointer
     from libai.models import BertForClassification
     from libai.models.utils import load_huggingface, save_huggingface
-    from libai.utils.checkpoint import Checkpointer
 
     for name in layouts:
         dist.setup_dist_util({})

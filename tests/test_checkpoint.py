@@ -23,9 +23,9 @@ import torch.distributed.checkpoint as dcp
 from launch import SCRIPTS, torchrun
 from torch import nn
 
-from libai.utils import checkpoint as ckpt_mod
+from libai.checkpoint import checkpointer as ckpt_mod
+from libai.checkpoint.checkpointer import Checkpointer, CheckpointError, PeriodicCheckpointer
 from libai.utils import distributed as dist
-from libai.utils.checkpoint import Checkpointer, CheckpointError, PeriodicCheckpointer
 
 sys.path.insert(0, str(SCRIPTS))
 import checkpoint_layouts as layouts  # noqa: E402
@@ -319,7 +319,7 @@ def test_killed_process_mid_save(tmp_path):
         import os, signal, torch
         import torch.distributed.checkpoint as dcp
         from libai.utils import distributed as dist
-        from libai.utils.checkpoint import Checkpointer
+        from libai.checkpoint.checkpointer import Checkpointer
 
         dist.setup_dist_util({{}})
         torch.manual_seed(0)
@@ -429,10 +429,10 @@ def test_checkpoint_of_another_model_is_a_clear_error(saved_toy, tmp_path):
 def test_resume_without_checkpoint_starts_fresh(tmp_path, caplog):
     model, _, _, checkpointer = toy_setup(tmp_path / "empty")
     before = values(model)
-    log = logging.getLogger("libai.utils.checkpoint")
+    log = logging.getLogger("libai.checkpoint.checkpointer")
     log.addHandler(caplog.handler)  # robust to a non-propagating "libai" logger
     try:
-        with caplog.at_level(logging.INFO, logger="libai.utils.checkpoint"):
+        with caplog.at_level(logging.INFO, logger="libai.checkpoint.checkpointer"):
             assert not checkpointer.has_checkpoint()
             assert checkpointer.get_checkpoint_file() is None
             assert checkpointer.resume_or_load(None, resume=True) == {}

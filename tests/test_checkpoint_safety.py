@@ -24,11 +24,11 @@ import torch.distributed.checkpoint as dcp
 from engine_helpers import TINY_GPT_YAML, run_command
 from train_net_helpers import ROOT, TINY, run_train_net
 
-from libai.utils import checkpoint_view
+from libai.checkpoint import view as checkpoint_view
+from libai.checkpoint.checkpointer import Checkpointer, CheckpointError, PeriodicCheckpointer
+from libai.checkpoint.manifest import MANIFEST, file_checksums, manifest_text
+from libai.checkpoint.safe_load import read_dcp_metadata, torch_load_data
 from libai.utils import distributed as dist
-from libai.utils.checkpoint import Checkpointer, CheckpointError, PeriodicCheckpointer
-from libai.utils.checkpoint_manifest import MANIFEST, file_checksums, manifest_text
-from libai.utils.safe_load import read_dcp_metadata, torch_load_data
 
 CONFIG = ROOT / "configs" / "gpt2_pretrain.py"
 RUN = [
@@ -241,8 +241,8 @@ def test_a_fresh_run_keeps_an_earlier_runs_checkpoints(tmp_path, caplog):
 
     # a second, fresh run into the same directory (no resume): warned, nothing of run 1 lost
     _, second = toy(tmp_path, seed=1)
-    caplog.set_level("WARNING", logger="libai.utils.checkpoint")
-    logger = __import__("logging").getLogger("libai.utils.checkpoint")
+    caplog.set_level("WARNING", logger="libai.checkpoint.checkpointer")
+    logger = __import__("logging").getLogger("libai.checkpoint.checkpointer")
     logger.addHandler(caplog.handler)
     try:
         assert second.resume_or_load(None, resume=False) == {}
@@ -417,7 +417,7 @@ def test_a_full_disk_is_one_line_and_keeps_the_last_checkpoint(tmp_path):
             f"""
             import torch
             from libai.utils import distributed as dist
-            from libai.utils.checkpoint import Checkpointer
+            from libai.checkpoint.checkpointer import Checkpointer
             from libai.utils.cli import run_cli
 
             def main():
@@ -459,7 +459,7 @@ def test_a_full_disk_is_one_line_and_keeps_the_last_checkpoint(tmp_path):
 
 
 def test_run_cli_prints_a_checkpoint_error_in_one_line(tmp_path):
-    code = "from libai.utils.cli import run_cli\nfrom libai.utils.checkpoint import "
+    code = "from libai.utils.cli import run_cli\nfrom libai.checkpoint.checkpointer import "
     code += "CheckpointError\ndef main():\n    raise CheckpointError('checkpoint x is corrupt.')\n"
     code += "run_cli(main)\n"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

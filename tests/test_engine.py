@@ -12,8 +12,8 @@ import torch
 from engine_helpers import SIMPLE_NET, RecordingModule, make_engine, run_tool, simple_cfg
 from train_net_helpers import read_metrics
 
+from libai.checkpoint.checkpointer import Checkpointer
 from libai.fleetx.yaml_config import load_yaml_config
-from libai.utils.checkpoint import Checkpointer
 
 
 def test_simple_net_trains_evaluates_predicts_and_writes_the_run(tmp_path):

@@ -25,13 +25,13 @@ from inference_helpers import (
 )
 from launch import torchrun
 
+from libai.checkpoint.checkpointer import Checkpointer
 from libai.inference import (
     FillMaskPipeline,
     ImageClassificationPipeline,
     TextClassificationPipeline,
 )
 from libai.models.utils import CheckpointError
-from libai.utils.checkpoint import Checkpointer
 
 transformers.logging.set_verbosity_error()
 

@@ -326,9 +326,9 @@ def _load_checkpoint(model, cfg, checkpoint: str):
     """Load a trainer checkpoint (any training layout) into ``model`` on this mesh, as
     :func:`libai.onnx_export.loading.load_checkpoint_model` does in one process (the vocab
     size the trainer padded and saved after config.yaml)."""
+    from libai.checkpoint.checkpointer import Checkpointer
     from libai.config import instantiate, try_get_key
     from libai.onnx_export.loading import checkpoint_vocab_size
-    from libai.utils.checkpoint import Checkpointer
 
     vocab = try_get_key(cfg, "model.cfg.vocab_size")
     if vocab is not None:

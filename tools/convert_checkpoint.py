@@ -30,10 +30,10 @@ import sys
 # checkout (its libai, and its projects/ after the user's)
 sys.path[:0] = [os.getcwd(), os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))]
 
+from libai.checkpoint.checkpointer import Checkpointer  # noqa: E402
 from libai.models.utils import load_huggingface, save_huggingface  # noqa: E402
 from libai.models.utils.hf_export import model_libai_cfg  # noqa: E402
 from libai.utils import distributed as dist  # noqa: E402
-from libai.utils.checkpoint import Checkpointer  # noqa: E402
 from libai.utils.cli import run_cli  # noqa: E402
 
 logger = logging.getLogger("libai.convert_checkpoint")

@@ -31,6 +31,7 @@ from torch import nn
 
 from libai.accelerate.arguments import check_args, parse_args, train_namespace
 from libai.accelerate.data import build_loader
+from libai.checkpoint.checkpointer import Checkpointer
 from libai.optim import get_default_optimizer_params
 from libai.runtime.core import (
     build_checkpointer,
@@ -42,7 +43,6 @@ from libai.runtime.core import (
 from libai.runtime.trainer import to_device
 from libai.scheduler import WarmupCosineLR, WarmupLinearLR
 from libai.utils import distributed as dist
-from libai.utils.checkpoint import Checkpointer
 
 logger = logging.getLogger(__name__)
 

@@ -392,7 +392,7 @@ class Engine:
         LR schedule, loss scaler, RNG and data position, so :meth:`fit` continues exactly
         where the saved run was; otherwise the weights only. Checkpoints reshard: any
         layout loads any other's."""
-        from libai.utils.checkpoint import Checkpointer
+        from libai.checkpoint.checkpointer import Checkpointer
 
         path = path or self.cfg.Engine.save_load.ckpt_dir
         if not path:

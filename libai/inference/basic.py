@@ -266,7 +266,7 @@ class BasePipeline(ABC):
 
         ``path`` is a checkpoint directory, or an output directory whose ``last_checkpoint``
         names one."""
-        from libai.utils.checkpoint import Checkpointer
+        from libai.checkpoint.checkpointer import Checkpointer
 
         checkpointer = Checkpointer(model, path)
         if checkpointer.has_checkpoint():

@@ -65,7 +65,7 @@ def resolve_checkpoint(path: str | os.PathLike) -> str:
 
 
 def _checkpoint_shapes(checkpoint: str) -> dict[str, tuple[int, ...]]:
-    from libai.utils.checkpoint import read_checkpoint_metadata
+    from libai.checkpoint.checkpointer import read_checkpoint_metadata
 
     meta = read_checkpoint_metadata(checkpoint).state_dict_metadata
     return {k: tuple(v.size) for k, v in meta.items() if hasattr(v, "size")}
@@ -92,8 +92,8 @@ def load_checkpoint_model(
     """Build ``model`` of the LazyConfig ``config_file`` (with Hydra-style ``opts`` overrides)
     in one process and load the DCP checkpoint ``checkpoint`` (a checkpoint directory or a
     training output directory) into it, whatever layout it was trained on."""
+    from libai.checkpoint.checkpointer import Checkpointer
     from libai.config import LazyConfig, instantiate, try_get_key
-    from libai.utils.checkpoint import Checkpointer
 
     cfg = LazyConfig.load(config_file)
     if opts:

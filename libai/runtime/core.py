@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from libai.checkpoint.checkpointer import Checkpointer
 from libai.config import try_get_key
 from libai.runtime import hooks
 from libai.runtime.amp import DynamicLossScaler, resolve_amp_dtype
@@ -31,7 +32,6 @@ from libai.runtime.parallel import ModelRunner
 from libai.runtime.trainer import EagerTrainer
 from libai.runtime.zero import prepare_model, resolve_zero_stage, shard_optimizer
 from libai.utils import distributed as dist
-from libai.utils.checkpoint import Checkpointer
 from libai.utils.events import CommonMetricPrinter, JSONWriter, TensorboardXWriter
 
 logger = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ them between those ranks:
 :class:`ZeroOptimizer` is a ``torch.optim.Optimizer`` (so LR schedulers accept it) whose
 ``param_groups`` and ``state`` are those of the inner optimizer over the parameters this
 rank owns. Checkpoints hold no per-rank optimizer part: the
-:class:`~libai.utils.checkpoint.Checkpointer` saves the inner optimizer through DCP, each
+:class:`~libai.checkpoint.checkpointer.Checkpointer` saves the inner optimizer through DCP, each
 owner writing its parameters' state under their names (``optimizer.state.<fqn>.exp_avg``,
 the tensor-parallel shards as DTensor chunks). That is the form a run without ZeRO saves,
 so a checkpoint of any stage loads on any layout and any stage: each rank reads the

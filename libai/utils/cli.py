@@ -5,11 +5,11 @@ from __future__ import annotations
 import sys
 
 from libai.utils import distributed as dist
-from libai.utils.checkpoint_files import CheckpointError
+from libai.utils.errors import OneLineError
 
 #: errors that mean bad input (a config key, a path, a size, a bad or unsafe checkpoint, a
 #: full disk): reported in one line
-INPUT_ERRORS = (ValueError, FileNotFoundError, KeyError, NotImplementedError, CheckpointError)
+INPUT_ERRORS = (ValueError, FileNotFoundError, KeyError, NotImplementedError, OneLineError)
 
 
 def run_cli(main) -> None:

@@ -21,12 +21,12 @@ import torch
 from common import parse_out_dir, run_checks
 from gpt_reference import BATCH, SEED, TINY_GPT, make_batch
 
+from libai.checkpoint import checkpointer as ckpt_mod
+from libai.checkpoint.checkpointer import Checkpointer, CheckpointError
 from libai.models import GPTForPreTraining
 from libai.runtime.amp import DynamicLossScaler
 from libai.runtime.parallel import ModelRunner
-from libai.utils import checkpoint as ckpt_mod
 from libai.utils import distributed as dist
-from libai.utils.checkpoint import Checkpointer, CheckpointError
 
 GPT = dict(TINY_GPT, embedding_dropout_prob=0.1, attention_dropout_prob=0.1)
 PP = {"pipeline_parallel_size": 2, "pipeline_num_layers": TINY_GPT["hidden_layers"]}
@@ -267,7 +267,7 @@ def failure_phase(root: str) -> dict:
 def main():
     out_dir, _, rest = parse_out_dir()
     phase, root = rest[0], rest[1]
-    logging.getLogger("libai.utils.checkpoint").addHandler(WARNINGS)
+    logging.getLogger("libai.checkpoint.checkpointer").addHandler(WARNINGS)
 
     def checks():
         if phase == "save":

@@ -4,7 +4,7 @@
 xxh3-64 checksum (``xxhash``, streamed in 8 MiB blocks; hashing runs at memory speed, so the
 cost is one read of the files). It is written inside the ``.tmp`` directory before the
 atomic rename that commits a checkpoint, so a committed checkpoint always has one.
-:class:`~libai.utils.checkpoint.Checkpointer` splits the hashing of a save and the checks of
+:class:`~libai.checkpoint.checkpointer.Checkpointer` splits the hashing of a save and the checks of
 a load over the ranks (each rank hashes every ``world_size``-th file).
 """
 

@@ -2,7 +2,7 @@
 and one-line descriptions of what went wrong.
 
 Everything here runs on one rank and reads or writes files only; the collectives live in
-:mod:`libai.utils.checkpoint`.
+:mod:`libai.checkpoint.checkpointer`.
 """
 
 from __future__ import annotations
@@ -16,19 +16,20 @@ from collections.abc import Iterator
 
 from torch.distributed.checkpoint.api import CheckpointException
 
-from libai.utils.checkpoint_manifest import (
+from libai.checkpoint.manifest import (
     MANIFEST,
     ManifestError,
     read_manifest,
     verify_files,
     verify_sizes,
 )
-from libai.utils.safe_load import (
+from libai.checkpoint.safe_load import (
     CorruptDataError,
     UnsafeDataError,
     read_dcp_metadata,
     torch_load_data,
 )
+from libai.utils.errors import OneLineError
 
 FORMAT = "libai-dcp-1"
 META = "meta.json"
@@ -37,7 +38,7 @@ TMP_SUFFIX = ".tmp"
 OLD_SUFFIX = ".old"
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(RuntimeError, OneLineError):
     """A checkpoint that is missing, incomplete, corrupt, unsafe or does not fit the model;
     or a save that failed. The message is one line and names the checkpoint."""
 
