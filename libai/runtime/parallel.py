@@ -31,6 +31,12 @@ from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.distributed.tensor import DTensor
 
+from libai.models.contract import (
+    PipelineInputs,
+    PipelineStageInputs,
+    PipelineTarget,
+    missing_pipeline_members,
+)
 from libai.runtime.amp import DynamicLossScaler, autocast
 from libai.runtime.blocks import compile_layers, enable_activation_checkpointing
 from libai.runtime.buckets import bucket_tensors
@@ -241,17 +247,12 @@ class ModelRunner:
             layout.pipeline_parallel_size,
             layout.virtual_pipeline_size,
         )
-        for attr, alternative in (
-            ("pipeline_forward", None),
-            ("pipeline_loss", None),
-            ("pipeline_input_key", "pipeline_inputs"),
-            ("pipeline_target_key", "pipeline_target"),
-        ):
-            if not hasattr(self.model, attr) and not hasattr(self.model, alternative or attr):
-                raise TypeError(
-                    f"{type(self.model).__name__} lacks '{attr}' and cannot run with "
-                    "pipeline_parallel_size > 1."
-                )
+        missing = missing_pipeline_members(self.model)
+        if missing:
+            raise TypeError(
+                f"{type(self.model).__name__} lacks {', '.join(missing)} (the pipeline model "
+                "contract, libai.models.contract) and cannot run with pipeline_parallel_size > 1."
+            )
         stages = util.local_stages()
         prune_to_stages(self.model, set(stages))
         if len(stages) == 1:
@@ -528,7 +529,7 @@ def pipeline_inputs(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> tupl
     """The first stage's positional inputs: ``model.pipeline_inputs(batch)`` if the model
     defines it (several tensors, e.g. ids and a padding mask), else
     ``(batch[model.pipeline_input_key],)``."""
-    if hasattr(model, "pipeline_inputs"):
+    if isinstance(model, PipelineInputs):
         return tuple(model.pipeline_inputs(batch))
     return (batch[model.pipeline_input_key],)
 
@@ -544,7 +545,7 @@ def pipeline_stage_kwargs(model: nn.Module, batch: Mapping[str, torch.Tensor]) -
     ``torch.distributed.pipelining`` marks each received tensor as requiring grad, which
     only floating-point tensors can), and not sending them saves their bytes on every
     micro-batch. ``None`` values are dropped."""
-    if not hasattr(model, "pipeline_stage_kwargs"):
+    if not isinstance(model, PipelineStageInputs):
         return {}
     return {k: v for k, v in model.pipeline_stage_kwargs(batch).items() if v is not None}
 
@@ -552,7 +553,7 @@ def pipeline_stage_kwargs(model: nn.Module, batch: Mapping[str, torch.Tensor]) -
 def pipeline_target(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
     """The last stage's target: ``model.pipeline_target(batch)`` (one tensor; models with
     several targets pack them) if defined, else ``batch[model.pipeline_target_key]``."""
-    if hasattr(model, "pipeline_target"):
+    if isinstance(model, PipelineTarget):
         return model.pipeline_target(batch)
     return batch[model.pipeline_target_key]
 

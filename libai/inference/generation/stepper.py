@@ -37,6 +37,7 @@ from torch import nn
 
 from libai.inference.stage_comm import StagePipe
 from libai.layers.kv_cache import KVCache, StaticKVCache
+from libai.models.contract import EncoderDecoderGenerator, Generator
 from libai.models.utils.hf_export import model_libai_cfg
 
 
@@ -92,7 +93,7 @@ class ModelStepper:
         max_cache_len: int | None = None,
         compile_mode: str | None = None,
     ):
-        if not hasattr(model, "decode_stage"):
+        if not isinstance(model, Generator):
             raise TypeError(
                 f"{type(model).__name__} cannot generate text: text generation supports "
                 "decoder-only (GPT-2, Llama, Qwen2) and encoder-decoder (T5, mT5) models"
@@ -100,7 +101,7 @@ class ModelStepper:
         self.model, self.pipe, self.amp_dtype = model, pipe or StagePipe(), amp_dtype
         if decode_layout:
             use_decode_layout(model)
-        self.is_encoder_decoder = hasattr(model, "encode_stage")
+        self.is_encoder_decoder = isinstance(model, EncoderDecoderGenerator)
         self.is_last = self.pipe.is_last
         hparams = model_libai_cfg(model)
         self.vocab_size = hparams["vocab_size"]
