@@ -136,3 +136,17 @@ def run_command(cmd, overrides, *, nproc=1, env=None, timeout=300, check=True):
             f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
         )
     return proc
+
+
+def tiny_gpt_yaml_run(steps: int) -> list[str]:
+    """projects/gpt's YAML as a quick fp32 run of ``steps`` steps: the tiny GPT, 4 samples a
+    step, a loss logged every step, no evaluation."""
+    return [
+        *TINY_GPT_YAML,
+        f"Engine.max_steps={steps}",
+        "Engine.logging_freq=1",
+        "Engine.eval_freq=-1",
+        "Engine.mix_precision.enable=false",
+        "Global.local_batch_size=4",
+        "Global.micro_batch_size=null",
+    ]

@@ -23,7 +23,7 @@ TESTS = Path(__file__).resolve().parent
 sys.path[:0] = [str(TESTS), str(TESTS.parent)]  # the helpers, then this checkout (projects/)
 
 from accelerate_helpers import task_argv  # noqa: E402
-from engine_helpers import SIMPLE_NET, SMALL, TINY_GPT_YAML, run_tool  # noqa: E402
+from engine_helpers import SIMPLE_NET, SMALL, run_tool, tiny_gpt_yaml_run  # noqa: E402
 from launch import free_port  # noqa: E402
 from train_net_helpers import ROOT, TINY, read_metrics, run_train_net, train_env  # noqa: E402
 
@@ -63,15 +63,7 @@ def fleetx_runs(root: Path, env: dict) -> dict:
     runs = {
         "fleetx/gpt": (
             gpt_yaml,
-            [
-                *TINY_GPT_YAML,
-                f"Engine.max_steps={STEPS}",
-                "Engine.logging_freq=1",
-                "Engine.eval_freq=-1",
-                "Engine.mix_precision.enable=false",
-                "Global.local_batch_size=4",
-                "Global.micro_batch_size=null",
-            ],
+            tiny_gpt_yaml_run(STEPS),
         ),
         "fleetx/simple_net": (SIMPLE_NET, [*SMALL, "Engine.eval_freq=-1"]),
     }

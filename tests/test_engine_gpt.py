@@ -5,19 +5,13 @@ the same config values, on 1 process and on dp2, tp2 and pp2."""
 from __future__ import annotations
 
 import pytest
-from engine_helpers import ROOT, TINY_GPT_YAML, run_command
+from engine_helpers import ROOT, run_command, tiny_gpt_yaml_run
 from train_net_helpers import TINY, read_metrics, run_train_net
 
 STEPS = 5
 #: the same tiny GPT, data, optimizer and schedule in both vocabularies
 YAML = [
-    *TINY_GPT_YAML,
-    f"Engine.max_steps={STEPS}",
-    "Engine.logging_freq=1",
-    "Engine.eval_freq=-1",
-    "Engine.mix_precision.enable=false",
-    "Global.local_batch_size=4",
-    "Global.micro_batch_size=null",
+    *tiny_gpt_yaml_run(STEPS),
     "Optimizer.name=AdamW",
     "~Optimizer.lr",
     "+Optimizer.lr={name: WarmupCosineLR, learning_rate: 2e-3, warmup_factor: 0.001, "

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from engine_helpers import TINY_GPT_YAML, run_tool
+from engine_helpers import run_tool, tiny_gpt_yaml_run
 from train_net_helpers import ROOT, TINY, read_metrics, run_train_net, train_env
 
 from libai.config import LazyConfig
@@ -31,16 +31,7 @@ USER_FILES = [
     "stdlib_corpus.jsonl",
 ]
 #: projects/gpt's YAML, tiny and quick (as in test_engine_gpt.py), 2 steps
-YAML_TINY = [
-    *TINY_GPT_YAML,
-    "Engine.max_steps=2",
-    "Engine.logging_freq=1",
-    "Engine.eval_freq=-1",
-    "Engine.mix_precision.enable=false",
-    "Global.local_batch_size=4",
-    "Global.micro_batch_size=null",
-    "Optimizer.name=AdamW",
-]
+YAML_TINY = [*tiny_gpt_yaml_run(2), "Optimizer.name=AdamW"]
 
 
 # ---- helpers ------------------------------------------------------------------------------------
