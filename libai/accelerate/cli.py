@@ -30,6 +30,7 @@ from libai.accelerate.models import (
 )
 from libai.accelerate.tasks import get_task
 from libai.accelerate.templates import Finetuner, PreTrainer
+from libai.models.contract import total_loss
 from libai.utils import distributed as dist
 from libai.utils.cli import run_cli
 
@@ -70,8 +71,7 @@ class TaskFinetuner(Finetuner):
         for batch in eval_dataloader:
             out = model(**self.batch_transform(batch))
             outputs = dict(out)
-            losses = [v for k, v in outputs.items() if "loss" in k]
-            outputs["loss"] = sum(losses[1:], losses[0])
+            outputs["loss"] = total_loss(outputs)
             self.task.update(sums, batch, outputs)
         return self.task.compute(self._reduce(sums))
 

@@ -38,6 +38,7 @@ from libai.runtime.core import (
     build_runner,
     build_training_loop,
     seed_all,
+    seed_this_rank,
     shard_optimizer_for,
 )
 from libai.runtime.trainer import to_device
@@ -192,7 +193,7 @@ class AccelerateEngine:
         """The core's runner for ``model`` with the switches of the flags (ZeRO-3 shards the
         model here, so build the optimizer after this)."""
         self.train_cfg = self.train_namespace(train_iter)
-        seed_all(self.args.seed + 1000 * self.util.data_parallel_rank + self.util.pipeline_rank)
+        seed_this_rank(self.args.seed, self.util)
         self.parts = build_runner(
             model,
             self.train_cfg,

@@ -31,6 +31,7 @@ from collections.abc import Mapping
 
 import torch
 
+from libai.models.contract import total_loss
 from libai.runtime.trainer import to_device
 
 logger = logging.getLogger(__name__)
@@ -43,10 +44,8 @@ def model_loss(out) -> torch.Tensor:
     of a mapping's ``*loss*`` entries (the libai model contract)."""
     if isinstance(out, torch.Tensor):
         return out
-    if isinstance(out, Mapping):
-        losses = [v for k, v in out.items() if "loss" in k and v is not None]
-        if losses:
-            return sum(losses[1:], losses[0])
+    if isinstance(out, Mapping) and any("loss" in k and v is not None for k, v in out.items()):
+        return total_loss(out)
     loss = getattr(out, "loss", None)
     if loss is None:
         raise TypeError(f"the forward step returned no loss ({type(out).__name__})")

@@ -27,6 +27,7 @@ from libai.runtime.core import (
     build_writers,
     resolve_compile,
     seed_all,
+    seed_this_rank,
     shard_optimizer_for,
 )
 from libai.runtime.parallel import pipeline_target
@@ -135,7 +136,7 @@ class DefaultTrainer(EagerTrainer):
         # identical weights on every rank and layout, then dropout seeds per dp/pp rank
         seed_all(train.seed)
         model = self.build_model(cfg)
-        seed_all(train.seed + 1000 * util.data_parallel_rank + util.pipeline_rank)
+        seed_this_rank(train.seed, util)
         parts = build_runner(
             model,
             train,

@@ -30,7 +30,7 @@ from libai.runtime.core import (
     build_runner,
     build_training_loop,
     resolve_compile,
-    seed_all,
+    seed_this_rank,
     shard_optimizer_for,
 )
 from libai.runtime.trainer import EagerTrainer, to_device
@@ -87,7 +87,7 @@ class Engine:
             has_eval=self.valid_loader is not None,
         )
         # every rank built the same weights; dropout now differs per data / pipeline rank
-        seed_all(cfg.Global.seed + 1000 * self.util.data_parallel_rank + self.util.pipeline_rank)
+        seed_this_rank(cfg.Global.seed, self.util)
         custom = not self.util.layout.pipeline_parallel_size > 1
         _, _, op_lists = amp_settings(cfg, mode)
         self.parts = build_runner(

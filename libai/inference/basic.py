@@ -36,6 +36,7 @@ from libai.inference.stage_comm import StagePipe
 from libai.inference.tokenizer_loading import find_tokenizer_files, load_tokenizer
 from libai.models.utils import CheckpointReader, load_huggingface, read_hf_config
 from libai.runtime.parallel import pipeline_inputs, pipeline_stage_kwargs, prune_to_stages
+from libai.runtime.run_config import model_num_layers
 from libai.utils import distributed as dist
 
 logger = logging.getLogger(__name__)
@@ -60,17 +61,6 @@ def num_layers_from_hf_config(hf_config: Mapping) -> int | None:
         if hf_config.get(key) is not None:
             return int(hf_config[key])
     return None
-
-
-def num_layers_from_model_cfg(model_cfg) -> int | None:
-    """The pipeline layer count of a libai ``model.cfg`` (``hidden_layers`` or ViT's
-    ``depth``, plus T5's ``num_decoder_layers``), as the trainer computes it."""
-    if model_cfg is None:
-        return None
-    layers = _get(model_cfg, "hidden_layers", "depth")
-    if layers is None:
-        return None
-    return int(layers) + int(_get(model_cfg, "num_decoder_layers", default=0) or 0)
 
 
 def setup_mesh(dist_cfg: Mapping) -> dist.DistUtil:
@@ -180,7 +170,7 @@ class BasePipeline(ABC):
             pipeline_num_layers = (
                 num_layers_from_hf_config(self.hf_config)
                 if mode == "huggingface"
-                else num_layers_from_model_cfg(_get(self.cfg, "model.cfg"))
+                else model_num_layers(_get(self.cfg, "model.cfg"))
             )
         dist_cfg = {
             "data_parallel_size": data_parallel,

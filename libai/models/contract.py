@@ -27,6 +27,7 @@ __all__ = [
     "PipelineStageInputs",
     "PipelineTarget",
     "missing_pipeline_members",
+    "total_loss",
 ]
 
 
@@ -79,3 +80,12 @@ def missing_pipeline_members(model) -> list[str]:
     if not (isinstance(model, PipelineTarget) or hasattr(model, "pipeline_target_key")):
         missing.append("pipeline_target_key or pipeline_target(batch)")
     return missing
+
+
+def total_loss(outputs: Mapping[str, torch.Tensor | None]) -> torch.Tensor:
+    """The training loss of a model's output dict: the sum of its entries with "loss" in
+    their key (``None`` entries skipped). ``KeyError`` naming the keys when there is none."""
+    losses = [v for k, v in outputs.items() if "loss" in k and v is not None]
+    if not losses:
+        raise KeyError(f"the model returned no loss (keys: {sorted(outputs)})")
+    return sum(losses[1:], losses[0])

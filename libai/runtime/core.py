@@ -45,6 +45,7 @@ __all__ = [
     "build_writers",
     "position_loader",
     "seed_all",
+    "seed_this_rank",
     "shard_optimizer_for",
 ]
 
@@ -64,6 +65,13 @@ def seed_all(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+
+
+def seed_this_rank(seed: int, util) -> None:
+    """After the model is built (from ``seed`` on every rank: the same weights on every
+    layout): this rank's random streams for dropout and data, distinct per data-parallel and
+    pipeline rank, shared by the tensor-parallel ranks of one shard."""
+    seed_all(seed + 1000 * util.data_parallel_rank + util.pipeline_rank)
 
 
 class RunnerParts(NamedTuple):

@@ -36,6 +36,7 @@ from libai.models.contract import (
     PipelineStageInputs,
     PipelineTarget,
     missing_pipeline_members,
+    total_loss,
 )
 from libai.runtime.amp import DynamicLossScaler, autocast
 from libai.runtime.blocks import compile_layers, enable_activation_checkpointing
@@ -212,9 +213,9 @@ class ModelRunner:
     def _loss(self, batch) -> torch.Tensor:
         """The loss of one (micro-)batch: ``loss_fn(batch)`` or ``model(**batch)``'s."""
         if self.loss_fn is None:
-            return _total_loss(self.model(**batch))
+            return total_loss(self.model(**batch))
         out = self.loss_fn(batch)
-        return out if isinstance(out, torch.Tensor) else _total_loss(out)
+        return out if isinstance(out, torch.Tensor) else total_loss(out)
 
     def _backward(self, loss: torch.Tensor) -> None:
         if self.backward_fn is None:
@@ -556,14 +557,6 @@ def pipeline_target(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> torc
     if isinstance(model, PipelineTarget):
         return model.pipeline_target(batch)
     return batch[model.pipeline_target_key]
-
-
-def _total_loss(outputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    """The sum of every output whose key contains "loss" (the model contract)."""
-    losses = [v for k, v in outputs.items() if "loss" in k]
-    if not losses:
-        raise KeyError(f"the model returned no loss (keys: {sorted(outputs)})")
-    return sum(losses[1:], losses[0])
 
 
 def _split(t: torch.Tensor, n: int) -> list[torch.Tensor]:

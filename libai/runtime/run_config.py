@@ -13,19 +13,28 @@ from libai.tokenizer import build_tokenizer
 logger = logging.getLogger(__name__)
 
 
+def model_num_layers(model_cfg) -> int | None:
+    """The pipeline layer count of a libai ``model.cfg``: ``hidden_layers`` (ViT: ``depth``)
+    plus T5's ``num_decoder_layers``; ``None`` when it names none."""
+    if model_cfg is None:
+        return None
+    layers = try_get_key(model_cfg, "hidden_layers")
+    if layers is None:
+        layers = try_get_key(model_cfg, "depth")
+    if layers is None:
+        return None
+    return int(layers) + int(try_get_key(model_cfg, "num_decoder_layers", default=0) or 0)
+
+
 def fill_pipeline_num_layers(cfg) -> None:
-    """pp > 1 needs the layer count: take it from ``model.cfg.hidden_layers`` (``depth`` for
-    ViT; plus ``num_decoder_layers`` for T5) when ``train.dist.pipeline_num_layers`` is
-    unset."""
+    """pp > 1 needs the layer count: :func:`model_num_layers` of ``model.cfg`` when
+    ``train.dist.pipeline_num_layers`` is unset."""
     dist_cfg = cfg.train.dist
     pp = dist_cfg.get("pipeline_parallel_size", 1) or 1
     if pp > 1 and dist_cfg.get("pipeline_num_layers") is None:
-        layers = try_get_key(cfg, "model.cfg.hidden_layers")
-        if layers is None:
-            layers = try_get_key(cfg, "model.cfg.depth")
-        decoder_layers = try_get_key(cfg, "model.cfg.num_decoder_layers")  # T5: E + D
+        layers = model_num_layers(try_get_key(cfg, "model.cfg"))
         if layers is not None:
-            dist_cfg.pipeline_num_layers = int(layers) + int(decoder_layers or 0)
+            dist_cfg.pipeline_num_layers = layers
 
 
 def build_run_tokenizer(cfg):

@@ -9,6 +9,7 @@ import inspect
 from omegaconf import OmegaConf
 
 from libai.fleetx.module import BasicModule, call_with_batch
+from libai.models.contract import total_loss
 
 __all__ = ["AccuracyModule", "ZooModule", "tokenizer_from"]
 
@@ -87,7 +88,7 @@ class AccuracyModule(ZooModule):
     def validation_step(self, batch):
         out = call_with_batch(self, batch)
         logits, labels = out["logits"], batch["labels"]
-        loss = sum(v for k, v in out.items() if "loss" in k)
+        loss = total_loss(out)
         correct = (logits.argmax(dim=-1) == labels).sum() if logits.dim() > 1 else 0
         return {"loss": loss, "correct": correct, "count": labels.numel()}
 
