@@ -10,6 +10,7 @@ from pathlib import Path
 
 from torch import nn
 
+from libai.checkpoint.locate import checkpoint_vocab_size, resolve_checkpoint
 from libai.onnx_export.wrappers import SUPPORTED_MODEL_TYPES, UnsupportedModelError, model_family
 
 logger = logging.getLogger(__name__)
@@ -45,45 +46,6 @@ def load_hf_model(path: str | os.PathLike) -> nn.Module:
         )
     _single_process_mesh()
     return load_huggingface(str(path))
-
-
-def resolve_checkpoint(path: str | os.PathLike) -> str:
-    """A checkpoint directory (with DCP ``.metadata``), or the newest one named by
-    ``last_checkpoint`` in a training output directory."""
-    path = Path(path)
-    if (path / ".metadata").is_file():
-        return str(path)
-    last = path / "last_checkpoint"
-    if last.is_file():
-        name = last.read_text().strip()
-        if name and (path / name / ".metadata").is_file():
-            return str(path / name)
-    raise FileNotFoundError(
-        f"{path} is neither a libai checkpoint (no .metadata) nor a training output directory "
-        "with a last_checkpoint"
-    )
-
-
-def _checkpoint_shapes(checkpoint: str) -> dict[str, tuple[int, ...]]:
-    from libai.checkpoint.checkpointer import read_checkpoint_metadata
-
-    meta = read_checkpoint_metadata(checkpoint).state_dict_metadata
-    return {k: tuple(v.size) for k, v in meta.items() if hasattr(v, "size")}
-
-
-def checkpoint_vocab_size(model: nn.Module, checkpoint: str, vocab_size: int) -> int | None:
-    """The vocabulary size the checkpoint was trained with, where it differs from the config's
-    (the trainer sets ``model.cfg.vocab_size`` from the tokenizer, padded for the training's
-    tensor-parallel size, after saving ``config.yaml``); None if the shapes agree."""
-    shapes = _checkpoint_shapes(checkpoint)
-    for name, param in model.state_dict().items():
-        for key, shape in shapes.items():
-            if not (key == name or key.endswith("." + name)) or len(shape) != param.dim():
-                continue
-            for want, got in zip(shape, param.shape, strict=True):
-                if want != got and got == vocab_size:
-                    return want
-    return None
 
 
 def load_checkpoint_model(
