@@ -31,7 +31,6 @@ from torch import nn
 
 from libai.accelerate.arguments import check_args, parse_args, train_namespace
 from libai.accelerate.data import build_loader
-from libai.checkpoint.checkpointer import Checkpointer
 from libai.optim import get_default_optimizer_params
 from libai.runtime.core import (
     build_checkpointer,
@@ -41,6 +40,7 @@ from libai.runtime.core import (
     seed_this_rank,
     shard_optimizer_for,
 )
+from libai.runtime.resume import load_to_resume
 from libai.runtime.trainer import to_device
 from libai.scheduler import WarmupCosineLR, WarmupLinearLR
 from libai.utils import distributed as dist
@@ -381,13 +381,7 @@ class AccelerateEngine:
         checkpointer.resume_hint = f"resume it with --load {a.save}"
         start, consumed = 0, 0
         if a.load:
-            path = a.load
-            if os.path.isfile(os.path.join(path, "last_checkpoint")):
-                path = Checkpointer(self.runner.model, path).get_checkpoint_file() or path
-            extra = checkpointer.load(path)
-            start = int(extra.get("iteration", -1)) + 1
-            consumed = int(extra.get("consumed_train_samples", 0))
-            logger.info("Resumed at step %d (%d samples consumed)", start, consumed)
+            start, consumed = load_to_resume(checkpointer, a.load) or (0, 0)
         else:  # a fresh start: earlier checkpoints in --save are kept
             checkpointer.warn_about_existing_checkpoints()
         loader = build_loader(

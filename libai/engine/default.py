@@ -31,6 +31,7 @@ from libai.runtime.core import (
     shard_optimizer_for,
 )
 from libai.runtime.parallel import pipeline_target
+from libai.runtime.resume import resume_point
 from libai.runtime.run_config import build_run_tokenizer, fill_pipeline_num_layers
 from libai.runtime.trainer import EagerTrainer
 from libai.runtime.zero import resolve_zero_stage
@@ -267,17 +268,12 @@ class DefaultTrainer(EagerTrainer):
     def resume_or_load(self, resume: bool = True) -> None:
         """Resume from ``output_dir``'s last checkpoint, or load ``train.load_weight``."""
         extra = self.checkpointer.resume_or_load(self.cfg.train.load_weight or None, resume=resume)
-        if resume and "iteration" in extra:
-            self.start_iter = int(extra["iteration"]) + 1
-            self.consumed_train_samples = int(extra.get("consumed_train_samples", 0))
+        point = resume_point(extra) if resume else None
+        if point is not None:
+            self.start_iter, self.consumed_train_samples = point
             self.cfg.train.consumed_train_samples = self.consumed_train_samples
             self.train_loader = self.build_train_loader(self.cfg, self.tokenizer)[0]
             self.set_data_loader(self.train_loader)
-            logger.info(
-                "Resumed at iteration %d (%d samples consumed)",
-                self.start_iter,
-                self.consumed_train_samples,
-            )
 
     def train(self) -> bool:
         """Train from ``start_iter`` to ``train.train_iter``; False (and a log line saying so)

@@ -33,6 +33,7 @@ from libai.runtime.core import (
     seed_this_rank,
     shard_optimizer_for,
 )
+from libai.runtime.resume import load_to_resume
 from libai.runtime.trainer import EagerTrainer, to_device
 from libai.utils import distributed as dist
 from libai.utils.plot import plot_loss_curve
@@ -386,31 +387,20 @@ class Engine:
         )
         return os.path.join(self.checkpointer.save_dir, name)
 
-    def load(self, path: str | None = None, resume: bool = True) -> dict:
+    def load(self, path: str | None = None, resume: bool = True):
         """Load ``path`` (default ``Engine.save_load.ckpt_dir``): a checkpoint, or a directory
         whose ``last_checkpoint`` names one. With ``resume`` (train mode) also the optimizer,
         LR schedule, loss scaler, RNG and data position, so :meth:`fit` continues exactly
         where the saved run was; otherwise the weights only. Checkpoints reshard: any
-        layout loads any other's."""
-        from libai.checkpoint.checkpointer import Checkpointer
-
+        layout loads any other's. Returns the :class:`~libai.runtime.resume.ResumePoint`
+        (``None`` for weights only)."""
         path = path or self.cfg.Engine.save_load.ckpt_dir
         if not path:
             raise ValueError("Engine.load needs a path or Engine.save_load.ckpt_dir")
-        if os.path.isfile(os.path.join(path, "last_checkpoint")):
-            newest = Checkpointer(self.runner.model, path).get_checkpoint_file()
-            path = newest or path
-        full = resume and self.mode == "train"
-        extra = self.checkpointer.load(path, None if full else [])
-        if full and "iteration" in extra:
-            self.start_iter = int(extra["iteration"]) + 1
-            self.consumed_train_samples = int(extra.get("consumed_train_samples", 0))
-            logger.info(
-                "Resumed at step %d (%d samples consumed)",
-                self.start_iter,
-                self.consumed_train_samples,
-            )
-        return extra
+        point = load_to_resume(self.checkpointer, path, resume=resume and self.mode == "train")
+        if point is not None:
+            self.start_iter, self.consumed_train_samples = point
+        return point
 
     # ---- export and inference -----------------------------------------------------------------
     def export(self, output_dir: str | None = None) -> list:
