@@ -36,14 +36,13 @@ from libai.runtime.core import (
     build_checkpointer,
     build_runner,
     build_training_loop,
-    seed_all,
     seed_this_rank,
     shard_optimizer_for,
 )
 from libai.runtime.resume import load_to_resume
+from libai.runtime.setup import setup_run
 from libai.runtime.trainer import to_device
 from libai.scheduler import WarmupCosineLR, WarmupLinearLR
-from libai.utils import distributed as dist
 
 logger = logging.getLogger(__name__)
 
@@ -175,14 +174,7 @@ class AccelerateEngine:
             "device_type": a.device,
             "pipeline_schedule": a.pipeline_schedule,
         }
-        dist.resolve_layout(self.dist_cfg, int(os.environ.get("WORLD_SIZE", 1)))  # no collective
-        self.util = dist.setup_dist_util(self.dist_cfg)
-        if dist.is_main_process():
-            os.makedirs(a.save, exist_ok=True)
-        from libai.utils.logger import setup_logger
-
-        setup_logger(a.save, distributed_rank=dist.get_rank())
-        seed_all(a.seed)
+        self.util = setup_run(self.dist_cfg, a.save, seed=a.seed)
         self.parts = self.runner = None
 
     # ---- pieces ---------------------------------------------------------------------------

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import sys
 import time
 
 from libai.config import (
@@ -33,11 +32,11 @@ from libai.runtime.core import (
 from libai.runtime.parallel import pipeline_target
 from libai.runtime.resume import resume_point
 from libai.runtime.run_config import build_run_tokenizer, fill_pipeline_num_layers
+from libai.runtime.setup import setup_run
 from libai.runtime.trainer import EagerTrainer
 from libai.runtime.zero import resolve_zero_stage
 from libai.scheduler import build_lr_scheduler
 from libai.utils import distributed as dist
-from libai.utils.logger import setup_logger
 
 logger = logging.getLogger(__name__)
 
@@ -89,17 +88,12 @@ def default_setup(cfg, args) -> None:
     layout = dist.resolve_layout(cfg.train.dist, world)  # raises before any collective
     resolve_zero_stage(try_get_key(cfg, "train.zero_optimization"), layout)  # so does ZeRO
     cfg.train.update(resolve_batch_sizes(cfg.train, layout.data_parallel_size)._asdict())
-    dist.setup_dist_util(cfg.train.dist)
-    output_dir = cfg.train.output_dir
-    rank = dist.get_rank()
-    if rank == 0 and output_dir:
-        os.makedirs(output_dir, exist_ok=True)
-    dist.synchronize()
-    setup_logger(output_dir, distributed_rank=rank)
-    logger.info("Rank of current process: %d. World size: %d", rank, dist.get_world_size())
-    logger.info("Command line arguments: %s", " ".join(sys.argv))
-    _save_config(cfg)
-    seed_all(cfg.train.seed)
+    setup_run(
+        cfg.train.dist,
+        cfg.train.output_dir,
+        seed=cfg.train.seed,
+        save_config=lambda: _save_config(cfg),
+    )
 
 
 def _save_config(cfg) -> None:

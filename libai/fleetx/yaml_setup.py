@@ -21,8 +21,8 @@ from omegaconf import DictConfig, OmegaConf
 from libai.fleetx.yaml_config import YAMLConfigError, resolve_batch_config
 from libai.fleetx.yaml_loaders import resolve_name
 from libai.runtime.core import seed_all
+from libai.runtime.setup import setup_run
 from libai.utils import distributed as dist
-from libai.utils.logger import setup_logger
 
 logger = logging.getLogger(__name__)
 
@@ -206,19 +206,15 @@ def setup_yaml_run(cfg: DictConfig, mode: str = "train") -> None:
             "or set `libai_model = True` on it if its get_model() returns a libai zoo model"
         )
     amp_settings(cfg, mode)  # raises for what autocast cannot express
-    dist.setup_dist_util(dist_cfg)
     output_dir = cfg.Engine.save_load.output_dir
-    rank = dist.get_rank()
-    if rank == 0 and output_dir:
-        os.makedirs(output_dir, exist_ok=True)
-    dist.synchronize()
-    setup_logger(output_dir, distributed_rank=rank)
-    logger.info("Rank %d of %d; command line: %s", rank, dist.get_world_size(), " ".join(sys.argv))
-    if rank == 0 and output_dir:
-        path = os.path.join(output_dir, "config.yaml")
-        OmegaConf.save(cfg, path, resolve=True)
-        logger.info("Full config saved to %s", path)
-    seed_all(cfg.Global.seed)
+
+    def save_config():
+        if dist.get_rank() == 0 and output_dir:
+            path = os.path.join(output_dir, "config.yaml")
+            OmegaConf.save(cfg, path, resolve=True)
+            logger.info("Full config saved to %s", path)
+
+    setup_run(dist_cfg, output_dir, seed=cfg.Global.seed, save_config=save_config)
 
 
 def build_module(cfg: DictConfig):
