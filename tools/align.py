@@ -1,21 +1,6 @@
-"""Numerics alignment of two causal language models with :mod:`libai.align`: run both on the
-same random tokens (forward, LM loss, backward), dump every module's outputs and input
-gradients plus the parameters, and report the first module where they disagree.
-
-    python tools/align.py --base hf:path/to/hf_gpt2 --raw libai:path/to/hf_gpt2
-    python tools/align.py --base hf:path/to/hf_llama --raw libai:output/llama_sft
-    python tools/align.py --base hf:path/to/hf_gpt2 --raw libai:configs/my_gpt.py
-    torchrun --nproc_per_node 2 tools/align.py --base hf:DIR --raw libai:DIR --tp 2
-
-A side is ``hf:DIR`` (a transformers model built from config.json's ``architectures``) or
-``libai:X``: a Hugging Face directory loaded by libai's loaders, a trainer output directory
-(``config.yaml`` + ``last_checkpoint``) or a checkpoint directory inside one, or a LazyConfig
-``.py`` / ``.yaml`` file whose ``model`` is built and gets the other side's weights.
-Supported: GPT-2, Llama and Qwen2 causal LMs, fp32, on CPU.
-
-Exit status: 0 aligned, 1 a difference was found, 2 bad input (before any collective).
-The dumps and the tree logs (``align_log/``) stay under ``--dump-root``; see docs/align.md.
-"""
+"""Numerics alignment of two causal language models: ``python tools/align.py --base SIDE
+--raw SIDE`` (or under torchrun). The command line, its sides and exit status are described
+in :mod:`libai.align.cli` (``--help``) and docs/align.md."""
 
 import os
 import sys

@@ -1,4 +1,4 @@
-"""The command line of ``tools/align.py``: numerics alignment of two causal language models with :mod:`libai.align`: run both on the
+"""Numerics alignment of two causal language models with :mod:`libai.align`: run both on the
 same random tokens (forward, LM loss, backward), dump every module's outputs and input
 gradients plus the parameters, and report the first module where they disagree.
 

@@ -80,6 +80,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from libai.checkpoint.files import (
     FORMAT,
+    LAST_CHECKPOINT,
     META,
     OLD_SUFFIX,
     TMP_SUFFIX,
@@ -94,6 +95,7 @@ from libai.checkpoint.files import (
     list_checkpoints,
     one_line,
     rank_file,
+    read_last_checkpoint,
     read_rank_file,
     run_id_of,
     write_bytes_durable,
@@ -119,7 +121,6 @@ __all__ = [
     "read_checkpoint_metadata",
 ]
 
-LAST_CHECKPOINT = "last_checkpoint"
 RNG_KEY = "rng"
 _OPTIM_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 
@@ -304,15 +305,7 @@ class Checkpointer:
 
     def get_checkpoint_file(self) -> str | None:
         """The newest complete checkpoint (directory) named by ``last_checkpoint``, or None."""
-        file = os.path.join(self.save_dir, LAST_CHECKPOINT)
-        try:
-            with open(file) as f:
-                name = f.read().strip()
-        except OSError:
-            return None
-        if not name:
-            return None
-        return os.path.join(self.save_dir, name)
+        return read_last_checkpoint(self.save_dir)
 
     def get_all_checkpoint_files(self) -> list[str]:
         """Every complete checkpoint directory in ``save_dir`` (sorted by name)."""

@@ -103,6 +103,21 @@ def fallback_hint(path: str) -> str:
 
 
 # ---- the directory ----------------------------------------------------------------------------
+#: the file in an output directory naming its newest checkpoint
+LAST_CHECKPOINT = "last_checkpoint"
+
+
+def read_last_checkpoint(save_dir: str) -> str | None:
+    """The checkpoint directory ``save_dir/last_checkpoint`` names, or None (no such file, or
+    an empty or unreadable one)."""
+    try:
+        with open(os.path.join(save_dir, LAST_CHECKPOINT)) as f:
+            name = f.read().strip()
+    except OSError:
+        return None
+    return os.path.join(save_dir, name) if name else None
+
+
 def list_checkpoints(save_dir: str) -> list[str]:
     """Names of the complete checkpoint directories in ``save_dir`` (sorted)."""
     if not os.path.isdir(save_dir):
@@ -262,6 +277,7 @@ def check_checkpoint(path: str, rank: int = 0, world_size: int = 1) -> tuple[dic
 
 
 __all__ = [
+    "LAST_CHECKPOINT",
     "MANIFEST",
     "CheckpointError",
     "aside_path",
@@ -271,6 +287,7 @@ __all__ = [
     "is_disk_full",
     "list_checkpoints",
     "one_line",
+    "read_last_checkpoint",
     "read_rank_file",
     "run_id_of",
 ]

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from torch import nn
 
-from libai.checkpoint.checkpointer import LAST_CHECKPOINT, read_checkpoint_metadata
+from libai.checkpoint.checkpointer import read_checkpoint_metadata
+from libai.checkpoint.files import read_last_checkpoint
 
 
 def resolve_checkpoint(path: str | os.PathLike) -> str:
@@ -19,11 +20,9 @@ def resolve_checkpoint(path: str | os.PathLike) -> str:
     path = Path(path)
     if (path / ".metadata").is_file():
         return str(path)
-    last = path / LAST_CHECKPOINT
-    if last.is_file():
-        name = last.read_text().strip()
-        if name and (path / name / ".metadata").is_file():
-            return str(path / name)
+    newest = read_last_checkpoint(str(path))
+    if newest is not None and (Path(newest) / ".metadata").is_file():
+        return newest
     raise FileNotFoundError(
         f"{path} is neither a libai checkpoint (no .metadata) nor a training output directory "
         "with a last_checkpoint"

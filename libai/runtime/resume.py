@@ -4,10 +4,9 @@ point the run continues from (the iteration after the saved one, the samples con
 from __future__ import annotations
 
 import logging
-import os
 from typing import NamedTuple
 
-from libai.checkpoint.checkpointer import LAST_CHECKPOINT
+from libai.checkpoint.files import read_last_checkpoint
 
 logger = logging.getLogger(__name__)
 
@@ -30,12 +29,7 @@ def resume_point(extra: dict) -> ResumePoint | None:
 def checkpoint_in(path: str) -> str:
     """``path`` itself, or, for a training output directory, the checkpoint its
     ``last_checkpoint`` names (``path`` when that names none)."""
-    try:
-        with open(os.path.join(path, LAST_CHECKPOINT)) as f:
-            name = f.read().strip()
-    except OSError:
-        return path
-    return os.path.join(path, name) if name else path
+    return read_last_checkpoint(path) or path
 
 
 def load_to_resume(checkpointer, path: str, *, resume: bool = True) -> ResumePoint | None:
