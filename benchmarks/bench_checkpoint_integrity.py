@@ -31,10 +31,10 @@ from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_op
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from libai import dist  # noqa: E402
 from libai.checkpoint import checkpointer as ckpt  # noqa: E402
 from libai.checkpoint import files as checkpoint_files  # noqa: E402
 from libai.models import GPTForPreTraining  # noqa: E402
-from libai.utils import distributed as dist  # noqa: E402
 
 
 class Timed:

@@ -43,8 +43,8 @@ MB = 2**20
 def run_row(args) -> dict:
     import torch
 
+    from libai import dist
     from libai.layers import LMLogits, ParallelCrossEntropyLoss, chunked_lm_loss
-    from libai.utils import distributed as dist
 
     torch.set_num_threads(args.threads)
     dist.setup_dist_util({})

@@ -55,9 +55,9 @@ sys.path.insert(0, str(ROOT))
 
 import transformers  # noqa: E402
 
+from libai import dist  # noqa: E402
 from libai.inference.generation import ModelStepper, generate  # noqa: E402
 from libai.models.utils import load_huggingface  # noqa: E402
-from libai.utils import distributed as dist  # noqa: E402
 
 TARGET_RATIO = 1.2  # tokens/s libai / HF
 MODELS = ("gpt2", "llama")

@@ -34,9 +34,9 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from libai import dist  # noqa: E402
 from libai.models import GPTForPreTraining  # noqa: E402
 from libai.runtime.parallel import ModelRunner  # noqa: E402
-from libai.utils import distributed as dist  # noqa: E402
 
 TARGET_RATIO = 1.05
 

@@ -57,10 +57,10 @@ sys.path.insert(0, str(ROOT))
 import transformers  # noqa: E402
 from transformers import GPT2Config, GPT2LMHeadModel  # noqa: E402
 
+from libai import dist  # noqa: E402
 from libai.config import LazyConfig, instantiate  # noqa: E402
 from libai.optim import build_optimizer, get_clip_grad_settings  # noqa: E402
 from libai.runtime.parallel import ModelRunner  # noqa: E402
-from libai.utils import distributed as dist  # noqa: E402
 
 TARGET_RATIO = 1.0  # tokens/s libai / HF
 CONFIG = ROOT / "configs" / "gpt2_pretrain.py"

@@ -40,9 +40,9 @@ sys.path.insert(0, str(ROOT))
 
 import transformers  # noqa: E402
 
+from libai import dist  # noqa: E402
 from libai.models.utils import load_huggingface  # noqa: E402
 from libai.runtime.parallel import ModelRunner  # noqa: E402
-from libai.utils import distributed as dist  # noqa: E402
 
 TARGET_RATIO = 1.0  # tokens/s libai / HF
 TINY = dict(

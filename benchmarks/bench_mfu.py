@@ -35,11 +35,11 @@ sys.path.insert(0, str(ROOT))
 
 import transformers  # noqa: E402
 
+from libai import dist  # noqa: E402
 from libai.models import LlamaForCausalLM  # noqa: E402
 from libai.models.utils import load_huggingface  # noqa: E402
 from libai.runtime.blocks import compile_layers, enable_activation_checkpointing  # noqa: E402
 from libai.runtime.parallel import ModelRunner  # noqa: E402
-from libai.utils import distributed as dist  # noqa: E402
 
 #: Llama-3.2-1B: hidden 2048, 16 layers, 32 heads / 8 kv heads, ffn 8192, vocab 128256, tied
 SHAPES = {

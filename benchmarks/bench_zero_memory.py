@@ -87,12 +87,12 @@ def _tensor_bytes(tensors) -> int:
 def worker(args) -> None:
     import torch
 
+    from libai import dist
     from libai.config import LazyConfig, instantiate, resolve_batch_sizes
     from libai.optim import build_optimizer
     from libai.runtime.core import build_runner, shard_optimizer_for
     from libai.runtime.memory_estimator import estimate_config
     from libai.runtime.zero import optimizer_state_bytes
-    from libai.utils import distributed as dist
 
     cfg = LazyConfig.apply_overrides(LazyConfig.load(str(CONFIG)), args.opts)
     world = int(os.environ["WORLD_SIZE"])

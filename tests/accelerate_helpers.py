@@ -67,8 +67,8 @@ def compose_and_train(argv: list[str], model_dir, steps: int = 6) -> dict:
     import transformers
     from door_memory import holdings, probe_step
 
+    from libai import dist
     from libai.accelerate import AccelerateEngine
-    from libai.utils import distributed as dist
 
     engine = AccelerateEngine(argv)
     torch.manual_seed(0)  # the classifier head is new: the same draw on every rank and run

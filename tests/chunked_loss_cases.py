@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import torch
 
+from libai import dist
 from libai.models import GPTForPreTraining, LlamaForCausalLM
 from libai.runtime.parallel import ModelRunner
-from libai.utils import distributed as dist
 
 SEED = 4321
 VOCAB = 99

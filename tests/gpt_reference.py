@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from libai import dist
 from libai.models import GPTForPreTraining
 from libai.runtime.parallel import ModelRunner
-from libai.utils import distributed as dist
 
 TINY_GPT = dict(
     hidden_layers=4,

@@ -79,6 +79,7 @@ def run_case(case_path: str, hf_dir: str, spec: dict) -> dict:
     """
     import importlib
 
+    from libai import dist
     from libai.models.utils import (
         get_loader_class,
         load_huggingface,
@@ -86,7 +87,6 @@ def run_case(case_path: str, hf_dir: str, spec: dict) -> dict:
         save_huggingface,
     )
     from libai.runtime.parallel import ModelRunner
-    from libai.utils import distributed as dist
 
     case = torch.load(case_path, weights_only=False)
     model_cls = None
@@ -147,7 +147,7 @@ def assert_close(result: dict, tol: float = TOL) -> None:
 
 def check_single_process(case_path: str, hf_dir: str, spec: dict) -> dict:
     """:func:`run_case` on one in-process rank."""
-    from libai.utils import distributed as dist
+    from libai import dist
 
     dist.setup_dist_util({})
     result = run_case(case_path, hf_dir, spec)

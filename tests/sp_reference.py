@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 from gpt_reference import SEED, make_batch, reference_run
 
+from libai import dist
 from libai.models import LlamaForCausalLM
-from libai.utils import distributed as dist
 
 TINY_LLAMA = dict(
     hidden_layers=2,

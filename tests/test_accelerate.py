@@ -18,8 +18,8 @@ from launch import free_port, torchrun
 from safetensors.torch import load_file
 from train_net_helpers import ROOT, read_metrics, train_env
 
+from libai import dist
 from libai.accelerate import cli
-from libai.utils import distributed as dist
 
 #: losses of two layouts after AdamW steps: fp32 rounding amplified (gpt_reference.adam_param_tol)
 LOSS_TOL = 1e-4

@@ -12,8 +12,8 @@ import pytest
 from accelerate_helpers import task_argv
 from train_net_helpers import read_metrics
 
+from libai import dist
 from libai.accelerate import cli
-from libai.utils import distributed as dist
 
 STEPS, LR = 12, 3e-3
 

@@ -15,10 +15,10 @@ from door_memory import check_zero_holdings
 from launch import torchrun
 from train_net_helpers import read_metrics
 
+from libai import dist
 from libai.accelerate import AccelerateEngine, cli
 from libai.accelerate.data import load_local_dataset
 from libai.accelerate.tasks import get_task
-from libai.utils import distributed as dist
 
 
 def cls_argv(files, save, *extra, steps=6):

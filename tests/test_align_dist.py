@@ -10,11 +10,11 @@ import pytest
 from align_reference import build_model, make_batch
 from launch import torchrun
 
+from libai import dist
 from libai.align import check_grads, check_params, check_report, check_weights, create_model
 from libai.align.dump_format import read_json, step_dir
 from libai.align.tree_log import HERE
 from libai.runtime.parallel import ModelRunner
-from libai.utils import distributed as dist
 
 CFG = {"atol": 1e-6, "rtol": 1e-5}
 

@@ -121,10 +121,10 @@ def test_llama_transformers_vs_libai_passes(dirs):
 def test_trainer_checkpoint_and_bare_config(dirs, tmp_path):
     """A trainer output dir against its own Hugging Face export; a LazyConfig file gets the
     weights of the other side."""
+    from libai import dist
     from libai.checkpoint.checkpointer import Checkpointer
     from libai.config import LazyConfig, instantiate
     from libai.models.utils import save_huggingface
-    from libai.utils import distributed as dist
 
     config = tmp_path / "tiny_gpt.py"
     config.write_text(

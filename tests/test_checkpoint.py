@@ -23,9 +23,9 @@ import torch.distributed.checkpoint as dcp
 from launch import SCRIPTS, torchrun
 from torch import nn
 
+from libai import dist
 from libai.checkpoint import checkpointer as ckpt_mod
 from libai.checkpoint.checkpointer import Checkpointer, CheckpointError, PeriodicCheckpointer
-from libai.utils import distributed as dist
 
 sys.path.insert(0, str(SCRIPTS))
 import checkpoint_layouts as layouts  # noqa: E402
@@ -318,7 +318,7 @@ def test_killed_process_mid_save(tmp_path):
         f"""
         import os, signal, torch
         import torch.distributed.checkpoint as dcp
-        from libai.utils import distributed as dist
+        from libai import dist
         from libai.checkpoint.checkpointer import Checkpointer
 
         dist.setup_dist_util({{}})

@@ -24,11 +24,11 @@ import torch.distributed.checkpoint as dcp
 from engine_helpers import TINY_GPT_YAML, run_command
 from train_net_helpers import ROOT, TINY, run_train_net
 
+from libai import dist
 from libai.checkpoint import view as checkpoint_view
 from libai.checkpoint.checkpointer import Checkpointer, CheckpointError, PeriodicCheckpointer
 from libai.checkpoint.manifest import MANIFEST, file_checksums, manifest_text
 from libai.checkpoint.safe_load import read_dcp_metadata, torch_load_data
-from libai.utils import distributed as dist
 
 CONFIG = ROOT / "configs" / "gpt2_pretrain.py"
 RUN = [
@@ -416,9 +416,9 @@ def test_a_full_disk_is_one_line_and_keeps_the_last_checkpoint(tmp_path):
         textwrap.dedent(
             f"""
             import torch
-            from libai.utils import distributed as dist
+            from libai import dist
             from libai.checkpoint.checkpointer import Checkpointer
-            from libai.utils.cli import run_cli
+            from libai.dist.cli import run_cli
 
             def main():
                 dist.setup_dist_util({{}})
@@ -459,7 +459,7 @@ def test_a_full_disk_is_one_line_and_keeps_the_last_checkpoint(tmp_path):
 
 
 def test_run_cli_prints_a_checkpoint_error_in_one_line(tmp_path):
-    code = "from libai.utils.cli import run_cli\nfrom libai.checkpoint.checkpointer import "
+    code = "from libai.dist.cli import run_cli\nfrom libai.checkpoint.checkpointer import "
     code += "CheckpointError\ndef main():\n    raise CheckpointError('checkpoint x is corrupt.')\n"
     code += "run_cli(main)\n"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -18,6 +18,7 @@ from chunked_loss_cases import (
 )
 from launch import torchrun
 
+from libai import dist
 from libai.layers import (
     LMLogits,
     ParallelCrossEntropyLoss,
@@ -28,7 +29,6 @@ from libai.layers import (
 from libai.models.utils import load_huggingface, save_huggingface
 from libai.models.utils.model_loader.gpt_loader import GPT2LoaderHuggerFace
 from libai.models.utils.model_loader.llama_loader import LlamaLoaderHuggerFace
-from libai.utils import distributed as dist
 
 
 @pytest.fixture(autouse=True)

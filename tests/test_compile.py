@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from libai import dist
 from libai.models import GPTForPreTraining, LlamaForCausalLM
 from libai.runtime.core import resolve_compile
-from libai.utils import distributed as dist
 
 
 def models():

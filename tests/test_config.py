@@ -22,7 +22,7 @@ from libai.config import (
     resolve_train_iters,
     try_get_key,
 )
-from libai.utils.distributed import DIST_CONFIG_KEYS
+from libai.dist import DIST_CONFIG_KEYS
 
 
 def _write(root, rel, text):

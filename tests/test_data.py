@@ -18,6 +18,7 @@ import pytest
 import torch
 from bpe_helpers import SAMPLE_TEXTS, train_tiny_bpe, write_indexed
 
+from libai import dist
 from libai.config import LazyCall, LazyConfig, instantiate
 from libai.data import (
     CyclicSampler,
@@ -36,7 +37,6 @@ from libai.data.data_utils import (
 )
 from libai.data.datasets.gpt_dataset import build_sample_idx
 from libai.tokenizer import GPT2Tokenizer
-from libai.utils import distributed as dist
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -14,6 +14,7 @@ import pytest
 import torch
 from PIL import Image
 
+from libai import dist
 from libai.config import LazyCall, LazyConfig, instantiate
 from libai.data import (
     BertDataset,
@@ -45,7 +46,6 @@ from libai.data.transforms import (
     ToTensor,
     build_image_transform,
 )
-from libai.utils import distributed as dist
 
 REPO = Path(__file__).resolve().parents[1]
 IGNORE = -100

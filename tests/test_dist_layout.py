@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from libai import dist
+from libai.dist import resolve_layout
 from libai.models import GPTForPreTraining
-from libai.utils import distributed as dist
-from libai.utils.distributed import resolve_layout
 
 
 @pytest.mark.parametrize(

@@ -8,9 +8,9 @@ import textwrap
 import pytest
 from engine_helpers import SIMPLE_NET, make_engine, run_tool, simple_cfg
 
+from libai import dist
 from libai.fleetx import yaml_setup
 from libai.fleetx.yaml_config import YAMLConfigError, load_yaml_config, resolve_batch_config
-from libai.utils import distributed as dist
 
 
 def write(path, text):

@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from libai import dist
 from libai.evaluation import (
     AccEvaluator,
     ClsEvaluator,
@@ -20,7 +21,6 @@ from libai.evaluation import (
     print_csv_format,
 )
 from libai.models import GPTForPreTraining
-from libai.utils import distributed as dist
 
 TINY = dict(
     hidden_layers=2,

@@ -160,7 +160,7 @@ def test_json_writer_appends_and_reader_keeps_last(tmp_path):
 
 
 def test_writers_are_noops_off_the_main_process(tmp_path, monkeypatch, capture):
-    monkeypatch.setattr(events.dist, "is_main_process", lambda: False)
+    monkeypatch.setattr(events, "_is_main_process", lambda: False)
     json_path = tmp_path / "metrics.json"
     writers = [
         JSONWriter(str(json_path)),

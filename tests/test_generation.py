@@ -14,11 +14,11 @@ import transformers
 from generation_helpers import KINDS, PROMPTS, make_generation_dirs
 from launch import torchrun
 
+from libai import dist
 from libai.inference.generation import GenerationConfig, KVCache, ModelStepper, generate
 from libai.inference.generation import logits_process as lp
 from libai.inference.text_generation import TextGenerationPipeline
 from libai.models.utils import load_huggingface
-from libai.utils import distributed as dist
 
 HF_CLASSES = {
     "gpt2": transformers.GPT2LMHeadModel,

@@ -13,9 +13,9 @@ import torch
 import transformers
 from hf_parity import check_layouts, check_single_process, hf_reference, save_case
 
+from libai import dist
 from libai.models import BertForClassification, BertForPreTraining, BertModel
 from libai.models.utils import CheckpointError, load_huggingface, save_huggingface
-from libai.utils import distributed as dist
 
 VOCAB, SEQ, BATCH, MASKED = 101, 12, 4, 3
 LENGTHS = (12, 9, 12, 10)  # real tokens per row; the rest is padding (id 0)

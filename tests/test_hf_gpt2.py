@@ -10,8 +10,8 @@ import torch.nn.functional as F
 import transformers
 from hf_parity import check_layouts, check_single_process, hf_reference, save_case
 
+from libai import dist
 from libai.models.utils import load_huggingface
-from libai.utils import distributed as dist
 
 VOCAB = 101
 

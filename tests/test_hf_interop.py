@@ -13,9 +13,9 @@ import torch
 import transformers
 from safetensors.torch import save_file
 
+from libai import dist
 from libai.models.utils import CheckpointError, CheckpointReader, load_huggingface
 from libai.models.utils.weight_mapping import QKV, Copy, ShardSpec, Src
-from libai.utils import distributed as dist
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -8,9 +8,9 @@ import pytest
 import torch
 import transformers
 
+from libai import dist
 from libai.models.utils import load_huggingface
 from libai.models.utils.hf_kwargs import HF_KEYWORDS, accepts_hf_keywords
-from libai.utils import distributed as dist
 
 VOCAB, BATCH, SEQ = 99, 2, 8
 

@@ -16,10 +16,10 @@ from hf_parity import check_layouts, check_single_process, hf_reference, save_ca
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
+from libai import dist
 from libai.layers import rope_inv_freq
 from libai.models import LlamaForCausalLM, LlamaModel
 from libai.models.utils import CheckpointError, load_huggingface
-from libai.utils import distributed as dist
 
 VOCAB = 101  # odd: the vocabulary is padded under tp2
 SHAPES = dict(

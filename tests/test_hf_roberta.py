@@ -10,10 +10,10 @@ import torch
 import transformers
 from hf_parity import check_layouts, check_single_process, hf_reference, save_case
 
+from libai import dist
 from libai.models import RobertaForCausalLM, RobertaForPreTraining, RobertaModel
 from libai.models.roberta_model import create_position_ids_from_input_ids
 from libai.models.utils import load_huggingface
-from libai.utils import distributed as dist
 
 VOCAB, SEQ, BATCH, PAD = 97, 10, 4, 1
 LENGTHS = (10, 7, 10, 8)  # real tokens per row, then padding (id 1)

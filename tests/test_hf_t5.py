@@ -13,10 +13,10 @@ import torch
 import transformers
 from hf_parity import TOL, check_layouts, check_single_process, hf_reference, save_case
 
+from libai import dist
 from libai.layers import relative_position_bucket
 from libai.models import T5ForPreTraining, T5Model
 from libai.models.utils import CheckpointError, load_huggingface, save_huggingface
-from libai.utils import distributed as dist
 
 VOCAB = 99  # not a multiple of 2: tp2 pads the vocabulary
 COMMON = dict(

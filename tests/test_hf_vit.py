@@ -15,8 +15,8 @@ import transformers
 from hf_parity import check_layouts, check_single_process, hf_reference, save_case
 from safetensors.torch import load_file
 
+from libai import dist
 from libai.models.utils import CheckpointError, load_huggingface
-from libai.utils import distributed as dist
 
 LABELS = 5
 

@@ -107,3 +107,16 @@ def test_old_names_keep_working():
     from libai.utils.checkpoint import Checkpointer as Old
 
     assert Old is New
+
+
+def test_libai_paths_of_earlier_releases_are_the_same_modules():
+    """LiBai's ``libai.utils.distributed`` and ``libai.utils.checkpoint`` are aliases of the
+    packages that hold the code now (the same module objects, so monkeypatching and
+    ``isinstance`` see one thing)."""
+    import libai.checkpoint.checkpointer
+    import libai.dist
+    from libai.utils import checkpoint, distributed
+
+    assert distributed is libai.dist
+    assert checkpoint is libai.checkpoint.checkpointer
+    assert distributed.DistLayout is libai.dist.DistLayout

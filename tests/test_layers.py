@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from libai import dist
 from libai.layers import (
     MLP,
     Linear,
@@ -24,7 +25,6 @@ from libai.layers import (
     build_norm,
     init_method_normal,
 )
-from libai.utils import distributed as dist
 
 HIDDEN, HEADS, HEAD_SIZE = 16, 4, 4
 INIT = init_method_normal(0.3)  # O(1) activations: a near-uniform softmax would hide bugs

@@ -21,6 +21,7 @@ import torch
 from launch import torchrun
 from memory_cases import ACT_RTOL, activation_case, local_bytes, measured_state
 
+from libai import dist
 from libai.config import LazyConfig, instantiate
 from libai.optim import build_optimizer
 from libai.runtime.memory_estimator import (
@@ -29,7 +30,6 @@ from libai.runtime.memory_estimator import (
     in_flight_micro_batches,
 )
 from libai.runtime.parallel import ModelRunner
-from libai.utils import distributed as dist
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "configs" / "gpt2_pretrain.py"

@@ -283,8 +283,8 @@ def test_unsupported_models_raise_clear_errors(tmp_path):
         load_model(tmp_path / "odd")
     with pytest.raises(FileNotFoundError, match="config.json"):
         load_model(tmp_path)
+    from libai import dist
     from libai.models import VisionTransformer
-    from libai.utils import distributed as dist
 
     dist.setup_dist_util({})
     vit = VisionTransformer(

@@ -18,8 +18,8 @@ from libai.config.overrides import (
     OverrideTypeError,
     check_override_type,
 )
+from libai.dist.cli import INPUT_ERRORS
 from libai.fleetx.yaml_config import load_yaml_config
-from libai.utils.cli import INPUT_ERRORS
 
 GPT2_CONFIG = ROOT / "configs" / "gpt2_pretrain.py"
 GPT_YAML = ROOT / "projects" / "gpt" / "configs" / "pretrain_gpt_345M_single_card.yaml"

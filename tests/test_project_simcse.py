@@ -21,9 +21,9 @@ import torch.nn.functional as F
 from launch import free_port
 from train_net_helpers import ROOT, read_metrics, run_train_net, train_env
 
+from libai import dist
 from libai.config import LazyConfig
 from libai.tokenizer import BertTokenizer
-from libai.utils import distributed as dist
 from projects.simcse.dataset import STSDataset, SupervisedDataset, UnsupervisedDataset
 from projects.simcse.evaluator import SpearmanEvaluator, average_ranks, spearman
 from projects.simcse.loss import contrastive_loss

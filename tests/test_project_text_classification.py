@@ -19,8 +19,8 @@ import torch
 from launch import free_port
 from train_net_helpers import ROOT, read_metrics, run_train_net, train_env
 
+from libai import dist
 from libai.config import LazyConfig, instantiate
-from libai.utils import distributed as dist
 
 PROJECT = ROOT / "projects" / "text_classification"
 CONFIG = PROJECT / "configs" / "config.py"

@@ -13,10 +13,10 @@ import transformers
 from hf_parity import check_layouts, check_single_process, hf_reference, save_case
 from test_hf_roberta import BATCH, make_batch, tiny_config
 
+from libai import dist
 from libai.models import RobertaForClassification
 from libai.models.utils import load_huggingface
 from libai.models.utils.model_loader.roberta_loader import RobertaLoaderHuggerFace
-from libai.utils import distributed as dist
 
 HF_CLASS = transformers.RobertaForSequenceClassification
 

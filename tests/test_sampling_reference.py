@@ -18,11 +18,11 @@ import transformers
 from generation_helpers import make_generation_dirs
 from transformers.generation import logits_process as hf
 
+from libai import dist
 from libai.inference.generation import ModelStepper, generate
 from libai.inference.generation import search as search_module
 from libai.inference.generation.generate import row_generators
 from libai.models.utils import load_huggingface
-from libai.utils import distributed as dist
 
 COMMON = dict(do_sample=True, seed=11, max_new_tokens=10, repetition_penalty=1.4)
 SETTINGS = {

@@ -13,8 +13,8 @@ from gpt_reference import BATCH, GRAD_TOL, SEQ, TINY_GPT, reference_run
 from launch import torchrun
 from sp_reference import TINY_LLAMA, llama_reference_run
 
+from libai import dist
 from libai.layers import TransformerLayer
-from libai.utils import distributed as dist
 
 PP = {"pipeline_parallel_size": 2, "pipeline_num_layers": TINY_GPT["hidden_layers"]}
 CASES_2 = [

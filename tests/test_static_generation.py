@@ -17,10 +17,10 @@ from generation_helpers import PROMPTS, make_generation_dirs, make_gpt2_dir
 from launch import torchrun
 from torch._dynamo.utils import counters
 
+from libai import dist
 from libai.inference.generation import GenerationConfig, ModelStepper, StaticKVCache, generate
 from libai.inference.text_generation import TextGenerationPipeline
 from libai.models.utils import load_huggingface
-from libai.utils import distributed as dist
 
 VOCAB = 96
 NEW = 16  # tokens per generation

@@ -9,10 +9,10 @@ import torch
 from memory_probe import held_activation_bytes
 from torch import nn
 
+from libai import dist
 from libai.models import GPTForPreTraining
 from libai.runtime.amp import DynamicLossScaler, resolve_amp_dtype
 from libai.runtime.parallel import ModelRunner
-from libai.utils import distributed as dist
 
 GPT = dict(
     hidden_layers=2,

@@ -21,11 +21,11 @@ from gpt_reference import (
 from launch import torchrun
 from zero_runs import ADAMW, make_run, predict, train
 
+from libai import dist
 from libai.checkpoint.checkpointer import Checkpointer
 from libai.runtime.fsdp import _check_disjoint, check_fsdp_units
 from libai.runtime.parallel import ModelRunner
 from libai.runtime.zero import optimizer_state_bytes, partition_parameters, resolve_zero_stage
-from libai.utils import distributed as dist
 
 #: parameters after STEPS AdamW steps on two layouts (see gpt_reference.adam_param_tol)
 PARAM_TOL = adam_param_tol(ADAMW["lr"], STEPS)

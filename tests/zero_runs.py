@@ -6,9 +6,9 @@ from __future__ import annotations
 import torch
 from gpt_reference import MAX_GRAD_NORM, build_model, make_batch
 
+from libai import dist
 from libai.runtime.parallel import ModelRunner
 from libai.runtime.zero import prepare_model, shard_optimizer
-from libai.utils import distributed as dist
 
 ADAMW = dict(lr=0.01, weight_decay=0.1, eps=1e-6)
 #: the step whose batch (never trained on) :func:`predict` runs on

@@ -13,8 +13,8 @@ from libai.align.cli import main  # noqa: E402
 
 if __name__ == "__main__":
     code = main()
-    if "libai.utils.distributed" in sys.modules:  # not on bad input: nothing was set up
-        from libai.utils import distributed as dist
+    if "libai.dist" in sys.modules:  # not on bad input: nothing was set up
+        from libai import dist
 
         dist.destroy_dist()
     sys.exit(code)

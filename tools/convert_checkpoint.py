@@ -30,11 +30,11 @@ import sys
 # checkout (its libai, and its projects/ after the user's)
 sys.path[:0] = [os.getcwd(), os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))]
 
+from libai import dist  # noqa: E402
 from libai.checkpoint.checkpointer import Checkpointer  # noqa: E402
+from libai.dist.cli import run_cli  # noqa: E402
 from libai.models.utils import load_huggingface, save_huggingface  # noqa: E402
 from libai.models.utils.hf_export import model_libai_cfg  # noqa: E402
-from libai.utils import distributed as dist  # noqa: E402
-from libai.utils.cli import run_cli  # noqa: E402
 
 logger = logging.getLogger("libai.convert_checkpoint")
 MODEL_JSON = "libai_model.json"

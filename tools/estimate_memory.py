@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import argparse
 
+from libai import dist
 from libai.config import LazyConfig
+from libai.dist.cli import run_cli
 from libai.runtime.memory_estimator import TrainSettings, estimate_config
-from libai.utils import distributed as dist
-from libai.utils.cli import run_cli
 
 
 def _mib(n: float) -> str:

@@ -5,9 +5,9 @@ python tools/eval.py -c CONFIG.yaml -o Engine.save_load.ckpt_dir=output/model_fi
 
 from __future__ import annotations
 
+from libai import dist
+from libai.dist.cli import run_cli
 from libai.fleetx.yaml_setup import engine_from_command_line
-from libai.utils import distributed as dist
-from libai.utils.cli import run_cli
 
 
 def main() -> int:

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import os
 
+from libai.dist.cli import run_cli
 from libai.fleetx.yaml_setup import engine_from_command_line
-from libai.utils.cli import run_cli
 
 
 def main() -> int:

@@ -39,6 +39,7 @@ import time
 # checkout (its libai, and its projects/ after the user's)
 sys.path[:0] = [os.getcwd(), os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))]
 
+from libai import dist  # noqa: E402
 from libai.checkpoint.files import CheckpointError  # noqa: E402
 from libai.onnx_export import (  # noqa: E402
     UnsupportedModelError,
@@ -46,7 +47,6 @@ from libai.onnx_export import (  # noqa: E402
     load_model,
     verify_onnx,
 )
-from libai.utils import distributed as dist  # noqa: E402
 
 logger = logging.getLogger("libai.export_onnx")
 

@@ -15,9 +15,9 @@ import time
 
 import torch
 
+from libai import dist
 from libai.models import GPTForPreTraining
 from libai.runtime.parallel import ModelRunner
-from libai.utils import distributed as dist
 
 
 def progression_batch(batch: int, seq: int, vocab: int, generator: torch.Generator):

@@ -16,13 +16,13 @@ from __future__ import annotations
 import argparse
 import json
 
+from libai import dist
 from libai.inference import (
     FillMaskPipeline,
     ImageClassificationPipeline,
     TextClassificationPipeline,
     TextGenerationPipeline,
 )
-from libai.utils import distributed as dist
 
 TASKS = {
     "fill-mask": FillMaskPipeline,

@@ -11,9 +11,9 @@ import json
 import numpy as np
 import torch
 
+from libai import dist
+from libai.dist.cli import run_cli
 from libai.fleetx.yaml_setup import engine_from_command_line
-from libai.utils import distributed as dist
-from libai.utils.cli import run_cli
 
 
 def _summary(outputs) -> dict:

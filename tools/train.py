@@ -6,8 +6,8 @@ bash tools/train.sh tools/train.py projects/gpt/configs/pretrain_gpt_345M_dp2.ya
 
 from __future__ import annotations
 
+from libai.dist.cli import run_cli
 from libai.fleetx.yaml_setup import engine_from_command_line
-from libai.utils.cli import run_cli
 
 
 def main() -> int:

@@ -10,11 +10,11 @@ import logging
 import os
 import sys
 
+from libai import dist
 from libai.config import LazyConfig
+from libai.dist.cli import run_cli
 from libai.engine import DefaultTrainer, default_argument_parser, default_setup
 from libai.evaluation import print_csv_format
-from libai.utils import distributed as dist
-from libai.utils.cli import run_cli
 from libai.utils.plot import plot_loss_curve
 
 logger = logging.getLogger("libai.train_net")

@@ -74,7 +74,7 @@ train = dict(
         warmup_method="linear",
     ),
 
-    # Parallel layout; the keys of libai.utils.distributed.DIST_CONFIG_KEYS
+    # Parallel layout; the keys of libai.dist.DIST_CONFIG_KEYS
     dist=dict(
         # None = world_size / (tensor_parallel_size * pipeline_parallel_size)
         data_parallel_size=None,

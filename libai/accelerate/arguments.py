@@ -13,9 +13,15 @@ import logging
 import os
 import shlex
 
-from omegaconf import OmegaConf
-
 from libai.accelerate.tasks import TASKS
+from libai.runtime.spec import (
+    ActivationCheckpointSpec,
+    AmpSpec,
+    CheckpointerSpec,
+    EvaluationSpec,
+    RunSpec,
+    ZeroSpec,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -264,39 +270,29 @@ def check_args(args: argparse.Namespace) -> argparse.Namespace:
     return args
 
 
-def train_namespace(args, *, train_iter: int, dist_cfg: dict) -> OmegaConf:
-    """LiBai's ``train`` namespace for ``args`` (what :mod:`libai.runtime.core` reads)."""
+def train_namespace(args, *, train_iter: int, dist_cfg: dict) -> RunSpec:
+    """The run spec (:class:`~libai.runtime.spec.RunSpec`) of ``args``."""
     never = train_iter + 1
-    return OmegaConf.create(
-        {
-            "output_dir": args.save,
-            "train_iter": int(train_iter),
-            "train_micro_batch_size": args.micro_batch_size,
-            "global_batch_size": args.global_batch_size,
-            "num_accumulation_steps": args.num_accumulation_steps,
-            "log_period": args.log_interval,
-            "seed": args.seed,
-            "amp": {
-                "enabled": bool(args.mixed_precision),
-                "dtype": args.mixed_precision_dtype,
-                "init_scale": 65536.0,
-            },
-            "activation_checkpoint": {
-                "enabled": bool(args.checkpoint_activations),
-                "mode": args.recompute_granularity,
-            },
-            "zero_optimization": {
-                "enabled": args.zero_stage is not None,
-                "stage": args.zero_stage or 1,
-            },
-            "checkpointer": {"period": int(args.save_interval or never), "max_to_keep": None},
-            "evaluation": {
-                "enabled": True,
-                "eval_period": int(args.eval_interval or never),
-                "eval_iter": args.eval_iters,
-                "eval_metric": None,
-                "eval_mode": "max",
-            },
-            "dist": dist_cfg,
-        }
+    return RunSpec(
+        output_dir=args.save,
+        train_iter=int(train_iter),
+        train_micro_batch_size=args.micro_batch_size,
+        global_batch_size=args.global_batch_size,
+        num_accumulation_steps=args.num_accumulation_steps,
+        log_period=args.log_interval,
+        seed=args.seed,
+        amp=AmpSpec(enabled=bool(args.mixed_precision), dtype=args.mixed_precision_dtype),
+        activation_checkpoint=ActivationCheckpointSpec(
+            enabled=bool(args.checkpoint_activations), mode=args.recompute_granularity
+        ),
+        zero_optimization=ZeroSpec(enabled=args.zero_stage is not None, stage=args.zero_stage or 1),
+        checkpointer=CheckpointerSpec(period=int(args.save_interval or never), max_to_keep=None),
+        evaluation=EvaluationSpec(
+            enabled=True,
+            eval_period=int(args.eval_interval or never),
+            eval_iter=args.eval_iters,
+            eval_metric=None,
+            eval_mode="max",
+        ),
+        dist=dist_cfg,
     )

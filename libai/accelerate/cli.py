@@ -17,6 +17,7 @@ import sys
 
 import torch
 
+from libai import dist
 from libai.accelerate.arguments import parse_args
 from libai.accelerate.data import load_local_dataset, pretraining_datasets
 from libai.accelerate.engine import AccelerateEngine
@@ -30,9 +31,10 @@ from libai.accelerate.models import (
 )
 from libai.accelerate.tasks import get_task
 from libai.accelerate.templates import Finetuner, PreTrainer
+from libai.dist.cli import run_cli
 from libai.models.contract import total_loss
-from libai.utils import distributed as dist
-from libai.utils.cli import run_cli
+from libai.runtime.evaluate import evaluate as run_evaluation
+from libai.runtime.evaluate import sum_over_ranks
 
 logger = logging.getLogger(__name__)
 
@@ -68,28 +70,23 @@ class TaskFinetuner(Finetuner):
 
     def run_compute_metrics(self, model, eval_dataloader) -> dict:
         sums: dict = {}
-        for batch in eval_dataloader:
-            out = model(**self.batch_transform(batch))
-            outputs = dict(out)
+
+        def step(batch):
+            outputs = dict(model(**self.batch_transform(batch)))
             outputs["loss"] = total_loss(outputs)
             self.task.update(sums, batch, outputs)
-        return self.task.compute(self._reduce(sums))
+            return outputs["loss"]
 
-    def _pipeline_loss(self, loader) -> dict:
-        results = super()._pipeline_loss(loader)
+        run_evaluation(self.engine.runner, eval_dataloader, step=step)
+        keys = sorted(sums)  # the same keys on every rank
+        totals = sum_over_ranks([float(sums[k]) for k in keys], self.engine.util.device)
+        return self.task.compute(dict(zip(keys, totals)))
+
+    def pipeline_metrics(self, run) -> dict:
+        results = super().pipeline_metrics(run)
         if "perplexity" in self.task.metrics:
-            results["perplexity"] = float(torch.tensor(results["loss"]).exp())
+            results["perplexity"] = float(torch.tensor(run.loss).exp())
         return results
-
-    def _reduce(self, sums: dict) -> dict:
-        """The sums of every data-parallel rank (the same keys on every rank)."""
-        keys = sorted(sums)
-        if not keys or self.engine.util.dp_group is None:
-            return sums
-        values = torch.tensor(
-            [float(sums[k]) for k in keys], dtype=torch.float64, device=self.engine.util.device
-        )
-        return dict(zip(keys, self.gather(values[None]).sum(0).tolist()))
 
 
 def _tokenizer(args, model_type):

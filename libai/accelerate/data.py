@@ -8,9 +8,9 @@ import tempfile
 
 import torch
 
+from libai import dist
 from libai.data.build import loader_generator, trivial_batch_collator
 from libai.data.samplers import CyclicSampler, SingleRoundSampler
-from libai.utils import distributed as dist
 
 __all__ = ["build_loader", "load_local_dataset", "pretraining_datasets"]
 

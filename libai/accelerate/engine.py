@@ -34,8 +34,8 @@ from libai.accelerate.data import build_loader
 from libai.optim import get_default_optimizer_params
 from libai.runtime.core import (
     build_checkpointer,
-    build_runner,
     build_training_loop,
+    parallelize,
     seed_this_rank,
     shard_optimizer_for,
 )
@@ -186,7 +186,7 @@ class AccelerateEngine:
         model here, so build the optimizer after this)."""
         self.train_cfg = self.train_namespace(train_iter)
         seed_this_rank(self.args.seed, self.util)
-        self.parts = build_runner(
+        self.parts = parallelize(
             model,
             self.train_cfg,
             compile=bool(self.args.graph_optimization),

@@ -16,7 +16,7 @@ import os
 import torch
 from torch import nn
 
-from libai.utils import distributed as dist
+from libai import dist
 
 logger = logging.getLogger(__name__)
 

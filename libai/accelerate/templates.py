@@ -32,6 +32,8 @@ from collections.abc import Mapping
 import torch
 
 from libai.models.contract import total_loss
+from libai.runtime.evaluate import eval_mode
+from libai.runtime.evaluate import evaluate as run_evaluation
 from libai.runtime.trainer import to_device
 
 logger = logging.getLogger(__name__)
@@ -94,15 +96,12 @@ class Finetuner:
         return model_loss(model(**batch))
 
     def run_compute_metrics(self, model, eval_dataloader) -> dict:
-        """Metrics on the evaluation set (default: the mean loss over all data ranks)."""
-        total = torch.zeros(2, dtype=torch.float64, device=self.engine.util.device)
-        for batch in eval_dataloader:
-            loss = self.run_forward_step(batch, model)
-            total += torch.stack(
-                [loss.detach().double(), torch.ones((), dtype=torch.float64, device=total.device)]
-            )
-        total = self.gather(total[None]).sum(0)
-        return {"loss": float(total[0] / total[1].clamp(min=1))}
+        """Metrics on the evaluation set (default: the mean loss over all data ranks, by the
+        runtime's evaluation loop with ``run_forward_step``)."""
+        run = run_evaluation(
+            self.engine.runner, eval_dataloader, step=lambda b: self.run_forward_step(b, model)
+        )
+        return {"loss": run.loss}
 
     # ---- helpers ----------------------------------------------------------------------------
     def gather(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -155,33 +154,25 @@ class Finetuner:
         return lambda batch: model_loss(self.run_forward_step(batch, self.engine.runner.model))
 
     def evaluate(self, valid_loader) -> dict:
-        """``run_compute_metrics`` on the evaluation set, in eval mode, without gradients."""
+        """``run_compute_metrics`` on the evaluation set, in eval mode, without gradients;
+        under pipeline parallel (each rank holds its stages) the runtime's evaluation loop
+        scores the pipeline's own loss (:meth:`pipeline_metrics`)."""
         runner = self.engine.runner
-        model = runner.model
-        was_training = model.training
-        model.eval()
-        loader = _DeviceLoader(valid_loader, self.engine.util.device, self.args.eval_iters)
-        if runner.pipeline:  # each rank holds its stages: the pipeline's own loss
-            results = self._pipeline_loss(loader)
+        if runner.pipeline:
+            run = run_evaluation(
+                runner, valid_loader, max_batches=self.args.eval_iters, prepare=self.batch_transform
+            )
+            results = self.pipeline_metrics(run)
         else:
-            with torch.no_grad(), runner.autocast():
-                results = self.run_compute_metrics(model, loader)
-        model.train(was_training)
+            loader = _DeviceLoader(valid_loader, self.engine.util.device, self.args.eval_iters)
+            with eval_mode(runner.model), runner.autocast():
+                results = self.run_compute_metrics(runner.model, loader)
         logger.info("Evaluation: %s", results)
         return {f"eval_{k}": float(v) for k, v in (results or {}).items()}
 
-    def _pipeline_loss(self, loader) -> dict:
-        """The mean loss of full batches through the pipeline schedule (all data ranks)."""
-        runner = self.engine.runner
-        total = torch.zeros(2, dtype=torch.float64, device=self.engine.util.device)
-        size = self.args.micro_batch_size * self.args.num_accumulation_steps
-        for batch in loader:
-            batch = self.batch_transform(batch)
-            if len(next(iter(batch.values()))) != size:
-                continue  # the stages' buffers are sized by the training batch
-            total += torch.stack([runner.eval_loss(batch).double(), torch.ones_like(total[0])])
-        total = self.gather(total[None]).sum(0)
-        return {"loss": float(total[0] / total[1].clamp(min=1))}
+    def pipeline_metrics(self, run) -> dict:
+        """The metrics of a pipeline-parallel evaluation (a runtime ``EvalResult``)."""
+        return {"loss": run.loss}
 
     def train(self):
         """Build the datasets, model, optimizer and schedule from the providers (and the
@@ -248,11 +239,10 @@ class PreTrainer(Finetuner):
         return loss_fn
 
     def run_compute_metrics(self, model, eval_dataloader) -> dict:
-        total = torch.zeros(2, dtype=torch.float64, device=self.engine.util.device)
         loss_fn = self._loss_fn()
-        for batch in eval_dataloader:
-            loss = loss_fn(batch) if loss_fn else model_loss(model(**batch))
-            total += torch.stack([loss.detach().double(), torch.ones_like(total[0])])
-        total = self.gather(total[None]).sum(0)
-        mean = float(total[0] / total[1].clamp(min=1))
-        return {"loss": mean, "perplexity": float(torch.tensor(mean).exp())}
+        run = run_evaluation(
+            self.engine.runner,
+            eval_dataloader,
+            step=lambda batch: loss_fn(batch) if loss_fn else model_loss(model(**batch)),
+        )
+        return {"loss": run.loss, "perplexity": float(torch.tensor(run.loss).exp())}

@@ -379,7 +379,7 @@ def _quiet_libraries() -> None:
 
 def _dump_root(args) -> str:
     """``--dump-root`` or a new temporary directory, the same on every rank."""
-    from libai.utils import distributed as dist
+    from libai import dist
 
     root = args.dump_root
     if root is None:
@@ -394,8 +394,8 @@ def run(args, base_side: Side, raw_side: Side) -> int:
     import torch
     import torch.distributed as torch_dist
 
+    from libai import dist
     from libai.align import assign_weight, auto_diff, check_weights
-    from libai.utils import distributed as dist
 
     dist.setup_dist_util(
         {"data_parallel_size": 1, "tensor_parallel_size": args.tp, "pipeline_parallel_size": 1}

@@ -21,8 +21,8 @@ import torch.distributed as torch_dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from libai import dist
 from libai.layers import Linear, LMLogits, ParallelCrossEntropyLoss
-from libai.utils import distributed as dist
 
 
 @dataclass(frozen=True)

@@ -471,7 +471,7 @@ def _world_size() -> int:
 
 
 def _layout() -> dict | None:
-    from libai.utils import distributed as dist
+    from libai import dist
 
     util = dist.current_dist_util()
     if util is None:

@@ -78,6 +78,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from libai import dist
 from libai.checkpoint.files import (
     FORMAT,
     LAST_CHECKPOINT,
@@ -110,7 +111,6 @@ from libai.checkpoint.safe_load import (
     torch_load_data,
 )
 from libai.checkpoint.view import MODEL_KEY, build_view, tied_weights
-from libai.utils import distributed as dist
 
 logger = logging.getLogger(__name__)
 

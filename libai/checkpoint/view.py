@@ -22,8 +22,8 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
+from libai import dist
 from libai.checkpoint.safe_load import loads_plain_data, torch_load_data
-from libai.utils import distributed as dist
 
 MODEL_KEY = "model"
 _OPTIM_SECTIONS = ("state.", "param_groups.")

@@ -24,6 +24,7 @@ import torch
 from omegaconf import ListConfig
 from torch.utils.data import ConcatDataset, DataLoader
 
+from libai import dist
 from libai.config.instantiate import instantiate, is_lazy_node, locate
 from libai.data.data_utils.dataset_utils import (
     SPLIT_NAMES,
@@ -34,7 +35,6 @@ from libai.data.data_utils.dataset_utils import (
 from libai.data.data_utils.indexed_dataset import get_indexed_dataset
 from libai.data.datasets.gpt_dataset import GPT2Dataset
 from libai.data.samplers import CyclicSampler, SingleRoundSampler
-from libai.utils import distributed as dist
 
 logger = logging.getLogger(__name__)
 

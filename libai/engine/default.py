@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import time
 
+from libai import dist
 from libai.config import (
     LazyConfig,
     instantiate,
@@ -22,21 +22,20 @@ from libai.optim import build_optimizer, get_clip_grad_settings
 from libai.runtime.core import (
     build_checkpointer,
     build_hooks,
-    build_runner,
     build_writers,
+    parallelize,
     resolve_compile,
     seed_all,
     seed_this_rank,
     shard_optimizer_for,
 )
-from libai.runtime.parallel import pipeline_target
+from libai.runtime.evaluate import evaluate as run_evaluation
 from libai.runtime.resume import resume_point
 from libai.runtime.run_config import build_run_tokenizer, fill_pipeline_num_layers
 from libai.runtime.setup import setup_run
+from libai.runtime.spec import RunSpec
 from libai.runtime.trainer import EagerTrainer
-from libai.runtime.zero import resolve_zero_stage
 from libai.scheduler import build_lr_scheduler
-from libai.utils import distributed as dist
 
 logger = logging.getLogger(__name__)
 
@@ -86,7 +85,7 @@ def default_setup(cfg, args) -> None:
     fill_pipeline_num_layers(cfg)
     world = int(os.environ.get("WORLD_SIZE", 1))
     layout = dist.resolve_layout(cfg.train.dist, world)  # raises before any collective
-    resolve_zero_stage(try_get_key(cfg, "train.zero_optimization"), layout)  # so does ZeRO
+    RunSpec.from_config(cfg.train).zero_stage(layout)  # so do types and ZeRO
     cfg.train.update(resolve_batch_sizes(cfg.train, layout.data_parallel_size)._asdict())
     setup_run(
         cfg.train.dist,
@@ -128,13 +127,14 @@ class DefaultTrainer(EagerTrainer):
         )
         iters = resolve_train_iters(train, self._train_samples_per_epoch(), train.global_batch_size)
         train.train_iter, train.warmup_iter = iters.train_iter, iters.warmup_iter
+        self.spec = RunSpec.from_config(train)  # the runtime's settings of this run
         # identical weights on every rank and layout, then dropout seeds per dp/pp rank
         seed_all(train.seed)
         model = self.build_model(cfg)
         seed_this_rank(train.seed, util)
-        parts = build_runner(
+        parts = parallelize(
             model,
-            train,
+            self.spec,
             compile=resolve_compile(try_get_key(cfg, "graph.enabled"), util.layout.device_type),
         )
         self.grad_scaler = parts.grad_scaler
@@ -224,39 +224,34 @@ class DefaultTrainer(EagerTrainer):
         tokens_per_iter = self.global_batch_size * seq_len if seq_len else None
         writers = build_writers(cfg.output_dir, self.max_iter, tokens_per_iter)
         evaluate = self.evaluate if self.valid_loader is not None else None
-        return build_hooks(cfg, self.checkpointer, writers, evaluate)
+        return build_hooks(self.spec, self.checkpointer, writers, evaluate)
 
     def evaluate(self, loader=None) -> dict:
-        """Evaluation through the runner, so it works under pp too.
-
-        Each batch gives the evaluator ``{"lm_loss": mean loss}`` (perplexity); an evaluator
-        with ``needs_predictions`` (accuracy) gets ``{"lm_loss", "logits"}`` from one forward,
-        on the last pipeline stage only (the evaluators sum their counts over stages).
-        """
+        """The runtime's evaluation loop (:func:`libai.runtime.evaluate.evaluate`) feeding
+        the config's evaluator: each batch gives it ``{"lm_loss": mean loss}`` (perplexity);
+        an evaluator with ``needs_predictions`` (accuracy) gets ``{"lm_loss", "logits"}``
+        from one forward, on the last pipeline stage only (the evaluators sum their counts
+        over stages)."""
         loader = loader if loader is not None else self.valid_loader
         evaluator = self.build_evaluator(self.cfg)
         predictions = bool(getattr(evaluator, "needs_predictions", False))
         evaluator.reset()
-        eval_iter = self.cfg.train.evaluation.eval_iter
-        self.model.eval()
-        start = time.perf_counter()
-        device = self.runner.util.device
-        for i, batch in enumerate(loader):
-            if eval_iter and i >= eval_iter:
-                break
-            # under pp a smaller last batch is padded inside the runner and scored on its rows
-            batch = {k: v.to(device) for k, v in batch.items()}
-            if not predictions:
-                evaluator.process(batch, {"lm_loss": self.runner.eval_loss(batch)})
-                continue
-            logits = self.runner.predict(batch)
-            if logits is not None:  # None on the other pipeline stages
-                model = self.runner.model
-                loss = model.pipeline_loss(logits, pipeline_target(model, batch))
+
+        def process(index, batch, loss, logits):
+            if predictions and logits is not None:
                 evaluator.process(batch, {"lm_loss": loss, "logits": logits})
+            elif not predictions:
+                evaluator.process(batch, {"lm_loss": loss})
+
+        run = run_evaluation(
+            self.runner,
+            loader,
+            max_batches=self.cfg.train.evaluation.eval_iter,
+            predictions=predictions,
+            on_batch=process,
+        )
         results = evaluator.evaluate()
-        self.model.train()
-        logger.info("Evaluation (%.1fs): %s", time.perf_counter() - start, results)
+        logger.info("Evaluation (%.1fs): %s", run.seconds, results)
         return results
 
     def resume_or_load(self, resume: bool = True) -> None:

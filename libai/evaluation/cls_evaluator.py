@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from libai import dist
 from libai.evaluation.evaluator import DatasetEvaluator
 from libai.evaluation.utils import all_reduce_over_data_parallel
-from libai.utils import distributed as dist
 
 __all__ = ["AccEvaluator", "ClsEvaluator"]
 

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 import torch
 from torch import nn
 
-from libai.utils import distributed as dist
+from libai import dist
 from libai.utils.logger import log_every_n_seconds
 
 __all__ = ["DatasetEvaluator", "DatasetEvaluators", "inference_on_dataset"]

@@ -6,9 +6,9 @@ import math
 
 import torch
 
+from libai import dist
 from libai.evaluation.evaluator import DatasetEvaluator
 from libai.evaluation.utils import all_reduce_over_data_parallel
-from libai.utils import distributed as dist
 
 __all__ = ["PPLEvaluator"]
 

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 import torch
 import torch.distributed as torch_dist
 
-from libai.utils import distributed as dist
+from libai import dist
 
 __all__ = ["all_reduce_over_data_parallel", "flatten_results_dict", "print_csv_format"]
 

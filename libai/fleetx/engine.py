@@ -20,22 +20,22 @@ import os
 import time
 
 import torch
-import torch.distributed as torch_dist
 
+from libai import dist
 from libai.fleetx.module import BasicModule
 from libai.fleetx.module_hooks import ModuleCallbacks, overridden
 from libai.fleetx.yaml_setup import amp_settings, train_namespace
 from libai.runtime.core import (
     build_checkpointer,
-    build_runner,
     build_training_loop,
+    parallelize,
     resolve_compile,
     seed_this_rank,
     shard_optimizer_for,
 )
+from libai.runtime.evaluate import evaluate as run_evaluation
 from libai.runtime.resume import load_to_resume
 from libai.runtime.trainer import EagerTrainer, to_device
-from libai.utils import distributed as dist
 from libai.utils.plot import plot_loss_curve
 
 logger = logging.getLogger(__name__)
@@ -91,7 +91,7 @@ class Engine:
         seed_this_rank(cfg.Global.seed, self.util)
         custom = not self.util.layout.pipeline_parallel_size > 1
         _, _, op_lists = amp_settings(cfg, mode)
-        self.parts = build_runner(
+        self.parts = parallelize(
             module.model,
             self.train_cfg,
             compile=resolve_compile(engine.compile, self.util.layout.device_type)
@@ -325,56 +325,42 @@ class Engine:
         logger.info("Test (%.1fs): loss %.6g", results["test_cost"], results["loss"])
         return {"loss": results["loss"]}
 
-    @torch.no_grad()
     def _loss_loop(self, loader, epoch, max_batches, step_name, end_name, cost_key) -> dict:
-        from libai.fleetx.module_hooks import batch_loss_and_sums
-
-        model, runner = self.runner.model, self.runner
-        was_training = model.training
-        model.eval()
+        """The runtime's evaluation loop with the module's ``step_name`` (not under pp:
+        there the pipeline schedule scores) and ``end_name`` every ``logging_freq``."""
         start = time.perf_counter()
         total_batch = _length(loader, max_batches)
-        loss_sum, count, window, sums = 0.0, 0, [], {}
-        step_fn = getattr(self.module, step_name)
         freq = self.cfg.Engine.logging_freq
-        for i, batch in enumerate(loader):
-            if max_batches and i >= max_batches:
-                break
-            batch = self.module.pretreating_batch(to_device(batch, self.util.device))
-            if runner.pipeline:
-                loss = float(runner.eval_loss(batch))
-            else:
-                with runner.autocast():
-                    loss = batch_loss_and_sums(step_fn(batch), sums)
-            loss_sum, count = loss_sum + loss, count + 1
-            window.append(loss)
-            if (i + 1) % freq == 0:
+        window = []
+
+        def log_window(index, batch, loss, logits):
+            window.append(float(loss))
+            if (index + 1) % freq == 0:
                 getattr(self.module, end_name)(
                     {
                         "loss": sum(window) / len(window),
                         "epoch": epoch,
-                        "batch": i,
+                        "batch": index,
                         "total_batch": total_batch,
-                        cost_key: (time.perf_counter() - start) / (i + 1),
+                        cost_key: (time.perf_counter() - start) / (index + 1),
                     }
                 )
-                window = []
-        totals = self._reduce_over_dp([loss_sum, count, *sums.values()])
-        model.train(was_training)
-        return {
-            "loss": totals[0] / max(totals[1], 1),
-            "total_batch": int(totals[1]),
-            "sums": dict(zip(sums, totals[2:])),
-            cost_key: time.perf_counter() - start,
-        }
+                window.clear()
 
-    def _reduce_over_dp(self, values: list[float]) -> list[float]:
-        group = self.util.dp_group
-        if group is None:
-            return [float(v) for v in values]
-        t = torch.tensor(values, dtype=torch.float64, device=self.util.device)
-        torch_dist.all_reduce(t, group=group)
-        return t.tolist()
+        run = run_evaluation(
+            self.runner,
+            loader,
+            max_batches=max_batches,
+            prepare=self.module.pretreating_batch,
+            step=getattr(self.module, step_name),
+            on_batch=log_window,
+        )
+        return {
+            "loss": run.loss,
+            "total_batch": run.batches,
+            "sums": run.sums,
+            cost_key: run.seconds,
+        }
 
     # ---- checkpoints --------------------------------------------------------------------------
     def save(self, name: str | None = None) -> str:

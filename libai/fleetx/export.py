@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from libai import dist
 from libai.fleetx.module import BasicModule, InputSpec
-from libai.utils import distributed as dist
 
 logger = logging.getLogger(__name__)
 

@@ -3,36 +3,18 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
 
 import torch
 
 from libai.fleetx.module import BasicModule
 from libai.runtime.trainer import HookBase
 
-__all__ = ["ModuleCallbacks", "batch_loss_and_sums", "overridden"]
+__all__ = ["ModuleCallbacks", "overridden"]
 
 
 def overridden(module: BasicModule, name: str) -> bool:
     """Whether ``module``'s class replaces :class:`BasicModule`'s ``name``."""
     return getattr(type(module), name) is not getattr(BasicModule, name)
-
-
-def batch_loss_and_sums(out, sums: dict) -> float:
-    """The loss of a validation / test step's output (a tensor or a mapping with ``loss``);
-    the mapping's other numbers are added into ``sums``."""
-    if isinstance(out, torch.Tensor):
-        return float(out.detach().float())
-    if not isinstance(out, Mapping) or "loss" not in out:
-        raise TypeError(
-            f"a validation / test step must return a loss tensor or a mapping with 'loss', "
-            f"got {type(out).__name__}"
-        )
-    for key, value in out.items():
-        if key != "loss":
-            value = value.detach().float().sum() if isinstance(value, torch.Tensor) else value
-            sums[key] = sums.get(key, 0.0) + float(value)
-    return float(out["loss"].detach().float())
 
 
 def _mean(values) -> float:

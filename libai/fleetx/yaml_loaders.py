@@ -24,10 +24,10 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
+from libai import dist
 from libai.config.instantiate import locate
 from libai.data.build import loader_generator, trivial_batch_collator
 from libai.data.samplers import CyclicSampler, SingleRoundSampler
-from libai.utils import distributed as dist
 
 __all__ = ["COLLATORS", "DATASETS", "SAMPLERS", "build_split_loader", "resolve_name"]
 

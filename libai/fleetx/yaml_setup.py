@@ -18,11 +18,19 @@ import sys
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from libai import dist
 from libai.fleetx.yaml_config import YAMLConfigError, resolve_batch_config
 from libai.fleetx.yaml_loaders import resolve_name
 from libai.runtime.core import seed_all
 from libai.runtime.setup import setup_run
-from libai.utils import distributed as dist
+from libai.runtime.spec import (
+    ActivationCheckpointSpec,
+    AmpSpec,
+    CheckpointerSpec,
+    EvaluationSpec,
+    RunSpec,
+    ZeroSpec,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -123,9 +131,9 @@ def amp_settings(cfg: DictConfig, mode: str = "train") -> tuple[bool, str, objec
 
 def train_namespace(
     cfg: DictConfig, *, train_iter: int, steps_per_epoch: int | None, mode: str, has_eval: bool
-) -> DictConfig:
-    """LiBai's ``train`` namespace (the keys of ``configs/common/train.py``) for a resolved
-    YAML config, which :mod:`libai.runtime.core` builds the runner, hooks and writers from.
+) -> RunSpec:
+    """The run spec (:class:`~libai.runtime.spec.RunSpec`) of a resolved YAML config, which
+    :mod:`libai.runtime.core` builds the runner, hooks and writers from.
 
     ``run_mode: step`` evaluates every ``eval_freq`` steps and saves every ``save_steps``;
     ``run_mode: epoch`` every ``eval_freq`` / ``save_epoch`` epochs (``steps_per_epoch``).
@@ -144,42 +152,34 @@ def train_namespace(
     eval_period = engine.eval_freq * per if engine.eval_freq and engine.eval_freq > 0 else 0
     amp_on, amp_dtype, _ = amp_settings(cfg, mode)
     sharding = cfg.Distributed.sharding
-    train = {
-        "output_dir": save.output_dir,
-        "train_iter": int(train_iter),
-        "train_epoch": 0,
-        "train_micro_batch_size": cfg.Global.micro_batch_size,
-        "global_batch_size": cfg.Global.global_batch_size,
-        "num_accumulation_steps": cfg.Engine.accumulate_steps,
-        "test_micro_batch_size": cfg.Global.local_batch_size,
-        "log_period": engine.logging_freq,
-        "seed": cfg.Global.seed,
-        "warmup_ratio": 0,
-        "consumed_train_samples": 0,
-        "amp": {
-            "enabled": amp_on,
-            "dtype": amp_dtype,
-            "init_scale": engine.mix_precision.scale_loss,
-        },
-        "activation_checkpoint": {
-            "enabled": bool(cfg.Model.get("use_recompute", False)),
-            "mode": cfg.Model.get("recompute_granularity") or "full",
-        },
-        "zero_optimization": {
-            "enabled": mode == "train" and sharding.sharding_degree > 1,
-            "stage": sharding.sharding_stage,
-        },
-        "checkpointer": {"period": int(save_period), "max_to_keep": save.max_to_keep},
-        "evaluation": {
-            "enabled": bool(has_eval and eval_period > 0),
-            "eval_period": int(eval_period),
-            "eval_iter": engine.eval_iters,
-            "eval_metric": None,
-            "eval_mode": "min",
-        },
-        "dist": dist_config(cfg),
-    }
-    return OmegaConf.create(train)
+    return RunSpec(
+        output_dir=save.output_dir,
+        train_iter=int(train_iter),
+        train_micro_batch_size=cfg.Global.micro_batch_size,
+        global_batch_size=cfg.Global.global_batch_size,
+        num_accumulation_steps=cfg.Engine.accumulate_steps,
+        test_micro_batch_size=cfg.Global.local_batch_size,
+        log_period=engine.logging_freq,
+        seed=cfg.Global.seed,
+        amp=AmpSpec(enabled=amp_on, dtype=amp_dtype, init_scale=engine.mix_precision.scale_loss),
+        activation_checkpoint=ActivationCheckpointSpec(
+            enabled=bool(cfg.Model.get("use_recompute", False)),
+            mode=cfg.Model.get("recompute_granularity") or "full",
+        ),
+        zero_optimization=ZeroSpec(
+            enabled=mode == "train" and sharding.sharding_degree > 1,
+            stage=sharding.sharding_stage,
+        ),
+        checkpointer=CheckpointerSpec(period=int(save_period), max_to_keep=save.max_to_keep),
+        evaluation=EvaluationSpec(
+            enabled=bool(has_eval and eval_period > 0),
+            eval_period=int(eval_period),
+            eval_iter=engine.eval_iters,
+            eval_metric=None,
+            eval_mode="min",
+        ),
+        dist=dist_config(cfg),
+    )
 
 
 def setup_yaml_run(cfg: DictConfig, mode: str = "train") -> None:

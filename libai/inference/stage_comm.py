@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.distributed as torch_dist
 
-from libai.utils import distributed as dist
+from libai import dist
 
 _DTYPES = [
     torch.float32,

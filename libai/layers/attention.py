@@ -6,11 +6,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from libai import dist
 from libai.layers.kv_cache import LayerKVCache, StaticLayerKVCache
 from libai.layers.linear import Linear
 from libai.layers.param import InitMethod, default_init_method
 from libai.layers.rotary import apply_rotary_pos_emb
-from libai.utils import distributed as dist
 
 KVPair = tuple[torch.Tensor, torch.Tensor]
 

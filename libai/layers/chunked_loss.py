@@ -24,9 +24,9 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
+from libai import dist
 from libai.layers.cross_entropy import vocab_parallel_cross_entropy
 from libai.layers.lm_logits import LMLogits, enter_head
-from libai.utils import distributed as dist
 
 
 def lm_head_input(hidden: torch.Tensor, sequence_parallel: bool = False) -> torch.Tensor:

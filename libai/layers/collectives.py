@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as torch_dist
 
-from libai.utils import distributed as dist
+from libai import dist
 
 #: the sequence dimension of activations ``[batch, seq, hidden]`` under sequence parallel
 SEQ_DIM = 1

@@ -9,8 +9,8 @@ import torch.distributed as torch_dist
 import torch.nn.functional as F
 from torch import nn
 
+from libai import dist
 from libai.layers.collectives import all_reduce_tp
-from libai.utils import distributed as dist
 
 
 class VocabShardCrossEntropy(NamedTuple):

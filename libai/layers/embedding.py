@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from libai import dist
 from libai.layers.collectives import reduce_from_tp, reduce_scatter_to_sp, scatter_to_sp
 from libai.layers.param import (
     InitMethod,
@@ -16,7 +17,6 @@ from libai.layers.param import (
     local_value,
     mark_sequence_parallel,
 )
-from libai.utils import distributed as dist
 
 logger = logging.getLogger(__name__)
 

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from libai import dist
 from libai.layers.collectives import (
     copy_to_tp,
     gather_from_sp,
@@ -20,7 +21,6 @@ from libai.layers.param import (
     xavier_normal,
     zeros,
 )
-from libai.utils import distributed as dist
 
 _PARALLEL_MODES = ("data", "col", "row")
 

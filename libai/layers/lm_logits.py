@@ -6,10 +6,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from libai import dist
 from libai.layers.collectives import copy_to_tp, gather_from_sp, gather_from_tp
 from libai.layers.embedding import VocabEmbedding, pad_vocab_size
 from libai.layers.param import create_parameter, default_init_method, local_value, zeros
-from libai.utils import distributed as dist
 
 
 class LMLogits(nn.Module):

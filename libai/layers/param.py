@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from libai.utils import distributed as dist
+from libai import dist
 
 InitMethod = Callable[..., torch.Tensor]  # fn(tensor, generator=None) -> tensor, in place
 

@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from libai import dist
 from libai.layers.param import InitMethod, create_parameter, default_init_method, local_value
-from libai.utils import distributed as dist
 
 
 def relative_position_bucket(

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from libai import dist
 from libai.config import configurable
 from libai.layers import (
     Embedding,
@@ -36,7 +37,6 @@ from libai.layers import (
 )
 from libai.layers.mlp import ACTIVATIONS
 from libai.models.utils.hf_kwargs import accepts_hf_keywords
-from libai.utils import distributed as dist
 
 IGNORE_INDEX = -100
 

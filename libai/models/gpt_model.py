@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from libai import dist
 from libai.config import configurable
 from libai.layers import (
     Embedding,
@@ -27,7 +28,6 @@ from libai.layers.kv_cache import (
     past_length,
 )
 from libai.models.utils.hf_kwargs import accepts_hf_keywords
-from libai.utils import distributed as dist
 
 
 class GPTEmbedding(nn.Module):

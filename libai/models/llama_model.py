@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from libai import dist
 from libai.config import configurable
 from libai.layers import (
     LMLogits,
@@ -34,7 +35,6 @@ from libai.layers.kv_cache import (
 )
 from libai.layers.rotary import rope_type
 from libai.models.utils.hf_kwargs import accepts_hf_keywords
-from libai.utils import distributed as dist
 
 IGNORE_INDEX = -100
 MODEL_TYPES = ("llama", "qwen2")

@@ -29,6 +29,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from libai import dist
 from libai.config import configurable
 from libai.layers import (
     LMLogits,
@@ -42,7 +43,6 @@ from libai.layers import (
 from libai.layers.kv_cache import is_static, layer_past, past_length
 from libai.layers.relative_position import RelativePositionBias
 from libai.models.utils.hf_kwargs import accepts_hf_keywords
-from libai.utils import distributed as dist
 
 #: activation names of transformers' ``dense_act_fn`` -> libai's
 ACTIVATIONS = {

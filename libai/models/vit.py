@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from libai import dist
 from libai.config import configurable
 from libai.layers import (
     LayerNorm,
@@ -27,7 +28,6 @@ from libai.layers import (
 )
 from libai.layers.param import zeros
 from libai.models.utils.hf_kwargs import accepts_hf_keywords
-from libai.utils import distributed as dist
 
 
 class PatchEmbedding(nn.Module):

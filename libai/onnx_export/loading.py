@@ -17,7 +17,7 @@ logger = logging.getLogger(__name__)
 
 
 def _single_process_mesh() -> None:
-    from libai.utils import distributed as dist
+    from libai import dist
 
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise RuntimeError(

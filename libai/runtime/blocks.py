@@ -122,3 +122,27 @@ def enable_activation_checkpointing(
         else:
             _checkpoint_forward(block, mode)
     return len(blocks)
+
+
+def apply_block_switches(models, *, checkpointing: str | bool = False, compile: bool = False):
+    """Activation checkpointing, then ``torch.compile``, on the blocks of each of ``models``
+    (a rank's model and its pipeline stage copies, after the split: each switches its own
+    blocks, so no copy calls another's). A model without blocks (a stage holding only an
+    embedding) is left as it is; raises when none of them has one."""
+    models = list(models)
+    if checkpointing:
+        _each_with_blocks(
+            models,
+            lambda m: enable_activation_checkpointing(m, checkpointing),
+            "train.activation_checkpoint",
+        )
+    if compile:
+        _each_with_blocks(models, compile_layers, "graph.enabled")
+
+
+def _each_with_blocks(models, apply, switch: str) -> None:
+    with_blocks = [m for m in models if model_blocks(m)]
+    if not with_blocks:
+        raise _no_blocks_error(models[0], switch)
+    for m in with_blocks:
+        apply(m)

@@ -1,13 +1,15 @@
 """The execution core that every front door builds on.
 
 A front door (``DefaultTrainer`` for LiBai's LazyConfigs, ``Engine`` for FleetX's task
-modules and YAML) translates its configuration into LiBai's ``train`` namespace (the keys
-of ``configs/common/train.py``) and then uses these builders, so the same settings give the
-same runner, optimizer sharding, checkpoints, hooks and writers whichever door was used:
+modules and YAML, ``libai.accelerate`` for Rapidformer's flags) translates its configuration
+into a :class:`~libai.runtime.spec.RunSpec` and then uses these builders, so the same
+settings give the same runner, optimizer sharding, checkpoints, hooks and writers whichever
+door was used (a LiBai ``train`` namespace is accepted too and read as its spec):
 
-- :func:`build_runner`: mixed precision, loss scaler, ZeRO, activation checkpointing and
-  compile applied to a model on the current mesh (a :class:`ModelRunner`);
-- :func:`shard_optimizer_for`: the ZeRO wrapper around the optimizer;
+- :func:`~libai.runtime.parallelize.parallelize` (``build_runner``): the pipeline split,
+  activation checkpointing, compile and ZeRO-3 applied in one fixed order, mixed precision
+  and the loss scaler (a :class:`~libai.runtime.parallel.ModelRunner`);
+- :func:`shard_optimizer_for`: the ZeRO-1/2 wrapper around the optimizer;
 - :func:`build_checkpointer`, :func:`build_writers`, :func:`build_hooks`: checkpoints,
   console / metrics.json / TensorBoard output, and the periodic hooks of the loop.
 
@@ -19,19 +21,21 @@ from __future__ import annotations
 import logging
 import os
 import random
-from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
 from libai.checkpoint.checkpointer import Checkpointer
-from libai.config import try_get_key
 from libai.runtime import hooks
-from libai.runtime.amp import DynamicLossScaler, resolve_amp_dtype
-from libai.runtime.parallel import ModelRunner
+from libai.runtime.parallelize import (
+    RunnerParts,
+    as_spec,
+    build_runner,
+    parallelize,
+    shard_optimizer_for,
+)
+from libai.runtime.spec import RunSpec, resolve_compile
 from libai.runtime.trainer import EagerTrainer
-from libai.runtime.zero import prepare_model, resolve_zero_stage, shard_optimizer
-from libai.utils import distributed as dist
 from libai.utils.events import CommonMetricPrinter, JSONWriter, TensorboardXWriter
 
 logger = logging.getLogger(__name__)
@@ -42,22 +46,15 @@ __all__ = [
     "build_hooks",
     "build_runner",
     "build_training_loop",
+    "parallelize",
     "build_writers",
+    "as_spec",
     "position_loader",
+    "resolve_compile",
     "seed_all",
     "seed_this_rank",
     "shard_optimizer_for",
 ]
-
-#: fp16's initial loss scale when ``train.amp.init_scale`` is not set
-DEFAULT_INIT_SCALE = 2.0**16
-
-
-def resolve_compile(enabled, device_type: str) -> bool:
-    """``graph.enabled``: ``None`` means compile on CUDA (where it pays) and not on CPU."""
-    if enabled is None:
-        return device_type == "cuda"
-    return bool(enabled)
 
 
 def seed_all(seed: int) -> None:
@@ -72,69 +69,6 @@ def seed_this_rank(seed: int, util) -> None:
     layout): this rank's random streams for dropout and data, distinct per data-parallel and
     pipeline rank, shared by the tensor-parallel ranks of one shard."""
     seed_all(seed + 1000 * util.data_parallel_rank + util.pipeline_rank)
-
-
-class RunnerParts(NamedTuple):
-    runner: ModelRunner
-    grad_scaler: DynamicLossScaler | None
-    zero_stage: int | None
-
-
-def build_runner(
-    model: torch.nn.Module,
-    train: Any,
-    *,
-    compile: bool = False,
-    loss_fn=None,
-    backward_fn=None,
-    autocast_op_lists=None,
-) -> RunnerParts:
-    """A :class:`ModelRunner` for ``model`` with the switches of ``train`` (``cfg.train``):
-    ``amp.{enabled, dtype, init_scale}``, ``num_accumulation_steps``,
-    ``dist.pipeline_schedule``, ``activation_checkpoint.{enabled, mode}`` and
-    ``zero_optimization`` (stage 3 shards the model here, before the optimizer exists).
-
-    ``loss_fn`` / ``backward_fn`` / ``autocast_op_lists`` go to the runner (a task module's
-    ``training_step`` and ``backward``, custom autocast op lists). Raises before any
-    collective for a ZeRO stage or switch the layout cannot apply.
-    """
-    util = dist.get_dist_util()
-    amp_dtype = resolve_amp_dtype(train.amp.dtype) if train.amp.enabled else None
-    grad_scaler = None
-    if amp_dtype == torch.float16:
-        init_scale = try_get_key(train, "amp.init_scale", default=None) or DEFAULT_INIT_SCALE
-        grad_scaler = DynamicLossScaler(init_scale=float(init_scale))
-    zero_stage = resolve_zero_stage(train.zero_optimization, util.layout)  # may raise
-    runner = ModelRunner(
-        model,
-        num_microbatches=train.num_accumulation_steps,
-        schedule=try_get_key(train, "dist.pipeline_schedule"),
-        amp_dtype=amp_dtype,
-        loss_scaler=grad_scaler,
-        activation_checkpointing=bool(train.activation_checkpoint.enabled)
-        and (try_get_key(train, "activation_checkpoint.mode") or "full"),
-        compile=bool(compile),
-        loss_fn=loss_fn,
-        backward_fn=backward_fn,
-        autocast_op_lists=autocast_op_lists,
-    )
-    # ZeRO stage 3: fully_shard (before the optimizer), HSDP when hsdp_replicate_size > 1
-    hsdp = try_get_key(train, "zero_optimization.hsdp_replicate_size", default=1) or 1
-    prepare_model(runner, zero_stage, hsdp_replicate_size=hsdp)
-    return RunnerParts(runner, grad_scaler, zero_stage)
-
-
-def shard_optimizer_for(parts: RunnerParts, optimizer: torch.optim.Optimizer):
-    """``optimizer`` wrapped for the runner's ZeRO stage (itself without ZeRO)."""
-    if parts.zero_stage is None:
-        return optimizer
-    sharded = shard_optimizer(parts.runner, optimizer, parts.zero_stage)
-    logger.info(
-        "ZeRO stage %d over %d dp ranks",
-        parts.zero_stage,
-        parts.runner.util.layout.data_parallel_size,
-    )
-    return sharded
 
 
 def build_checkpointer(
@@ -162,12 +96,13 @@ def build_writers(output_dir: str, max_iter: int, tokens_per_iter: int | None = 
     ]
 
 
-def build_hooks(train: Any, checkpointer: Checkpointer, writers: list, evaluate=None) -> list:
-    """The periodic hooks of ``train`` (``cfg.train``), in order: step timer, LR schedule,
+def build_hooks(train: RunSpec, checkpointer: Checkpointer, writers: list, evaluate=None) -> list:
+    """The periodic hooks of the run spec ``train``, in order: step timer, LR schedule,
     checkpoints every ``checkpointer.period`` (keeping ``max_to_keep``), ``evaluate()`` every
     ``evaluation.eval_period`` with the best checkpoint by ``evaluation.eval_metric`` (when
     ``evaluate`` is given and ``evaluation.enabled``), and the writers every ``log_period``.
     """
+    train = as_spec(train)
     hook_list = [
         hooks.IterationTimer(),
         hooks.LRScheduler(),
@@ -178,7 +113,7 @@ def build_hooks(train: Any, checkpointer: Checkpointer, writers: list, evaluate=
     evaluation = train.evaluation
     if evaluate is not None and evaluation.enabled:
         hook_list.append(hooks.EvalHook(evaluation.eval_period, evaluate))
-        metric = try_get_key(evaluation, "eval_metric")
+        metric = evaluation.eval_metric
         if metric:
             hook_list.append(
                 hooks.BestCheckpointer(
@@ -210,7 +145,7 @@ def position_loader(trainer: EagerTrainer, consumed: int, global_batch_size: int
 
 def build_training_loop(
     parts: RunnerParts,
-    train: Any,
+    train: RunSpec,
     data_loader,
     optimizer,
     lr_scheduler,
@@ -228,6 +163,7 @@ def build_training_loop(
     :func:`build_hooks` (``extra_hooks`` go after the LR hook, before saving)."""
     from libai.optim import get_clip_grad_settings
 
+    train = as_spec(train)
     max_grad_norm, norm_type = get_clip_grad_settings(optimizer) or (None, 2.0)
     trainer = EagerTrainer(
         parts.runner,

@@ -6,7 +6,7 @@ import torch
 import torch.distributed as torch_dist
 from torch.distributed.tensor import DTensor, Shard
 
-from libai.utils import distributed as dist
+from libai import dist
 
 
 def _is_tp_sharded(p: torch.Tensor) -> bool:

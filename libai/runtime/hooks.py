@@ -6,10 +6,10 @@ import logging
 import math
 import time
 
+from libai import dist
 from libai.checkpoint.checkpointer import PeriodicCheckpointer as _PeriodicCheckpointer
 from libai.evaluation import flatten_results_dict
 from libai.runtime.trainer import HookBase
-from libai.utils import distributed as dist
 
 logger = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ launching it (``tools/estimate_memory.py``).
 
 **Parameters are counted, not re-derived.** For each (pipeline rank, tensor-parallel rank)
 the model is built from the config on the ``meta`` device under a *counting* mesh (a
-:class:`~libai.utils.distributed.DistUtil` that holds this rank's coordinates but no process
+:class:`~libai.dist.DistUtil` that holds this rank's coordinates but no process
 group): every layer creates exactly the tp shard and pipeline stage it would create in
 training (vocab padding, custom stage ids, the tied LM-head copy on the last stage), and
 :func:`~libai.runtime.parallel.prune_to_stages` drops the other stages. Tied tensors are
@@ -84,7 +84,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from libai.utils import distributed as dist
+from libai import dist
 
 #: bytes of the CPU RNG state that a non-reentrant checkpoint keeps per block
 RNG_STATE_BYTES = 5056
@@ -94,7 +94,9 @@ _LONG_SCHEDULES = ("GPipe", "LoopedBFS")
 
 @dataclass(frozen=True)
 class TrainSettings:
-    """The switches of ``cfg.train`` (and ``cfg.optim``) that decide memory."""
+    """What decides memory, resolved: the run spec's switches
+    (:class:`~libai.runtime.spec.RunSpec`, through its resolvers in :func:`estimate_config`),
+    the batch sizes, the sequence length and the optimizer kind."""
 
     micro_batch_size: int
     seq_length: int
@@ -422,13 +424,12 @@ def estimate_config(
     the layout cannot use, an unknown switch value).
     """
     from libai.config import resolve_batch_sizes, try_get_key
-    from libai.layers.checkpointing import resolve_mode
-    from libai.runtime.amp import resolve_amp_dtype
     from libai.runtime.run_config import build_run_tokenizer, fill_pipeline_num_layers
-    from libai.runtime.zero import resolve_zero_stage
+    from libai.runtime.spec import RunSpec
 
     train = cfg.train
     fill_pipeline_num_layers(cfg)
+    spec = RunSpec.from_config(train)  # the trainer's schema and switch resolvers
     if world_size is None:
         d = train.dist
         world_size = (
@@ -437,9 +438,7 @@ def estimate_config(
             * (d.get("pipeline_parallel_size") or 1)
         )
     layout = dist.resolve_layout(train.dist, int(world_size))
-    zero = try_get_key(cfg, "train.zero_optimization")
     batches = resolve_batch_sizes(train, layout.data_parallel_size)
-    ckpt = try_get_key(cfg, "train.activation_checkpoint")
     seq_length = seq_length or try_get_key(cfg, "model.cfg.max_seq_length")
     seq_length = seq_length or try_get_key(cfg, "model.cfg.max_position_embeddings")
     if activations and not seq_length:
@@ -448,10 +447,10 @@ def estimate_config(
         micro_batch_size=batches.train_micro_batch_size,
         seq_length=int(seq_length or 0),
         num_microbatches=batches.num_accumulation_steps,
-        zero_stage=resolve_zero_stage(zero, layout),
-        hsdp_replicate_size=int((zero or {}).get("hsdp_replicate_size") or 1),
-        amp_dtype=resolve_amp_dtype(train.amp.dtype) if train.amp.enabled else None,
-        checkpointing=resolve_mode(ckpt.enabled and (ckpt.get("mode") or "full")) if ckpt else None,
+        zero_stage=spec.zero_stage(layout),
+        hsdp_replicate_size=int(spec.zero_optimization.hsdp_replicate_size or 1),
+        amp_dtype=spec.amp_dtype(),
+        checkpointing=spec.checkpointing(),
         optimizer=optimizer_kind(cfg.optim),
         loss_chunk_size=try_get_key(cfg, "model.cfg.loss_chunk_size"),
         activations=activations,

@@ -31,6 +31,7 @@ from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.distributed.tensor import DTensor
 
+from libai import dist
 from libai.models.contract import (
     PipelineInputs,
     PipelineStageInputs,
@@ -39,7 +40,7 @@ from libai.models.contract import (
     total_loss,
 )
 from libai.runtime.amp import DynamicLossScaler, autocast
-from libai.runtime.blocks import compile_layers, enable_activation_checkpointing
+from libai.runtime.blocks import apply_block_switches
 from libai.runtime.buckets import bucket_tensors
 from libai.runtime.fsdp import fsdp_forward_method
 from libai.runtime.grad_clip import clip_grad_norm_
@@ -56,7 +57,6 @@ from libai.runtime.sequence_parallel import (
     check_sequence_parallel_support,
     sequence_parallel_parameter_names,
 )
-from libai.utils import distributed as dist
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -110,7 +110,7 @@ class ModelRunner:
     """Forward, backward and gradient synchronization of ``model`` on the current mesh.
 
     Args:
-        model: a libai model built after :func:`libai.utils.distributed.setup_dist_util`.
+        model: a libai model built after :func:`libai.dist.setup_dist_util`.
             With pipeline parallelism it is pruned in place to this rank's stages and must
             provide ``pipeline_forward(*xs)``, ``pipeline_loss(output, target)`` and the
             class attributes ``pipeline_input_key`` / ``pipeline_target_key`` (or the methods
@@ -174,10 +174,6 @@ class ModelRunner:
         self.last_step_skipped, self.last_grad_norm = False, None
         #: ZeRO stage 2/3 (libai.runtime.zero): replaces the dp all-reduce; clipping sums over dp
         self.grad_sharder = None
-        if activation_checkpointing:
-            enable_activation_checkpointing(model, activation_checkpointing)
-        if compile:
-            compile_layers(model)
         self.schedule_name = schedule or layout.pipeline_schedule
         self.pipeline = layout.pipeline_parallel_size > 1
         #: under pp: the batch size the stages' buffers were built for (the first batch run)
@@ -188,16 +184,28 @@ class ModelRunner:
                 "stage and runs backward in its schedule: a custom loss_fn / backward_fn cannot "
                 "be split over stages"
             )
+        # the order of libai.runtime.parallelize: pipeline split, then activation
+        # checkpointing and compile on what this rank runs
         self.schedule = self._build_pipeline() if self.pipeline else None
         leftover = [n for n, p in model.named_parameters() if p.is_meta]
         if leftover:
             raise RuntimeError(
                 f"parameters of other pipeline stages were not pruned: {leftover[:5]}"
             )
+        apply_block_switches(
+            self.local_models, checkpointing=activation_checkpointing, compile=compile
+        )
         self.tied_parameters = [
             p for p in model.parameters() if getattr(p, "libai_tied_group", None) is not None
         ]
         self.sequence_parallel_names = sequence_parallel_parameter_names(model)
+
+    @property
+    def local_models(self) -> list[nn.Module]:
+        """The modules this rank runs: the model (pruned to its stages) and, with several
+        local pipeline stages, each stage's copy."""
+        copies = getattr(self, "_stage_models", None) or []
+        return [self.model, *(m for m in copies if m is not self.model)]
 
     def autocast(self):
         """The autocast context of this run (a null context in fp32), with the custom op

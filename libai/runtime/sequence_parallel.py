@@ -21,8 +21,8 @@ from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.distributed.tensor import DTensor
 
+from libai import dist
 from libai.layers.collectives import check_sequence_split
-from libai.utils import distributed as dist
 
 
 def check_sequence_parallel_support(model: nn.Module) -> None:

@@ -8,8 +8,8 @@ import os
 import sys
 from collections.abc import Callable, Mapping
 
+from libai import dist
 from libai.runtime.core import seed_all
-from libai.utils import distributed as dist
 from libai.utils.logger import setup_logger
 
 logger = logging.getLogger(__name__)

@@ -42,9 +42,9 @@ from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.distributed.tensor import DTensor
 
+from libai import dist
 from libai.runtime.buckets import bucket_tensors
 from libai.runtime.fsdp import HSDP_KEY, FullyShardedGrads, apply_fully_shard
-from libai.utils import distributed as dist
 
 SUPPORTED_STAGES = (1, 2)  # by ZeroOptimizer; stage 3 is FSDP2
 
@@ -58,7 +58,7 @@ def resolve_zero_stage(zero_cfg, layout) -> int | None:
 
     ``zero_cfg`` is ``train.zero_optimization`` (``enabled``, ``stage``,
     ``hsdp_replicate_size``); ``layout`` the resolved
-    :class:`~libai.utils.distributed.DistLayout`. Runs no collective.
+    :class:`~libai.dist.DistLayout`. Runs no collective.
     """
     if zero_cfg is None or not zero_cfg.get("enabled", False):
         return None

@@ -3,4 +3,4 @@
 
 class OneLineError(Exception):
     """Bad input or a failed save that the command-line tools report as one line on stderr
-    (:func:`libai.utils.cli.run_cli`), not a traceback: subclasses name the file or key."""
+    (:func:`libai.dist.cli.run_cli`), not a traceback: subclasses name the file or key."""

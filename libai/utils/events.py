@@ -34,8 +34,19 @@ from collections.abc import Iterator
 
 import numpy as np
 import torch
+import torch.distributed as torch_dist
+from torch.distributed.tensor import DTensor
 
-from libai.utils import distributed as dist
+
+def _full(value: torch.Tensor) -> torch.Tensor:
+    """A global (DTensor) value as the full plain tensor; a plain tensor as it is."""
+    return value.full_tensor() if isinstance(value, DTensor) else value
+
+
+def _is_main_process() -> bool:
+    """Rank 0 of the job (or no process group)."""
+    return not torch_dist.is_initialized() or torch_dist.get_rank() == 0
+
 
 __all__ = [
     "CommonMetricPrinter",
@@ -174,7 +185,7 @@ class EventStorage:
                 results, ETA). Must be the same every time a name is put.
         """
         if isinstance(value, torch.Tensor):
-            value = dist.ttol(value.detach())  # a global tensor's value; no host read yet
+            value = _full(value.detach())  # a global tensor's value; no host read yet
         else:
             value = float(value)
         self._history[name].update(value, self._iter)
@@ -272,7 +283,7 @@ class EventWriter:
     """
 
     def __init__(self):
-        self.enabled = dist.is_main_process()
+        self.enabled = _is_main_process()
 
     def write(self) -> None:
         raise NotImplementedError

@@ -26,9 +26,9 @@ if __package__ in (None, ""):  # run as a script: make `projects.chat_sft` impor
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from libai.config import LazyConfig, try_get_key  # noqa: E402
+from libai.dist.cli import run_cli  # noqa: E402
 from libai.inference import TextGenerationPipeline  # noqa: E402
 from libai.models.utils import read_hf_config  # noqa: E402
-from libai.utils.cli import run_cli  # noqa: E402
 from projects.chat_sft.chat_template import ChatTemplateError, load_chat_template  # noqa: E402
 
 

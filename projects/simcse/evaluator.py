@@ -6,8 +6,8 @@ import numpy as np
 import torch
 import torch.distributed as torch_dist
 
+from libai import dist
 from libai.evaluation import DatasetEvaluator
-from libai.utils import distributed as dist
 
 
 def average_ranks(values) -> np.ndarray:

@@ -23,12 +23,12 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.par
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+from libai import dist  # noqa: E402
 from libai.checkpoint.checkpointer import Checkpointer  # noqa: E402
 from libai.config import LazyConfig, instantiate  # noqa: E402
 from libai.engine import DefaultTrainer  # noqa: E402
 from libai.models import BertModel  # noqa: E402
 from libai.models.utils import save_huggingface  # noqa: E402
-from libai.utils import distributed as dist  # noqa: E402
 
 
 def hf_encoder(model) -> BertModel:

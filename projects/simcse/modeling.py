@@ -23,12 +23,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from libai import dist
 from libai.layers import Linear, init_method_normal
 from libai.models import BertModel
 from libai.models.utils import load_huggingface
 from libai.models.utils.hf_io import read_hf_config
 from libai.models.utils.hf_kwargs import accepts_hf_keywords
-from libai.utils import distributed as dist
 from projects.simcse.loss import contrastive_loss
 
 #: SimCSE's own options in ``model.cfg`` (next to the BERT hyper-parameters), with defaults

@@ -14,8 +14,8 @@ from __future__ import annotations
 import json
 import os
 
+from libai import dist
 from libai.data.datasets.text_classification import TextClassificationDataset
-from libai.utils import distributed as dist
 
 #: the file, in the training output directory, holding the label names (index = class id)
 LABELS_FILE = "labels.json"

@@ -23,10 +23,10 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.pa
 
 import torch  # noqa: E402
 
+from libai import dist  # noqa: E402
 from libai.data.datasets.text_classification import SampleEncoder  # noqa: E402
+from libai.dist.cli import run_cli  # noqa: E402
 from libai.inference import TextClassificationPipeline  # noqa: E402
-from libai.utils import distributed as dist  # noqa: E402
-from libai.utils.cli import run_cli  # noqa: E402
 from projects.text_classification.dataset import read_labels  # noqa: E402
 
 

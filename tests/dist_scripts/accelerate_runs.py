@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from accelerate_helpers import compose_and_train  # noqa: E402
 from common import parse_out_dir, run_checks  # noqa: E402
 
-from libai.utils import distributed as dist  # noqa: E402
+from libai import dist  # noqa: E402
 
 
 def loader_ids(argv: list[str]) -> dict:

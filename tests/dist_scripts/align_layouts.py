@@ -17,9 +17,9 @@ from align_reference import build_model, make_batch
 from common import parse_out_dir, run_checks
 from torch.distributed.tensor import DTensor
 
+from libai import dist
 from libai.align import create_model
 from libai.runtime.parallel import ModelRunner
-from libai.utils import distributed as dist
 
 LAYOUTS = {
     "tp2": {"tensor_parallel_size": 2},

@@ -21,12 +21,12 @@ import torch
 from common import parse_out_dir, run_checks
 from gpt_reference import BATCH, SEED, TINY_GPT, make_batch
 
+from libai import dist
 from libai.checkpoint import checkpointer as ckpt_mod
 from libai.checkpoint.checkpointer import Checkpointer, CheckpointError
 from libai.models import GPTForPreTraining
 from libai.runtime.amp import DynamicLossScaler
 from libai.runtime.parallel import ModelRunner
-from libai.utils import distributed as dist
 
 GPT = dict(TINY_GPT, embedding_dropout_prob=0.1, attention_dropout_prob=0.1)
 PP = {"pipeline_parallel_size": 2, "pipeline_num_layers": TINY_GPT["hidden_layers"]}

@@ -30,8 +30,8 @@ from chunked_loss_cases import (
 from common import parse_out_dir, run_checks
 from torch.distributed.tensor import DTensor
 
+from libai import dist
 from libai.runtime.parallel import pipeline_target
-from libai.utils import distributed as dist
 
 CHUNK = 7
 PP = {"pipeline_parallel_size": 2, "pipeline_num_layers": 2}

@@ -26,7 +26,7 @@ def write_result(out_dir: Path, result: dict) -> None:
 
 def run_checks(out_dir: Path, checks) -> None:
     """Run ``checks()`` (returning a dict), record it or the exception, then tear down."""
-    from libai.utils import distributed as dist
+    from libai import dist
 
     try:
         result = {"ok": True, **checks()}

@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 from common import parse_out_dir, run_checks
 
+from libai import dist
 from libai.models import GPTForPreTraining
-from libai.utils import distributed as dist
 
 
 def main():

@@ -9,10 +9,10 @@ from common import parse_out_dir, run_checks
 from omegaconf import OmegaConf
 from torch.distributed.tensor import DTensor
 
+from libai import dist
 from libai.layers import MultiheadAttention, VocabEmbedding
 from libai.models import GPTForPreTraining
 from libai.runtime.parallel import ModelRunner
-from libai.utils import distributed as dist
 
 GPT = dict(
     hidden_layers=2, vocab_size=64, hidden_size=16, ffn_hidden_size=32, num_attention_heads=2

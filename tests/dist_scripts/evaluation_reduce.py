@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from common import parse_out_dir, run_checks
 
+from libai import dist
 from libai.evaluation import AccEvaluator, PPLEvaluator, inference_on_dataset
-from libai.utils import distributed as dist
 from libai.utils.events import EventStorage, JSONWriter
 
 # (valid tokens, mean loss) each rank evaluates, by rank

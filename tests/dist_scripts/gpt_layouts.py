@@ -23,8 +23,8 @@ from gpt_reference import (
 )
 from torch.distributed.tensor import DTensor, Shard
 
+from libai import dist
 from libai.runtime.parallel import ModelRunner
-from libai.utils import distributed as dist
 
 #: losses, gradients, norms and parameters after SGD (linear in the gradients, so nothing
 #: amplifies rounding) agree with one process to fp32 rounding on any CPU
@@ -79,6 +79,28 @@ def partial_eval(runner, util, row_losses: list[float]) -> float:
     return abs(float(runner.eval_loss(partial)) - want)
 
 
+def loop_eval(runner, util, row_losses: list[float]) -> float:
+    """The runtime's one evaluation loop (every door's) over this rank's share of a full batch
+    and then a one-row-short batch: the mean of the per-batch mean losses of every
+    data-parallel rank, computed here from the single-process per-row losses. Returns the
+    difference."""
+    from libai.runtime.evaluate import evaluate
+
+    dp, rank = util.layout.data_parallel_size, util.data_parallel_rank
+    share = {k: v.chunk(dp)[rank] for k, v in make_batch(STEPS).items()}
+    rows = share["input_ids"].shape[0]
+    if rows < 2:
+        return 0.0
+    partial = {k: v[: rows - 1] for k, v in share.items()}
+    means = []
+    for r in range(dp):
+        mine = row_losses[r * rows : (r + 1) * rows]
+        means += [sum(mine) / rows, sum(mine[:-1]) / (rows - 1)]
+    result = evaluate(runner, [share, partial])
+    assert result.batches == 2 * dp, f"evaluated {result.batches} batches, not {2 * dp}"
+    return abs(result.loss - sum(means) / len(means))
+
+
 def check_layout(layout: dict, ref: dict) -> dict:
     util = dist.setup_dist_util(dict(layout["dist"]))
     tp, dp = util.layout.tensor_parallel_size, util.layout.data_parallel_size
@@ -115,6 +137,7 @@ def check_layout(layout: dict, ref: dict) -> dict:
     # model.eval() reaches every stage the rank runs (interleaved: copies of the model)
     model.eval()
     partial_diff = partial_eval(runner, util, ref["row_losses"])
+    loop_diff = loop_eval(runner, util, ref["row_losses"])
     runner.eval_loss(batch)
     eval_everywhere = True
     if runner.pipeline:
@@ -141,13 +164,15 @@ def check_layout(layout: dict, ref: dict) -> dict:
         "stage_ids": list(util.layout.layer_stage_ids),
         "eval_everywhere": eval_everywhere,
         "partial_eval_diff": partial_diff,
+        "loop_eval_diff": loop_diff,
     }
     assert all(handed) and (handed or not runner.pipeline), (
         f"{layout['name']}: a non-contiguous tensor reached the schedule ({handed})"
     )
     assert eval_everywhere, f"{layout['name']}: a pipeline stage stayed in training mode"
     assert init_diff == 0.0, f"{layout['name']}: initial weights differ ({init_name})"
-    for key in ("loss_diff", "grad_diff", "final_diff", "grad_norm_diff", "partial_eval_diff"):
+    checked = ("loss_diff", "grad_diff", "final_diff", "grad_norm_diff", "partial_eval_diff")
+    for key in (*checked, "loop_eval_diff"):
         assert result[key] <= TOL, f"{layout['name']}: {key}={result[key]:.3g} > {TOL}"
     return result
 

@@ -9,9 +9,9 @@ import json
 from common import parse_out_dir, run_checks
 from gpt_reference import STEPS, build_model, full_state, make_batch, make_optimizer, max_diff
 
+from libai import dist
 from libai.runtime.grad_overlap import OverlappedGradReducer
 from libai.runtime.parallel import ModelRunner
-from libai.utils import distributed as dist
 
 
 def train(overlap: bool) -> tuple[dict, list[int]]:

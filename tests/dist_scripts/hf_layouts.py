@@ -7,7 +7,7 @@ import json
 from common import parse_out_dir, run_checks
 from hf_parity import run_case
 
-from libai.utils import distributed as dist
+from libai import dist
 
 out_dir, _, (case_path, hf_dir, layouts_json) = parse_out_dir()
 

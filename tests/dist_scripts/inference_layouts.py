@@ -10,12 +10,12 @@ import os
 from common import parse_out_dir, run_checks
 from inference_helpers import BERT_MASKED, ROBERTA_MASKED, TEXTS, assert_same_results
 
+from libai import dist
 from libai.inference import (
     FillMaskPipeline,
     ImageClassificationPipeline,
     TextClassificationPipeline,
 )
-from libai.utils import distributed as dist
 
 out_dir, _, (spec_path,) = parse_out_dir()
 spec = json.loads(open(spec_path).read())

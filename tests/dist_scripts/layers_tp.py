@@ -23,6 +23,7 @@ from common import parse_out_dir, run_checks
 from torch import nn
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
+from libai import dist
 from libai.layers import (
     MLP,
     Embedding,
@@ -38,7 +39,6 @@ from libai.layers import (
     gather_from_tp,
     scatter_to_tp,
 )
-from libai.utils import distributed as dist
 
 TOL = 1e-5
 SEED = 2024

@@ -17,7 +17,7 @@ from gpt_reference import BATCH, SEQ, TINY_GPT
 from memory_cases import activation_case, local_bytes, measured_state, predicted_row
 from zero_runs import make_run, train
 
-from libai.utils import distributed as dist
+from libai import dist
 
 
 def bytes_case(stage, num_microbatches: int, hsdp: int = 1) -> dict:

@@ -16,11 +16,11 @@ from pathlib import Path
 import torch
 from common import parse_out_dir, run_checks
 
+from libai import dist
 from libai.checkpoint.checkpointer import Checkpointer
 from libai.config import LazyConfig, instantiate
 from libai.layers import local_value
 from libai.runtime.parallel import ModelRunner
-from libai.utils import distributed as dist
 
 ROOT = Path(__file__).resolve().parents[2]
 

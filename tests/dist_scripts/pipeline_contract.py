@@ -11,9 +11,9 @@ import torch
 from common import parse_out_dir, run_checks
 from gpt_reference import SEED, TINY_GPT, build_model, make_batch
 
+from libai import dist
 from libai.models import GPTForPreTraining
 from libai.runtime.parallel import ModelRunner
-from libai.utils import distributed as dist
 
 PP = {"pipeline_parallel_size": 2, "pipeline_num_layers": TINY_GPT["hidden_layers"]}
 

@@ -29,10 +29,10 @@ from gpt_reference import (
 )
 from sp_reference import build_llama, llama_batch, llama_state
 
+from libai import dist
 from libai.layers import TransformerLayer
 from libai.models import BertForPreTraining
 from libai.runtime.parallel import ModelRunner
-from libai.utils import distributed as dist
 
 MODELS = {
     "gpt": (build_model, make_batch, full_state),

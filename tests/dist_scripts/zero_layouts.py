@@ -23,10 +23,10 @@ from gpt_reference import STEPS, full_state, max_diff
 from zero_runs import make_run as _make_run
 from zero_runs import predict, train
 
+from libai import dist
 from libai.checkpoint.checkpointer import Checkpointer
 from libai.layers import TransformerLayer
 from libai.runtime.zero import ZeroOptimizer, optimizer_state_bytes, owned_parameters
-from libai.utils import distributed as dist
 
 
 def _local_numel(tensors) -> int:

@@ -16,9 +16,9 @@ import torch.distributed as torch_dist
 from common import parse_out_dir, run_checks
 from zero_runs import make_run, train
 
+from libai import dist
 from libai.checkpoint.checkpointer import Checkpointer
 from libai.runtime.zero import optimizer_state_bytes, prepare_model
-from libai.utils import distributed as dist
 
 SAVED_AFTER, STEPS = 2, 4
 

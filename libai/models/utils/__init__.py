@@ -48,7 +48,7 @@ def load_huggingface(path: str, model: type | None = None, libai_cfg=None, **ove
 
     ``config.json``'s ``model_type`` picks the loader and its ``architectures`` the libai class
     (``model`` overrides it); ``libai_cfg`` / ``overrides`` set libai hyper-parameters.
-    Call :func:`libai.utils.distributed.setup_dist_util` first for a parallel layout.
+    Call :func:`libai.dist.setup_dist_util` first for a parallel layout.
     """
     model_type = read_hf_config(str(path)).get("model_type")
     loader = get_loader_class(model_type)

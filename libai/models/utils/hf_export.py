@@ -18,6 +18,7 @@ from safetensors.torch import save_file
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from libai import dist
 from libai.models.utils.hf_io import CONFIG, SAFE_INDEX, SAFE_WEIGHTS
 from libai.models.utils.model_loader.base_loader import (
     complete_rules,
@@ -25,7 +26,6 @@ from libai.models.utils.model_loader.base_loader import (
     logical_shape,
 )
 from libai.models.utils.weight_mapping import Rule
-from libai.utils import distributed as dist
 
 
 def model_libai_cfg(model: nn.Module) -> dict:

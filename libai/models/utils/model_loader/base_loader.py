@@ -22,10 +22,10 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from libai import dist
 from libai.layers.param import init_deferred, skip_init
 from libai.models.utils.hf_io import CheckpointError, CheckpointReader, read_hf_config
 from libai.models.utils.weight_mapping import Rule, ShardSpec, expected_shapes
-from libai.utils import distributed as dist
 
 logger = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from libai.utils import distributed as dist
+from libai import dist
 from libai.utils.errors import OneLineError
 
 #: errors that mean bad input (a config key, a path, a size, a bad or unsafe checkpoint, a

@@ -1,0 +1,110 @@
+"""The one place a model is parallelized for a run, in a fixed order (torchtitan's):
+
+0. tensor and sequence parallel: at construction -- libai's layers are built on the mesh as
+   DTensors (``libai.layers``), so a model is tp-sharded when it exists;
+1. the pipeline split: :class:`~libai.runtime.parallel.ModelRunner` prunes the model to this
+   rank's stages (a copy per virtual stage) and builds the schedule;
+2. activation checkpointing on the blocks of what this rank runs;
+3. ``torch.compile`` of those blocks;
+4. ZeRO-3: FSDP2 ``fully_shard`` per block and the root (HSDP with a replicate size);
+5. once the optimizer exists (:func:`shard_optimizer_for`): ZeRO-1/2 shard its state and the
+   gradients over the data-parallel ranks.
+
+Every door calls :func:`parallelize` (through :mod:`libai.runtime.core`); nothing else
+applies a parallel feature.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import NamedTuple
+
+import torch
+
+from libai import dist
+from libai.runtime.amp import DynamicLossScaler
+from libai.runtime.parallel import ModelRunner
+from libai.runtime.spec import RunSpec
+from libai.runtime.zero import prepare_model, shard_optimizer
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["RunnerParts", "as_spec", "build_runner", "parallelize", "shard_optimizer_for"]
+
+#: fp16's initial loss scale when ``train.amp.init_scale`` is not set
+DEFAULT_INIT_SCALE = 2.0**16
+
+
+def as_spec(train) -> RunSpec:
+    """``train`` as a :class:`RunSpec` (a LiBai ``train`` namespace is read and checked)."""
+    return train if isinstance(train, RunSpec) else RunSpec.from_config(train)
+
+
+class RunnerParts(NamedTuple):
+    """What :func:`parallelize` built: the runner, fp16's loss scaler, the ZeRO stage."""
+
+    runner: ModelRunner
+    grad_scaler: DynamicLossScaler | None
+    zero_stage: int | None
+
+
+def parallelize(
+    model: torch.nn.Module,
+    train: RunSpec,
+    *,
+    compile: bool = False,
+    loss_fn=None,
+    backward_fn=None,
+    autocast_op_lists=None,
+) -> RunnerParts:
+    """``model`` parallelized and wrapped for training with the switches of the run spec
+    ``train``, in the order of the module doc: the pipeline split, activation checkpointing
+    and compile inside :class:`ModelRunner` (``dist.pipeline_schedule``,
+    ``num_accumulation_steps``, ``activation_checkpoint``), then FSDP2 / HSDP for ZeRO-3
+    (before the optimizer exists); ``amp`` gives the autocast dtype and fp16's loss scaler.
+
+    ``loss_fn`` / ``backward_fn`` / ``autocast_op_lists`` go to the runner (a task module's
+    ``training_step`` and ``backward``, custom autocast op lists). Raises before any
+    collective for a ZeRO stage or switch the layout cannot apply.
+    """
+    spec = as_spec(train)
+    util = dist.get_dist_util()
+    amp_dtype = spec.amp_dtype()
+    grad_scaler = None
+    if amp_dtype == torch.float16:
+        grad_scaler = DynamicLossScaler(init_scale=float(spec.amp.init_scale or DEFAULT_INIT_SCALE))
+    zero_stage = spec.zero_stage(util.layout)  # may raise
+    runner = ModelRunner(
+        model,
+        num_microbatches=spec.num_accumulation_steps,
+        schedule=spec.dist.get("pipeline_schedule"),
+        amp_dtype=amp_dtype,
+        loss_scaler=grad_scaler,
+        activation_checkpointing=spec.checkpointing() or False,
+        compile=bool(compile),
+        loss_fn=loss_fn,
+        backward_fn=backward_fn,
+        autocast_op_lists=autocast_op_lists,
+    )
+    # ZeRO stage 3: fully_shard (before the optimizer), HSDP when hsdp_replicate_size > 1
+    prepare_model(
+        runner, zero_stage, hsdp_replicate_size=spec.zero_optimization.hsdp_replicate_size
+    )
+    return RunnerParts(runner, grad_scaler, zero_stage)
+
+
+def shard_optimizer_for(parts: RunnerParts, optimizer: torch.optim.Optimizer):
+    """``optimizer`` wrapped for the runner's ZeRO stage (itself without ZeRO)."""
+    if parts.zero_stage is None:
+        return optimizer
+    sharded = shard_optimizer(parts.runner, optimizer, parts.zero_stage)
+    logger.info(
+        "ZeRO stage %d over %d dp ranks",
+        parts.zero_stage,
+        parts.runner.util.layout.data_parallel_size,
+    )
+    return sharded
+
+
+#: the name the doors used before :func:`parallelize` (kept for projects)
+build_runner = parallelize

@@ -1,0 +1,199 @@
+"""The run spec: the typed settings the runtime reads, one schema for every front door.
+
+A door translates its own syntax into a :class:`RunSpec` -- LiBai's ``train`` namespace
+(:meth:`RunSpec.from_config`), FleetX's YAML sections (``libai.fleetx.yaml_setup``),
+Rapidformer's flags (``libai.accelerate.arguments``) -- and the runtime builds the runner,
+optimizer sharding, hooks and writers from it. The resolvers here are the only place a
+switch is turned into what runs (the AMP dtype, the ZeRO stage a layout allows, the
+activation-checkpointing mode, compile on or off); the trainer and the memory estimator
+both call them.
+
+The field names are LiBai's (``configs/common/train.py`` is the same schema written as
+LiBai's config file; a test keeps the two equal). Keys of LiBai's ``train`` that hold
+objects for the door to build (``scheduler``, ``evaluation.evaluator``) are not part of it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
+
+from libai import dist
+from libai.layers.checkpointing import resolve_mode
+from libai.runtime.amp import resolve_amp_dtype
+from libai.runtime.zero import resolve_zero_stage
+
+__all__ = [
+    "ActivationCheckpointSpec",
+    "AmpSpec",
+    "CheckpointerSpec",
+    "EvaluationSpec",
+    "RunSpec",
+    "ZeroSpec",
+    "resolve_compile",
+]
+
+#: keys of LiBai's ``train`` that the door builds itself (objects, not settings)
+DOOR_KEYS = {"scheduler": None, "evaluation": {"evaluator": None}}
+
+
+@dataclass
+class AmpSpec:
+    """Mixed precision: autocast to ``dtype`` ("bf16" or "fp16"); fp16 adds a dynamic loss
+    scaler starting at ``init_scale``."""
+
+    enabled: bool = False
+    dtype: str = "bf16"
+    init_scale: float = 65536.0
+
+    def torch_dtype(self) -> torch.dtype | None:
+        """The autocast dtype, ``None`` for fp32; an unknown name raises naming the key."""
+        return resolve_amp_dtype(self.dtype) if self.enabled else None
+
+
+@dataclass
+class ActivationCheckpointSpec:
+    """Recompute each Transformer layer in backward: ``mode`` "full" or "selective"."""
+
+    enabled: bool = False
+    mode: str = "full"
+
+    def resolved(self) -> str | None:
+        """``None`` when off, else the checked mode."""
+        return resolve_mode(self.enabled and (self.mode or "full"))
+
+
+@dataclass
+class ZeroSpec:
+    """ZeRO: stage 1 shards optimizer state, 2 also gradients, 3 also parameters (FSDP2);
+    ``hsdp_replicate_size`` > 1 (stage 3): replicate across that many groups."""
+
+    enabled: bool = False
+    stage: int = 1
+    hsdp_replicate_size: int = 1
+
+    def resolved_stage(self, layout: dist.DistLayout) -> int | None:
+        """The stage ``layout`` runs (``None`` when off); raises, before any collective, for
+        a stage the layout cannot apply."""
+        return resolve_zero_stage(dataclasses.asdict(self), layout)
+
+
+@dataclass
+class CheckpointerSpec:
+    """Save every ``period`` iterations, keep this run's last ``max_to_keep`` (None: all)."""
+
+    period: int = 5000
+    max_to_keep: int | None = 100
+
+
+@dataclass
+class EvaluationSpec:
+    """Evaluate every ``eval_period`` iterations on at most ``eval_iter`` batches; keep the
+    best checkpoint by ``eval_metric`` (``eval_mode`` "min" or "max"; None: no best)."""
+
+    enabled: bool = True
+    eval_period: int = 5000
+    eval_iter: int = 100000
+    eval_metric: str | None = "PPL"
+    eval_mode: str = "min"
+
+
+@dataclass
+class RunSpec:
+    """Every setting of a run the runtime reads (LiBai's ``train`` keys)."""
+
+    output_dir: str = "./output"
+    train_iter: int = 10000
+    train_epoch: int = 0
+    train_micro_batch_size: int = 32
+    global_batch_size: int | None = None
+    num_accumulation_steps: int | None = None
+    test_micro_batch_size: int = 32
+    log_period: int = 20
+    seed: int = 1234
+    warmup_ratio: float = 0.0
+    #: filled by the trainer: ``ceil(train_iter * warmup_ratio)``
+    warmup_iter: int | None = None
+    start_iter: int = 0
+    consumed_train_samples: int = 0
+    consumed_valid_samples: int = 0
+    train_samples: int | None = None
+    load_weight: str = ""
+    resume: bool = False
+    amp: AmpSpec = field(default_factory=AmpSpec)
+    activation_checkpoint: ActivationCheckpointSpec = field(
+        default_factory=ActivationCheckpointSpec
+    )
+    zero_optimization: ZeroSpec = field(default_factory=ZeroSpec)
+    checkpointer: CheckpointerSpec = field(default_factory=CheckpointerSpec)
+    evaluation: EvaluationSpec = field(default_factory=EvaluationSpec)
+    #: the parallel layout (``libai.dist.DIST_CONFIG_KEYS``; checked there)
+    dist: dict[str, Any] = field(default_factory=lambda: dict(dist.DIST_CONFIG_KEYS))
+
+    @classmethod
+    def from_config(cls, train) -> RunSpec:
+        """The spec of LiBai's ``train`` namespace (a DictConfig or mapping): every key the
+        spec names, typed and checked by OmegaConf's structured config -- a value of the
+        wrong type, or a key neither the spec nor the door knows, raises naming it."""
+        data = train
+        if isinstance(train, DictConfig):
+            data = OmegaConf.to_container(train, resolve=True)
+        data = _without_door_keys(dict(data), DOOR_KEYS)
+        try:
+            merged = OmegaConf.merge(OmegaConf.structured(cls), data)
+        except OmegaConfBaseException as err:
+            raise ValueError(_error_line(err)) from None
+        spec = OmegaConf.to_object(merged)
+        dist.dist_config_items(spec.dist)  # an unknown layout key: named with the close ones
+        return spec
+
+    # ---- resolvers ------------------------------------------------------------------------
+    def amp_dtype(self) -> torch.dtype | None:
+        return self.amp.torch_dtype()
+
+    def zero_stage(self, layout: dist.DistLayout) -> int | None:
+        return self.zero_optimization.resolved_stage(layout)
+
+    def checkpointing(self) -> str | None:
+        return self.activation_checkpoint.resolved()
+
+
+def resolve_compile(enabled, device_type: str) -> bool:
+    """``graph.enabled``: ``None`` means compile on CUDA (where it pays) and not on CPU."""
+    if enabled is None:
+        return device_type == "cuda"
+    return bool(enabled)
+
+
+def _error_line(err: OmegaConfBaseException) -> str:
+    """One line naming the ``train`` key of a structured-config error (and, for an unknown
+    key, the close valid ones)."""
+    key = getattr(err, "full_key", None) or "?"
+    if isinstance(err, ConfigKeyError):
+        parent, _, name = key.rpartition(".")
+        node = RunSpec()
+        for part in filter(None, parent.split(".")):
+            node = getattr(node, part)
+        valid = [f.name for f in dataclasses.fields(node)]
+        close = difflib.get_close_matches(name, valid, n=2)
+        hint = f" (did you mean {' or '.join(close)}?)" if close else ""
+        return f"unknown config key train.{key}{hint}; valid keys: {', '.join(valid)}"
+    return f"train.{key}: {str(err.msg).splitlines()[0]}"
+
+
+def _without_door_keys(data: dict, door: dict) -> dict:
+    """``data`` without the door-owned keys of ``door`` (nested)."""
+    out = {}
+    for key, value in data.items():
+        if key in door and door[key] is None:
+            continue
+        if key in door and isinstance(value, dict):
+            value = _without_door_keys(value, door[key])
+        out[key] = value
+    return out
