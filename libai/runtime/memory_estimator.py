@@ -58,9 +58,10 @@ embedding), and attention dropout makes attention take the math path, which keep
 probabilities, the noise and the dropped probabilities (``3 e a s / t`` per token instead of
 the log-sum-exp).
 
-Checked against the bytes a forward really keeps (tests/test_memory_estimator.py, within
-1%): GPT-2 fp32 and bf16 AMP, full and selective checkpointing, the chunked loss, dropout,
-tp2 with and without sequence parallel; Llama with grouped kv heads. Not checked by a
+Checked against the bytes a forward really keeps
+(tests/unit/runtime/test_memory_estimator.py, within 1%): GPT-2 fp32 and bf16 AMP, full and
+selective checkpointing, the chunked loss, dropout, tp2 with and without sequence parallel;
+Llama with grouped kv heads. Not checked by a
 measurement: activations under pp (the in-flight counts are Megatron's), AMP combined with
 sequence parallel, ZeRO-3 + AMP (FSDP's gathered
 low-precision weights are counted like autocast's copies).

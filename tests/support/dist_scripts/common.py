@@ -1,0 +1,42 @@
+"""Helpers for scripts run by ``tests/support/launch.py`` under torchrun."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import traceback
+from pathlib import Path
+
+import torch.distributed as torch_dist
+
+
+def parse_out_dir() -> tuple[Path, argparse.Namespace, list[str]]:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    args, rest = parser.parse_known_args()
+    return Path(args.out), args, rest
+
+
+def write_result(out_dir: Path, result: dict) -> None:
+    """Write this rank's result; the test reads these instead of trusting the exit code."""
+    rank = torch_dist.get_rank() if torch_dist.is_initialized() else 0
+    (out_dir / f"rank{rank}.json").write_text(json.dumps(result))
+
+
+def run_checks(out_dir: Path, checks) -> None:
+    """Run ``checks()`` (returning a dict), record it or the exception, then tear down."""
+    from libai import dist
+
+    try:
+        result = {"ok": True, **checks()}
+    except Exception as exc:  # recorded, so the test shows which rank failed and why
+        result = {
+            "ok": False,
+            "error": f"{type(exc).__name__}: {exc}",
+            "trace": traceback.format_exc(),
+        }
+        write_result(out_dir, result)
+        os._exit(1)  # torchrun then stops the peers, which may wait in a collective
+    write_result(out_dir, result)
+    dist.destroy_dist()

@@ -1,0 +1,73 @@
+"""Run a script under ``torchrun`` on CPU/gloo and collect one JSON result per rank.
+
+Tests judge from the results every rank wrote, not only from a clean exit: roughly one
+torchrun run in four aborts on one rank at exit on these machines, after every check passed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+SUPPORT = Path(__file__).resolve().parent  # tests/support: the helpers
+ROOT = SUPPORT.parents[1]  # the checkout
+SCRIPTS = SUPPORT / "dist_scripts"
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on now, from the OS (bind to port 0): for the ``PORT`` of
+    ``tools/train.sh`` runs, so parallel test workers (``pytest -n``) never share one."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def torchrun(script: str, nproc: int, *args: str, timeout: float = 600) -> list[dict]:
+    """Launch ``dist_scripts/<script>`` on ``nproc`` ranks; return each rank's result dict.
+
+    The script receives ``--out DIR`` first and must call
+    :func:`dist_scripts.common.write_result` on every rank.
+    """
+    with tempfile.TemporaryDirectory() as out_dir:
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nnodes=1",
+            f"--nproc_per_node={nproc}",
+            str(SCRIPTS / script),
+            "--out",
+            out_dir,
+            *args,
+        ]
+        # tests/support/ for the helpers, then this checkout's root: its libai and projects/,
+        # not an editable install of another checkout (a git worktree shares the environment)
+        path = [str(SUPPORT), str(ROOT), os.environ.get("PYTHONPATH", "")]
+        env = {
+            **os.environ,
+            "OMP_NUM_THREADS": "1",
+            "PYTHONPATH": os.pathsep.join(filter(None, path)),
+        }
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+        paths = [Path(out_dir) / f"rank{rank}.json" for rank in range(nproc)]
+        written = {r: json.loads(p.read_text()) for r, p in enumerate(paths) if p.exists()}
+        missing = [r for r in range(nproc) if r not in written]
+        if missing:
+            # a failing rank exits at once and torchrun stops its peers: show its own error
+            errors = "".join(
+                f"--- rank {r}: {res['error']} ---\n{res.get('trace', '')}\n"
+                for r, res in written.items()
+                if not res.get("ok", True)
+            )
+            raise AssertionError(
+                f"ranks {missing} of {script} wrote no result (exit {proc.returncode}).\n"
+                f"{errors}--- stdout ---\n{proc.stdout[-4000:]}\n"
+                f"--- stderr ---\n{proc.stderr[-8000:]}"
+            )
+        return [written[r] for r in range(nproc)]

@@ -1,0 +1,105 @@
+"""The run spec: one typed schema for the runtime's settings, read from every door."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+
+from libai import dist
+from libai.config import LazyConfig
+from libai.runtime.spec import AmpSpec, RunSpec, ZeroSpec
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def test_libai_train_file_is_the_spec_written_as_a_config():
+    """configs/common/train.py (LiBai's file) holds exactly the spec's keys and defaults,
+    plus the objects the door builds (scheduler, evaluator)."""
+    train = LazyConfig.load(str(ROOT / "configs" / "common" / "train.py")).train
+    assert dataclasses.asdict(RunSpec.from_config(train)) == dataclasses.asdict(RunSpec())
+    spec_keys = {f.name for f in dataclasses.fields(RunSpec)} - {"warmup_iter"}
+    assert set(train) - {"scheduler"} == spec_keys
+    assert set(train.dist) == set(dist.DIST_CONFIG_KEYS)
+
+
+def test_a_wrong_type_or_unknown_key_is_one_line_naming_it():
+    train = LazyConfig.load(str(ROOT / "configs" / "gpt2_pretrain.py")).train
+    train.train_iter = "many"
+    with pytest.raises(ValueError, match=r"^train\.train_iter: Value 'many'") as err:
+        RunSpec.from_config(train)
+    assert "\n" not in str(err.value)
+    train.train_iter = 3
+    train.amp.dtyp = "fp16"
+    with pytest.raises(
+        ValueError, match=r"unknown config key train\.amp\.dtyp \(did you mean dtype"
+    ):
+        RunSpec.from_config(train)
+    del train.amp["dtyp"]
+    train.dist.tensor_paralel_size = 2
+    with pytest.raises(ValueError, match="tensor_parallel_size"):
+        RunSpec.from_config(train)
+
+
+def test_resolvers_turn_switches_into_what_runs():
+    assert RunSpec().amp_dtype() is None
+    assert RunSpec(amp=AmpSpec(enabled=True, dtype="fp16")).amp_dtype() is torch.float16
+    assert RunSpec(amp=AmpSpec(enabled=True, dtype="bf16")).amp_dtype() is torch.bfloat16
+    with pytest.raises(ValueError, match="train.amp.dtype"):
+        RunSpec(amp=AmpSpec(enabled=True, dtype="fp8")).amp_dtype()
+    spec = RunSpec()
+    spec.activation_checkpoint.enabled = True
+    assert spec.checkpointing() == "full"
+    spec.activation_checkpoint.mode = "selective"
+    assert spec.checkpointing() == "selective"
+    spec.activation_checkpoint.mode = "some"
+    with pytest.raises(ValueError, match="activation_checkpoint.mode"):
+        spec.checkpointing()
+    zero = RunSpec(zero_optimization=ZeroSpec(enabled=True, stage=2))
+    assert zero.zero_stage(dist.resolve_layout({"data_parallel_size": 2}, 2)) == 2
+    with pytest.raises(ValueError, match="data_parallel_size > 1"):
+        zero.zero_stage(dist.resolve_layout({}, 1))
+
+
+def test_the_three_doors_hand_the_runtime_a_spec(tmp_path):
+    """LiBai's trainer, FleetX's Engine and Rapidformer's engine each build a RunSpec with the
+    values of their own syntax."""
+    from libai.accelerate.arguments import parse_args, train_namespace
+    from libai.fleetx.yaml_config import load_yaml_config
+    from libai.fleetx.yaml_setup import train_namespace as yaml_train_namespace
+
+    args = parse_args(
+        [
+            "--task",
+            "sequence_classification",
+            "--pretrained-model-name-or-path",
+            str(tmp_path),
+            "--data-path",
+            str(tmp_path),
+            "--micro-batch-size",
+            "4",
+            "--train-iters",
+            "20",
+            "--mixed-precision",
+            "--save-interval",
+            "7",
+            "--save",
+            str(tmp_path / "out"),
+        ]
+    )
+    spec = train_namespace(args, train_iter=20, dist_cfg={})
+    assert isinstance(spec, RunSpec)
+    assert (spec.train_micro_batch_size, spec.checkpointer.period) == (4, 7)
+    assert spec.amp.enabled and spec.output_dir == str(tmp_path / "out")
+
+    yaml = ROOT / "projects" / "gpt" / "configs" / "pretrain_gpt_345M_single_card.yaml"
+    cfg = load_yaml_config(str(yaml), ["Engine.save_load.save_steps=3", "Engine.logging_freq=2"])
+    from libai.fleetx.yaml_config import resolve_batch_config
+
+    resolve_batch_config(cfg, 1)
+    spec = yaml_train_namespace(cfg, train_iter=9, steps_per_epoch=None, mode="train", has_eval=0)
+    assert isinstance(spec, RunSpec)
+    assert (spec.train_iter, spec.checkpointer.period, spec.log_period) == (9, 3, 2)
+    assert spec.seed == cfg.Global.seed and not spec.evaluation.enabled
