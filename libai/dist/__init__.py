@@ -410,6 +410,18 @@ def destroy_dist() -> None:
     _DIST_UTIL = None
 
 
+def check_model_num_layers(num_layers: int, described: str) -> None:
+    """A model being built has ``num_layers`` pipeline layers (``described``, e.g.
+    ``"hidden_layers=12"``): under a stage split they must be ``train.dist.pipeline_num_layers``,
+    else one line naming both and the fix."""
+    layout = get_dist_util().layout
+    if layout.layer_stage_ids and layout.pipeline_num_layers != num_layers:
+        raise ValueError(
+            f"train.dist.pipeline_num_layers={layout.pipeline_num_layers} but the model has "
+            f"{described}; set pipeline_num_layers={num_layers}."
+        )
+
+
 # ---- LiBai's module-level vocabulary ----------------------------------------------------------
 def get_layer_placement(layer_idx: int) -> DeviceMesh | None:
     return get_dist_util().get_layer_placement(layer_idx)

@@ -173,12 +173,7 @@ class BertModel(nn.Module):
         attn_mask_type: str = "padding",
     ):
         super().__init__()
-        layout = dist.get_dist_util().layout
-        if layout.layer_stage_ids and layout.pipeline_num_layers != hidden_layers:
-            raise ValueError(
-                f"train.dist.pipeline_num_layers={layout.pipeline_num_layers} but the model has "
-                f"hidden_layers={hidden_layers}; set pipeline_num_layers={hidden_layers}."
-            )
+        dist.check_model_num_layers(hidden_layers, f"hidden_layers={hidden_layers}")
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
         init_method = init_method_normal(initializer_range)

@@ -112,12 +112,7 @@ class GPTModel(nn.Module):
         loss_chunk_size: int | None = None,
     ):
         super().__init__()
-        layout = dist.get_dist_util().layout
-        if layout.layer_stage_ids and layout.pipeline_num_layers != hidden_layers:
-            raise ValueError(
-                f"train.dist.pipeline_num_layers={layout.pipeline_num_layers} but the model has "
-                f"hidden_layers={hidden_layers}; set pipeline_num_layers={hidden_layers}."
-            )
+        dist.check_model_num_layers(hidden_layers, f"hidden_layers={hidden_layers}")
         init_method = init_method_normal(initializer_range)
         output_init = scaled_init_method_normal(initializer_range, hidden_layers)
         self.num_layers = hidden_layers

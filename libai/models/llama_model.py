@@ -116,12 +116,7 @@ class LlamaModel(nn.Module):
         num_key_value_heads = num_key_value_heads or num_attention_heads
         check_tensor_parallel(num_attention_heads, num_key_value_heads)
         rope_type(rope_scaling)  # raises on an unsupported scaling type, before any build
-        layout = dist.get_dist_util().layout
-        if layout.layer_stage_ids and layout.pipeline_num_layers != hidden_layers:
-            raise ValueError(
-                f"train.dist.pipeline_num_layers={layout.pipeline_num_layers} but the model has "
-                f"hidden_layers={hidden_layers}; set pipeline_num_layers={hidden_layers}."
-            )
+        dist.check_model_num_layers(hidden_layers, f"hidden_layers={hidden_layers}")
         head_dim = head_dim or hidden_size // num_attention_heads
         init_method = init_method_normal(initializer_range)
         self.num_layers = hidden_layers

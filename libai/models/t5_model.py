@@ -175,14 +175,10 @@ class T5Model(nn.Module):
             raise ValueError(f"model_type must be 't5' or 'mt5', got {model_type!r}")
         activation, gated = parse_feed_forward_proj(feed_forward_proj)
         num_decoder_layers = hidden_layers if num_decoder_layers is None else num_decoder_layers
-        layout = dist.get_dist_util().layout
         total = hidden_layers + num_decoder_layers
-        if layout.layer_stage_ids and layout.pipeline_num_layers != total:
-            raise ValueError(
-                f"train.dist.pipeline_num_layers={layout.pipeline_num_layers} but T5 has "
-                f"{hidden_layers} encoder + {num_decoder_layers} decoder layers; set "
-                f"pipeline_num_layers={total}."
-            )
+        dist.check_model_num_layers(
+            total, f"{hidden_layers} encoder + {num_decoder_layers} decoder layers"
+        )
         head_size = head_size or hidden_size // num_attention_heads
         inner = num_attention_heads * head_size
         self.hidden_layers, self.num_decoder_layers = hidden_layers, num_decoder_layers

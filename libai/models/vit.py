@@ -148,12 +148,7 @@ class VisionTransformer(nn.Module):
             raise NotImplementedError(
                 f"drop_path_rate={drop_path_rate}: stochastic depth is not implemented; set 0."
             )
-        layout = dist.get_dist_util().layout
-        if layout.layer_stage_ids and layout.pipeline_num_layers != depth:
-            raise ValueError(
-                f"train.dist.pipeline_num_layers={layout.pipeline_num_layers} but the model has "
-                f"depth={depth}; set pipeline_num_layers={depth}."
-            )
+        dist.check_model_num_layers(depth, f"depth={depth}")
         init_method = init_method_normal(initializer_range)
         self.num_layers = depth
         self.embeddings = ViTEmbedding(
