@@ -5,21 +5,31 @@ from __future__ import annotations
 import difflib
 import functools
 import inspect
+import logging
 from collections.abc import Mapping
 
+logger = logging.getLogger(__name__)
 
-def _kwargs_from_cfg(init_func, cfg: Mapping, owner: str) -> dict:
+
+def _kwargs_from_cfg(init_func, cfg: Mapping, owner_cls: type) -> dict:
+    owner = owner_cls.__name__
     params = inspect.signature(init_func).parameters
     names = [n for n in params if n not in ("self", "cfg")]
     accepts_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    kwargs = {}
+    no_effect = getattr(owner_cls, "libai_no_effect_keys", {})
+    kwargs, ignored = {}, []
     for key, value in cfg.items():
         if key in names or accepts_any:
             kwargs[key] = value
             continue
+        if key in no_effect:
+            ignored.append(f"model.cfg.{key} ({no_effect[key]})")
+            continue
         close = difflib.get_close_matches(str(key), names, n=3)
         hint = f" Did you mean {', '.join(close)}?" if close else ""
         raise ValueError(f"{owner} got an unknown config key model.cfg.{key}.{hint}")
+    if ignored:
+        logger.info("%s: keys with no effect here: %s", owner, "; ".join(ignored))
     return kwargs
 
 
@@ -41,7 +51,8 @@ def _resolved_arguments(init_func, instance, args, kwargs) -> dict:
 def configurable(init_func):
     """Decorate ``__init__`` so ``Model(cfg=cfg)`` equals ``Model(**cfg)`` (LiBai's style).
 
-    Unknown keys in ``cfg`` raise a ``ValueError`` naming the closest valid ones; explicit
+    Unknown keys in ``cfg`` raise a ``ValueError`` naming the closest valid ones (keys the
+    class lists in ``libai_no_effect_keys``, LiBai's, are dropped with a log line); explicit
     keyword arguments override values from ``cfg``. The resolved hyper-parameters (defaults
     included) are kept in ``instance.libai_cfg`` (used to export a Hugging Face config).
     """
@@ -49,7 +60,7 @@ def configurable(init_func):
     @functools.wraps(init_func)
     def wrapped(self, *args, cfg: Mapping | None = None, **kwargs):
         if cfg is not None:
-            merged = _kwargs_from_cfg(init_func, cfg, type(self).__name__)
+            merged = _kwargs_from_cfg(init_func, cfg, type(self))
             merged.update(kwargs)
             kwargs = merged
         out = init_func(self, *args, **kwargs)

@@ -34,6 +34,7 @@ import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf, SCMode
 
 from libai.config.instantiate import constructor_arguments, target_to_string
+from libai.config.oneflow_names import MAPPED_PACKAGES, config_module
 
 __all__ = ["LazyCall", "LazyConfig", "try_get_key"]
 
@@ -147,7 +148,9 @@ def _exec_config_file(filename: str, module_dict: dict) -> None:
 
 @contextmanager
 def _patch_import():
-    """Make relative imports inside config files load sibling config files.
+    """Make relative imports inside config files load sibling config files, and
+    ``import oneflow`` inside them give OneFlow's names mapped onto torch
+    (:mod:`libai.config.oneflow_names`).
 
     Only imports made from a module whose ``__package__`` starts with ``_CFG_PACKAGE_NAME``
     are intercepted; every other import goes to Python's own machinery.
@@ -156,7 +159,11 @@ def _patch_import():
 
     def new_import(name, globals=None, locals=None, fromlist=(), level=0):
         package = (globals or {}).get("__package__") or ""
-        if level == 0 or not package.startswith(_CFG_PACKAGE_NAME):
+        in_config = package.startswith(_CFG_PACKAGE_NAME)
+        if in_config and level == 0 and name.partition(".")[0] in MAPPED_PACKAGES:
+            # LiBai's `import oneflow as flow`: OneFlow's names mapped onto torch
+            return config_module(name if fromlist else name.partition(".")[0])
+        if level == 0 or not in_config:
             return old_import(name, globals, locals, fromlist=fromlist, level=level)
         cur_file = _relative_config_file(globals["__file__"], name, level)
         spec = importlib.util.spec_from_loader(_random_package_name(cur_file), loader=None)

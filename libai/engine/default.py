@@ -73,6 +73,9 @@ def default_setup(cfg, args) -> None:
     Everything that can be checked without a collective (layout, batch arithmetic) is
     checked before the process group is created, so bad input fails on every rank alike.
     """
+    added = RunSpec.fill_defaults(cfg.train)  # LiBai's train.py leaves some keys out
+    if added:
+        logger.debug("train keys set to their defaults: %s", ", ".join(added))
     if args.fast_dev_run:
         cfg.train.train_iter = min(cfg.train.train_iter or 20, 20)
         cfg.train.train_epoch = 0
@@ -84,6 +87,7 @@ def default_setup(cfg, args) -> None:
         cfg.train.resume = True
     fill_pipeline_num_layers(cfg)
     world = int(os.environ.get("WORLD_SIZE", 1))
+    derived = derive_data_parallel_size(cfg.train.dist, world)
     layout = dist.resolve_layout(cfg.train.dist, world)  # raises before any collective
     RunSpec.from_config(cfg.train).zero_stage(layout)  # so do types and ZeRO
     cfg.train.update(resolve_batch_sizes(cfg.train, layout.data_parallel_size)._asdict())
@@ -93,6 +97,48 @@ def default_setup(cfg, args) -> None:
         seed=cfg.train.seed,
         save_config=lambda: _save_config(cfg),
     )
+    if derived:
+        logger.warning(derived)
+
+
+def derive_data_parallel_size(dist_cfg, world_size: int) -> str | None:
+    """LiBai derives dp from the launch: ``world / (tp x pp)``. A configured
+    ``data_parallel_size`` that disagrees is replaced; returns the warning that names both
+    values (None when nothing changed; sizes that do not divide the world are left for the
+    layout check to report)."""
+    tp = dist_cfg.get("tensor_parallel_size") or 1
+    pp = dist_cfg.get("pipeline_parallel_size") or 1
+    asked = dist_cfg.get("data_parallel_size")
+    if asked is None or world_size % (tp * pp) or asked == world_size // (tp * pp):
+        return None
+    derived = world_size // (tp * pp)
+    dist_cfg.data_parallel_size = derived
+    return (
+        f"train.dist.data_parallel_size={asked} but the launch gives {world_size} processes / "
+        f"(tp {tp} x pp {pp}) = {derived} data-parallel ranks; using {derived}, as LiBai does"
+    )
+
+
+def scale_epoch_periods(spec: RunSpec, samples_per_epoch: int | None) -> None:
+    """LiBai's ``checkpointer.save_model_after_n_epoch`` and
+    ``evaluation.eval_after_n_epoch``: the period becomes n x the iterations of an epoch
+    (``len(dataset) // global_batch_size``, as LiBai counts)."""
+    asked = [
+        (spec.checkpointer, "period", "checkpointer.save_model_after_n_epoch"),
+        (spec.evaluation, "eval_period", "evaluation.eval_after_n_epoch"),
+    ]
+    for section, period, key in asked:
+        epochs = getattr(section, key.partition(".")[2])
+        if not epochs:
+            continue
+        if not samples_per_epoch:
+            raise ValueError(
+                f"train.{key}={epochs} needs the training set's length; this loader has none: "
+                f"set train.{key}=None and give the period in iterations"
+            )
+        per_epoch = max(samples_per_epoch // spec.global_batch_size, 1)
+        setattr(section, period, per_epoch * int(epochs))
+        logger.info("train.%s=%s: every %d iterations", key, epochs, getattr(section, period))
 
 
 def _save_config(cfg) -> None:
@@ -125,9 +171,11 @@ class DefaultTrainer(EagerTrainer):
         self.train_loader, self.valid_loader, self.test_loader = self.build_train_loader(
             cfg, self.tokenizer
         )
-        iters = resolve_train_iters(train, self._train_samples_per_epoch(), train.global_batch_size)
+        samples_per_epoch = self._train_samples_per_epoch()
+        iters = resolve_train_iters(train, samples_per_epoch, train.global_batch_size)
         train.train_iter, train.warmup_iter = iters.train_iter, iters.warmup_iter
         self.spec = RunSpec.from_config(train)  # the runtime's settings of this run
+        scale_epoch_periods(self.spec, samples_per_epoch)
         # identical weights on every rank and layout, then dropout seeds per dp/pp rank
         seed_all(train.seed)
         model = self.build_model(cfg)

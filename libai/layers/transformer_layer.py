@@ -69,6 +69,7 @@ class TransformerLayer(nn.Module):
         layer_idx: int = 0,
         mlp_bias: bool | None = None,
         sequence_parallel: bool = False,
+        apply_residual_post_layernorm: bool = False,
     ):
         super().__init__()
         if sequence_parallel and is_decoder:
@@ -78,6 +79,9 @@ class TransformerLayer(nn.Module):
             )
         self.layer_idx, self.pre_norm, self.is_decoder = layer_idx, pre_norm, is_decoder
         self.sequence_parallel = sequence_parallel
+        #: LiBai's option (pre-norm): the residual branch starts after the norm,
+        #: ``norm(x) + fn(norm(x))``, instead of ``x + fn(norm(x))``
+        self.apply_residual_post_layernorm = bool(apply_residual_post_layernorm)
         #: recompute this block in backward instead of keeping its activations: False,
         #: "full" or "selective" (set by ``train.activation_checkpoint``; see
         #: libai.layers.checkpointing)
@@ -126,10 +130,17 @@ class TransformerLayer(nn.Module):
         )
 
     def _residual(self, x, norm, fn):
-        """Pre-norm ``x + fn(norm(x))`` or post-norm ``norm(x + fn(x))``; passes a cache on."""
-        out = fn(norm(x) if self.pre_norm else x)
+        """Pre-norm ``x + fn(norm(x))`` (``norm(x) + fn(norm(x))`` with
+        ``apply_residual_post_layernorm``) or post-norm ``norm(x + fn(x))``; passes a cache
+        on."""
+        if not self.pre_norm:
+            out = fn(x)
+            out, present = out if isinstance(out, tuple) else (out, None)
+            return norm(x + out), present
+        normed = norm(x)
+        out = fn(normed)
         out, present = out if isinstance(out, tuple) else (out, None)
-        return (x + out if self.pre_norm else norm(x + out)), present
+        return (normed if self.apply_residual_post_layernorm else x) + out, present
 
     def forward(self, hidden_states: torch.Tensor, *args, **kwargs):
         """See :meth:`_forward`; with activation checkpointing the block is recomputed."""

@@ -27,6 +27,7 @@ from libai.layers.kv_cache import (
     layer_past,
     past_length,
 )
+from libai.models.libai_options import LIBAI_NO_EFFECT_MODEL_KEYS
 from libai.models.utils.hf_kwargs import accepts_hf_keywords
 
 
@@ -94,6 +95,9 @@ class GPTModel(nn.Module):
     head (and between pipeline stages) are this rank's share of the sequence.
     """
 
+    #: LiBai's model keys that change nothing here (accepted, named in one log line)
+    libai_no_effect_keys = LIBAI_NO_EFFECT_MODEL_KEYS
+
     @configurable
     def __init__(
         self,
@@ -110,11 +114,15 @@ class GPTModel(nn.Module):
         initializer_range: float = 0.02,
         activation: str = "gelu_tanh",
         loss_chunk_size: int | None = None,
+        use_scaled_init_for_output_weights: bool = True,
+        apply_residual_post_layernorm: bool = False,
     ):
         super().__init__()
         dist.check_model_num_layers(hidden_layers, f"hidden_layers={hidden_layers}")
         init_method = init_method_normal(initializer_range)
-        output_init = scaled_init_method_normal(initializer_range, hidden_layers)
+        output_init = init_method
+        if use_scaled_init_for_output_weights:  # std / sqrt(2 x layers), as GPT-2 / LiBai
+            output_init = scaled_init_method_normal(initializer_range, hidden_layers)
         self.num_layers = hidden_layers
         self.sequence_parallel = sp = dist.is_sequence_parallel()
         self.embeddings = GPTEmbedding(
@@ -135,6 +143,7 @@ class GPTModel(nn.Module):
                 attn_mask_type="causal",
                 layer_idx=i,
                 sequence_parallel=sp,
+                apply_residual_post_layernorm=apply_residual_post_layernorm,
             )
 
         self.transformer = Transformer(hidden_layers, block, hidden_size, layernorm_epsilon, sp)

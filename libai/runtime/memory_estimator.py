@@ -420,12 +420,16 @@ def estimate_config(
     ``world_size`` defaults to ``data_parallel_size (or 1) x tp x pp`` of ``train.dist``;
     ``seq_length`` to ``model.cfg.max_seq_length`` (or ``max_position_embeddings``);
     ``activations=False`` leaves activations out (models the formulas do not cover). The vocab is padded as the trainer pads
-    it (the tokenizer's ``padded_vocab_size`` when ``tokenization.setup``). Raises
+    it (the tokenizer's ``padded_vocab_size`` unless ``tokenization.setup=False``). Raises
     ``ValueError`` for what training would reject (sizes that do not divide, a ZeRO stage
     the layout cannot use, an unknown switch value).
     """
     from libai.config import resolve_batch_sizes, try_get_key
-    from libai.runtime.run_config import build_run_tokenizer, fill_pipeline_num_layers
+    from libai.runtime.run_config import (
+        build_run_tokenizer,
+        fill_pipeline_num_layers,
+        sizes_vocab_from_tokenizer,
+    )
     from libai.runtime.spec import RunSpec
 
     train = cfg.train
@@ -456,7 +460,7 @@ def estimate_config(
         loss_chunk_size=try_get_key(cfg, "model.cfg.loss_chunk_size"),
         activations=activations,
     )
-    if try_get_key(cfg, "tokenization.setup", default=False):
+    if sizes_vocab_from_tokenizer(cfg):
         with counting_mesh(CountingDistUtil(layout, 0)):
             build_run_tokenizer(cfg)  # pads model.cfg.vocab_size as training does
     return layout, settings, estimate_memory(cfg.model, layout, settings, cfg.optim)

@@ -37,11 +37,24 @@ def fill_pipeline_num_layers(cfg) -> None:
             dist_cfg.pipeline_num_layers = layers
 
 
+def sizes_vocab_from_tokenizer(cfg) -> bool:
+    """Whether the tokenizer sets ``model.cfg.vocab_size``: as in LiBai, whenever the config
+    has a tokenizer and the model a ``vocab_size``, unless ``tokenization.setup=False`` keeps
+    the config's (weights converted with their own vocabulary)."""
+    return (
+        try_get_key(cfg, "tokenization.tokenizer") is not None
+        and try_get_key(cfg, "tokenization.setup", default=None) is not False
+        and try_get_key(cfg, "model.cfg.vocab_size") is not None
+    )
+
+
 def build_run_tokenizer(cfg):
     """The tokenizer of ``cfg.tokenization`` (None without one); builds the sample data, in
-    our cache directory, if a config value says ``${libai_sample:...}``. With
-    ``tokenization.setup`` it sets ``model.cfg.vocab_size`` to the tokenizer's padded size,
-    the same on every layout, so checkpoints load on any tp (the vocab-parallel layers pad
+    our cache directory, if a config value says ``${libai_sample:...}``. Unless
+    ``tokenization.setup=False`` (:func:`sizes_vocab_from_tokenizer`) it sets
+    ``model.cfg.vocab_size`` to the tokenizer's size padded to a multiple of
+    ``tokenization.make_vocab_size_divisible_by`` (LiBai's default 128), the same on every
+    layout, so checkpoints load on any tp (the vocab-parallel layers pad
     their shards to a multiple of tp themselves, and mask those rows)."""
     sample = prepare_sample_data(cfg)  # every rank may call it: a file lock builds it once
     if sample is not None:
@@ -49,11 +62,8 @@ def build_run_tokenizer(cfg):
     if try_get_key(cfg, "tokenization.tokenizer") is None:
         return None
     tokenizer = build_tokenizer(cfg.tokenization)
-    if (
-        try_get_key(cfg, "tokenization.setup", default=False)
-        and try_get_key(cfg, "model.cfg.vocab_size") is not None
-    ):
+    if sizes_vocab_from_tokenizer(cfg):
         cfg.model.cfg.vocab_size = tokenizer.padded_vocab_size(
-            cfg.tokenization.make_vocab_size_divisible_by
+            try_get_key(cfg, "tokenization.make_vocab_size_divisible_by", default=128)
         )
     return tokenizer

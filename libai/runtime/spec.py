@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,8 +40,19 @@ __all__ = [
     "resolve_compile",
 ]
 
+logger = logging.getLogger(__name__)
+
 #: keys of LiBai's ``train`` that the door builds itself (objects, not settings)
 DOOR_KEYS = {"scheduler": None, "evaluation": {"evaluator": None}}
+
+#: keys LiBai's ``configs/common/train.py`` carries that mean nothing on torch: accepted,
+#: named in one log line (key -> why)
+NO_EFFECT_KEYS = {
+    "nccl_fusion_threshold_mb": "OneFlow's NCCL fusion; gradients are bucketed by the runtime",
+    "nccl_fusion_max_ops": "OneFlow's NCCL fusion; gradients are bucketed by the runtime",
+    "input_placement_device": "batches are moved to each rank's device by the runtime",
+    "rdma_enabled": "OneFlow's RDMA switch; torch.distributed picks the transport",
+}
 
 
 @dataclass
@@ -90,6 +102,8 @@ class CheckpointerSpec:
 
     period: int = 5000
     max_to_keep: int | None = 100
+    #: LiBai's: save every this many epochs instead (``period`` = n x steps per epoch)
+    save_model_after_n_epoch: int | None = None
 
 
 @dataclass
@@ -102,6 +116,8 @@ class EvaluationSpec:
     eval_iter: int = 100000
     eval_metric: str | None = "PPL"
     eval_mode: str = "min"
+    #: LiBai's: evaluate every this many epochs instead (``eval_period`` = n x steps per epoch)
+    eval_after_n_epoch: int | None = None
 
 
 @dataclass
@@ -144,7 +160,13 @@ class RunSpec:
         data = train
         if isinstance(train, DictConfig):
             data = OmegaConf.to_container(train, resolve=True)
-        data = _without_door_keys(dict(data), DOOR_KEYS)
+        data = _integral_floats_as_ints(_without_door_keys(dict(data), DOOR_KEYS), cls)
+        ignored = sorted(k for k in NO_EFFECT_KEYS if data.pop(k, None) is not None)
+        if ignored:
+            logger.info(
+                "train keys with no effect here: %s",
+                "; ".join(f"{k} ({NO_EFFECT_KEYS[k]})" for k in ignored),
+            )
         try:
             merged = OmegaConf.merge(OmegaConf.structured(cls), data)
         except OmegaConfBaseException as err:
@@ -152,6 +174,15 @@ class RunSpec:
         spec = OmegaConf.to_object(merged)
         dist.dist_config_items(spec.dist)  # an unknown layout key: named with the close ones
         return spec
+
+    @classmethod
+    def fill_defaults(cls, train) -> list[str]:
+        """Add to LiBai's ``train`` namespace (a DictConfig, in place) every key of the spec
+        it leaves out, with the spec's default -- LiBai's own ``train.py`` has no
+        ``amp.dtype`` or ``resume``, for example. Returns the keys added."""
+        added: list[str] = []
+        _fill(train, dataclasses.asdict(cls()), "", added)
+        return added
 
     # ---- resolvers ------------------------------------------------------------------------
     def amp_dtype(self) -> torch.dtype | None:
@@ -185,6 +216,33 @@ def _error_line(err: OmegaConfBaseException) -> str:
         hint = f" (did you mean {' or '.join(close)}?)" if close else ""
         return f"unknown config key train.{key}{hint}; valid keys: {', '.join(valid)}"
     return f"train.{key}: {str(err.msg).splitlines()[0]}"
+
+
+def _fill(node, defaults: dict, path: str, added: list[str]) -> None:
+    for key, value in defaults.items():
+        if key not in node:
+            node[key] = value
+            added.append(f"{path}{key}")
+        elif isinstance(value, dict) and hasattr(node[key], "items"):
+            _fill(node[key], value, f"{path}{key}.", added)
+
+
+def _integral_floats_as_ints(data: dict, spec_cls) -> dict:
+    """Whole-number floats where the spec wants an int (LiBai's ``eval_iter=1e5``)."""
+    fields = {f.name: f for f in dataclasses.fields(spec_cls)}
+    out = dict(data)
+    for key, value in data.items():
+        field_ = fields.get(key)
+        if field_ is None:
+            continue
+        kinds = str(field_.type).replace(" ", "").split("|")
+        if isinstance(value, float) and "int" in kinds and "float" not in kinds:
+            out[key] = int(value) if value.is_integer() else value
+        elif isinstance(value, dict) and field_.default_factory is not dataclasses.MISSING:
+            sub = field_.default_factory()
+            if dataclasses.is_dataclass(sub):
+                out[key] = _integral_floats_as_ints(value, type(sub))
+    return out
 
 
 def _without_door_keys(data: dict, door: dict) -> dict:

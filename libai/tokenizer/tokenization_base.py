@@ -9,10 +9,13 @@ LiBai / Hugging Face (``cls_token_id``, ``pad_token_id``, ...) and Megatron (``c
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 
 from tokenizers import AddedToken, Tokenizer
+
+logger = logging.getLogger(__name__)
 
 #: special-token roles, in the order they are reported
 SPECIAL_TOKEN_ROLES = (
@@ -62,6 +65,20 @@ def add_special_tokens(tokenizer: Tokenizer, tokens) -> None:
             new.append(AddedToken(token, special=True, normalized=False))
     if new:
         tokenizer.add_special_tokens(new)
+
+
+def accept_libai_options(owner: str, options: dict, no_effect: dict[str, str]) -> None:
+    """Keyword arguments LiBai's tokenizer takes that mean nothing here (``no_effect``:
+    name -> why): accepted and named in one log line; any other is a ``TypeError``."""
+    unknown = sorted(set(options) - set(no_effect))
+    if unknown:
+        raise TypeError(f"{owner}.__init__() got unexpected keyword argument(s) {unknown}")
+    if options:
+        logger.info(
+            "%s: %s",
+            owner,
+            "; ".join(f"{k}={options[k]!r} has no effect here ({no_effect[k]})" for k in options),
+        )
 
 
 class BaseTokenizer:

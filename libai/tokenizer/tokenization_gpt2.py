@@ -12,7 +12,19 @@ import json
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-from libai.tokenizer.tokenization_base import BaseTokenizer, add_special_tokens, check_file
+from libai.tokenizer.tokenization_base import (
+    BaseTokenizer,
+    accept_libai_options,
+    add_special_tokens,
+    check_file,
+)
+
+#: LiBai's GPT2Tokenizer keywords that change nothing (LiBai ignores them too)
+LIBAI_GPT2_OPTIONS = {
+    "do_lower_case": "LiBai's GPT2Tokenizer ignores it: byte-level BPE keeps case",
+    "do_chinese_wwm": "whole-word masking marks are a BERT option; GPT-2 does not mask",
+    "errors": "decoding replaces invalid bytes, as LiBai's default 'replace'",
+}
 
 _VOCAB_HINT = "a vocab.json (GPT-2's, or one trained with the `tokenizers` library)"
 _MERGES_HINT = "a merges.txt (GPT-2's, or one trained with the `tokenizers` library)"
@@ -72,7 +84,9 @@ class GPT2Tokenizer(BaseTokenizer):
         bos_token: str | None = "<|endoftext|>",
         pad_token: str | None = None,
         add_prefix_space: bool = False,
+        **libai_options,
     ):
+        accept_libai_options("GPT2Tokenizer", libai_options, LIBAI_GPT2_OPTIONS)
         self._init_args = {
             "vocab_file": vocab_file,
             "merges_file": merges_file,

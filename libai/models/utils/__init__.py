@@ -7,6 +7,8 @@ import importlib
 
 from torch import nn
 
+from libai.layers.param import init_method_normal, scaled_init_method_normal
+from libai.models.utils.graph_base import GraphBase
 from libai.models.utils.hf_export import save_huggingface
 from libai.models.utils.hf_io import CheckpointError, CheckpointReader, read_hf_config
 from libai.models.utils.model_loader.base_loader import ModelLoaderHuggerFace, libai_class
@@ -56,6 +58,9 @@ def load_huggingface(path: str, model: type | None = None, libai_cfg=None, **ove
 
 
 __all__ = [
+    "GraphBase",
+    "init_method_normal",
+    "scaled_init_method_normal",
     "LOADERS",
     "CheckpointError",
     "CheckpointReader",

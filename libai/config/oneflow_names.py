@@ -1,0 +1,99 @@
+"""OneFlow's names inside LiBai config files, mapped onto torch.
+
+LiBai's configs write ``import oneflow as flow`` and ``LazyCall(flow.optim.AdamW)(...)``.
+While :meth:`~libai.config.LazyConfig.load` executes a config file (and only then: no
+top-level ``oneflow`` package is installed or shadowed), ``import oneflow`` inside the file
+gives the module object built here. Each name resolves to what it means on torch: an
+optimizer is the dotted path of its torch (or libai) class, which ``instantiate`` imports
+when the config is built; a dtype is the torch dtype; ``flow.nn.X`` is ``torch.nn.X``.
+A name with no mapping is a one-line ``ImportError`` (:class:`UnmappedNameError`) naming it and listing what is mapped
+(the table is in docs/libai_configs.md).
+"""
+
+from __future__ import annotations
+
+import types
+
+import torch
+
+from libai.utils.errors import OneLineError
+
+__all__ = ["MAPPED_PACKAGES", "ONEFLOW_NAMES", "UnmappedNameError", "config_module"]
+
+
+class UnmappedNameError(ImportError, OneLineError):
+    """A OneFlow name in a config file that has no torch mapping (one line in the tools)."""
+
+
+#: ``oneflow.<name>`` -> a dotted path that instantiate imports (classes, functions)
+ONEFLOW_NAMES = {
+    "optim.AdamW": "libai.optim.oneflow_optim.AdamW",
+    "optim.Adam": "libai.optim.oneflow_optim.Adam",
+    "optim.SGD": "torch.optim.SGD",
+    "optim.LAMB": "libai.optim.oneflow_optim.LAMB",
+}
+
+#: ``oneflow.<dtype>`` -> the torch dtype
+ONEFLOW_DTYPES = {
+    name: getattr(torch, name)
+    for name in (
+        "float",
+        "float16",
+        "float32",
+        "float64",
+        "double",
+        "half",
+        "bfloat16",
+        "int8",
+        "int32",
+        "int64",
+        "long",
+        "uint8",
+        "bool",
+    )
+}
+
+#: the top-level packages a config file may import by OneFlow's names
+MAPPED_PACKAGES = ("oneflow",)
+
+
+class _ConfigModule(types.ModuleType):
+    """``oneflow`` or one of its sub-packages, as seen from inside a config file."""
+
+    def __init__(self, name: str):
+        super().__init__(name)
+        self._prefix = name.partition(".")[2]
+
+    def __getattr__(self, attr: str):
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        key = f"{self._prefix}.{attr}" if self._prefix else attr
+        if key in ONEFLOW_NAMES:
+            return ONEFLOW_NAMES[key]
+        if not self._prefix and attr in ONEFLOW_DTYPES:
+            return ONEFLOW_DTYPES[attr]
+        if self._prefix == "nn" and hasattr(torch.nn, attr):
+            return getattr(torch.nn, attr)
+        if any(name.startswith(key + ".") for name in ONEFLOW_NAMES) or key == "nn":
+            return _ConfigModule(f"{self.__name__}.{attr}")
+        raise UnmappedNameError(_unmapped(f"{self.__name__}.{attr}"))
+
+
+def _unmapped(name: str) -> str:
+    mapped = [f"oneflow.{k}" for k in ONEFLOW_NAMES] + ["oneflow.<dtype>", "oneflow.nn.<module>"]
+    return (
+        f"{name} (OneFlow, in a config file) has no mapping onto torch here; mapped: "
+        f"{', '.join(mapped)}. Replace it with its torch name in the config."
+    )
+
+
+def config_module(name: str) -> types.ModuleType:
+    """The module a config file gets for ``import <name>`` (``oneflow``, ``oneflow.optim``,
+    ...); raises ``ImportError`` naming a sub-package with no mapping."""
+    root, _, rest = name.partition(".")
+    module = _ConfigModule(root)
+    for part in filter(None, rest.split(".")):
+        module = getattr(module, part)
+        if not isinstance(module, types.ModuleType):
+            raise UnmappedNameError(f"{name} is not a package (OneFlow name in a config file)")
+    return module
