@@ -185,6 +185,16 @@ def _patch_import():
             builtins.__import__ = old_import
 
 
+def _select(module_dict: dict, keys, filename: str):
+    """``keys`` (a name or a list / tuple of names) of a config file's module namespace."""
+    wanted = [keys] if isinstance(keys, str) else list(keys)
+    missing = [k for k in wanted if k not in module_dict]
+    if missing:
+        raise KeyError(f"config file {filename} defines no {', '.join(map(repr, missing))}")
+    values = [_cast_to_config(module_dict[k]) for k in wanted]
+    return values[0] if isinstance(keys, str) else tuple(values)
+
+
 def _as_lazy_node(value: Any) -> dict | None:
     """A dataclass or namedtuple instance of an importable type as the node that rebuilds it."""
     arguments = constructor_arguments(value)
@@ -258,7 +268,9 @@ class LazyConfig:
         Args:
             filename: path of the file.
             keys: ``None`` for the whole config; one name (returns that value) or a list /
-                tuple of names (returns a tuple of values).
+                tuple of names (returns a tuple of values). With ``keys`` a ``.py`` file's
+                names are returned whatever they hold (strings, numbers, objects), as
+                detectron2's ``LazyConfig.load`` / ``load_rel`` do.
 
         Returns:
             A ``DictConfig`` whose top-level keys are the file's module-level configs
@@ -278,6 +290,8 @@ class LazyConfig:
                 if missing:
                     raise ValueError(f"__all__ of {filename} names undefined {missing}")
             names = exported if exported is not None else list(module_dict)
+            if keys is not None:  # any module-level name, not only the configs
+                return _select(module_dict, keys, filename)
             cfg = _new_config(
                 {
                     name: _cast_to_config(module_dict[name])

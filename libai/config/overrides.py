@@ -70,7 +70,7 @@ def _lookup(cfg: Any, key: str) -> tuple[Any, Any]:
     """``(parent_node, node)`` for dotted ``key``; ``node`` is ``_MISSING`` if absent.
 
     ``node`` is the key's own (unresolved) config node. ``parent_node`` is ``_MISSING``
-    when the path breaks before the last part, and raises ``OverrideError`` when it runs
+    when the path breaks before the last part, and raises ``ConfigKeyError`` when it runs
     through a value that is not a config node.
     """
     node: Any = cfg
@@ -92,7 +92,7 @@ def _lookup(cfg: Any, key: str) -> tuple[Any, Any]:
             node_value = node[int(part)]
         else:
             prefix = ".".join(parts[:depth])
-            raise OverrideError(
+            raise ConfigKeyError(
                 f"cannot set '{key}': '{prefix}' is a {type(node).__name__} "
                 f"({node!r}), not a config node"
             )

@@ -180,11 +180,15 @@ class DefaultTrainer(EagerTrainer):
         seed_all(train.seed)
         model = self.build_model(cfg)
         seed_this_rank(train.seed, util)
-        parts = parallelize(
-            model,
-            self.spec,
-            compile=resolve_compile(try_get_key(cfg, "graph.enabled"), util.layout.device_type),
-        )
+        compile_blocks = resolve_compile(try_get_key(cfg, "graph.enabled"), util.layout.device_type)
+        if compile_blocks:
+            logger.info(
+                "graph.enabled=True: LiBai's static graph is torch.compile of each Transformer "
+                "block here; the first iterations pay the compile time (tens of seconds on %s); "
+                "graph.enabled=False runs eager from the first step",
+                util.layout.device_type.upper(),
+            )
+        parts = parallelize(model, self.spec, compile=compile_blocks)
         self.grad_scaler = parts.grad_scaler
         optimizer = self.build_optimizer(cfg, parts.runner.model)
         # ZeRO wraps the optimizer before the LR scheduler, which holds it

@@ -72,6 +72,7 @@ def test_gpt2_pretrain_runs_unmodified_on_one_and_two_processes(gpt_files, tmp_p
     two = run_train_net(config, gpt2_overrides(gpt_files, tmp_path / "two", micro=1), nproc=2)
     assert "using 2, as LiBai does" in two.stdout + two.stderr
     assert "nccl_fusion_threshold_mb" in one.stdout + one.stderr  # named as having no effect
+    assert "graph.enabled=True: LiBai's static graph is torch.compile" in one.stdout + one.stderr
     want = losses(tmp_path / "one")
     assert len(want) == 4
     # the config's train.amp.enabled=True: bf16 autocast, so equal to bf16 rounding

@@ -201,3 +201,18 @@ def test_libai_train_file_is_read_with_its_own_keys():
     spec = RunSpec.from_config(train)
     assert spec.evaluation.eval_iter == 100000 and spec.evaluation.eval_metric == "Acc@1"
     assert spec.checkpointer.save_model_after_n_epoch is None
+
+
+def test_relative_imports_between_config_files_keep_every_name():
+    """LiBai's tests/config files (unmodified): ``from .dir1.dir1_a import dir1a_str`` and
+    ``LazyConfig.load_rel("dir1_a.py", ("dir1a_str", "dir1a_dict"))`` give strings as well
+    as dicts, as detectron2's LazyConfig does; a missing name is a KeyError naming it."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "fixtures/libai/tests/config"
+    cfg = LazyConfig.load(str(root / "root_cfg.py"))
+    assert cfg.dir1a_dict.a == "modified" and cfg.dir1b_dict.a == 1
+    assert (cfg.lazyobj.x, cfg.lazyobj.y) == ("base_a_1", "base_a_1_from_b")
+    assert LazyConfig.load(str(root / "dir1" / "dir1_b.py"), "dir1b_str") == "base_a_1_from_b"
+    with pytest.raises(KeyError, match="no 'nothing'"):
+        LazyConfig.load(str(root / "dir1" / "dir1_a.py"), ("dir1a_str", "nothing"))
