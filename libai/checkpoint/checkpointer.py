@@ -103,6 +103,10 @@ from libai.checkpoint.files import (
 )
 from libai.checkpoint.files import write_text_atomic as _write_text_atomic
 from libai.checkpoint.manifest import MANIFEST, file_checksums, manifest_text
+from libai.checkpoint.messages import (
+    get_missing_parameters_message,
+    get_unexpected_parameters_message,
+)
 from libai.checkpoint.safe_load import (
     DataOnlyFileSystemReader,
     DataOnlyLoadPlanner,
@@ -118,6 +122,8 @@ __all__ = [
     "CheckpointError",
     "Checkpointer",
     "PeriodicCheckpointer",
+    "get_missing_parameters_message",
+    "get_unexpected_parameters_message",
     "read_checkpoint_metadata",
 ]
 

@@ -1,5 +1,6 @@
 """Configs: ``LazyCall`` / ``LazyConfig`` on omegaconf, ``instantiate``, ``@configurable``."""
 
+from libai.config.arguments import default_argument_parser
 from libai.config.configurable import configurable
 from libai.config.instantiate import instantiate, locate
 from libai.config.lazy import LazyCall, LazyConfig, try_get_key
@@ -16,6 +17,7 @@ from libai.config.resolvers import register_resolvers
 register_resolvers()  # ${libai_sample:...} resolves in every config, config.yaml included
 
 __all__ = [
+    "default_argument_parser",
     "BatchSizes",
     "ConfigKeyError",
     "LazyCall",

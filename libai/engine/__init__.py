@@ -30,7 +30,8 @@ for _name in ("engine", "module", "module_hooks", "yaml_setup", "yaml_optim", "e
 for _info in _pkgutil.iter_modules(_importlib.import_module("libai.fleetx.modules").__path__):
     _alias(f"{__name__}.modules.{_info.name}", f"libai.fleetx.modules.{_info.name}")
 
-from libai.engine.default import DefaultTrainer, default_argument_parser, default_setup  # noqa: E402
+from libai.config.arguments import default_argument_parser  # noqa: E402
+from libai.engine.default import DefaultTrainer, default_setup  # noqa: E402
 from libai.fleetx import BasicModule, Engine, InputSpec  # noqa: E402
 from libai.runtime.parallel import (  # noqa: E402
     PIPELINE_SCHEDULES,

@@ -1,10 +1,12 @@
 """Parallel layers: each holds DTensor parameters laid out on its pipeline stage's mesh."""
 
+from libai.layers.activation import build_activation
 from libai.layers.attention import MultiheadAttention
 from libai.layers.chunked_loss import chunked_lm_loss, lm_head_input
 from libai.layers.collectives import copy_to_tp, gather_from_tp, reduce_from_tp, scatter_to_tp
 from libai.layers.cross_entropy import ParallelCrossEntropyLoss
-from libai.layers.embedding import Embedding, VocabEmbedding
+from libai.layers.droppath import DropPath, drop_path
+from libai.layers.embedding import Embedding, SinePositionalEmbedding, VocabEmbedding
 from libai.layers.kv_cache import KVCache, LayerKVCache
 from libai.layers.layer_norm import LayerNorm, RMSLayerNorm
 from libai.layers.linear import Linear
@@ -21,7 +23,11 @@ from libai.layers.rotary import RotaryEmbedding, apply_rotary_pos_emb, rope_inv_
 from libai.layers.transformer_layer import TransformerLayer, build_norm
 
 __all__ = [
+    "DropPath",
     "Embedding",
+    "SinePositionalEmbedding",
+    "build_activation",
+    "drop_path",
     "KVCache",
     "LMLogits",
     "LayerKVCache",

@@ -132,3 +132,29 @@ class Embedding(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}, layer_idx={self.layer_idx}"
+
+
+class SinePositionalEmbedding(nn.Module):
+    """Fixed sinusoidal position embeddings (Vaswani et al.), LiBai's module: row ``p`` is
+    ``sin(p / 10000^(2i/d))`` at even columns ``2i`` and ``cos`` of the same at odd ones.
+    The table is a buffer (no parameters), the same on every rank; ``forward(position_ids)``
+    gathers its rows."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int):
+        super().__init__()
+        self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
+        position = torch.arange(num_embeddings, dtype=torch.float32).unsqueeze(1)
+        div_term = torch.exp(
+            torch.arange(0, embedding_dim, 2, dtype=torch.float32)
+            * (-torch.log(torch.tensor(10000.0)) / embedding_dim)
+        )
+        table = torch.zeros(num_embeddings, embedding_dim)
+        table[:, 0::2] = torch.sin(position * div_term)
+        table[:, 1::2] = torch.cos(position * div_term[: embedding_dim // 2])
+        self.register_buffer("position_embedding", table)
+
+    def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(position_ids, self.position_embedding)
+
+    def extra_repr(self) -> str:
+        return f"num_embeddings={self.num_embeddings}, embedding_dim={self.embedding_dim}"

@@ -216,3 +216,54 @@ def test_relative_imports_between_config_files_keep_every_name():
     assert LazyConfig.load(str(root / "dir1" / "dir1_b.py"), "dir1b_str") == "base_a_1_from_b"
     with pytest.raises(KeyError, match="no 'nothing'"):
         LazyConfig.load(str(root / "dir1" / "dir1_a.py"), ("dir1a_str", "nothing"))
+
+
+def test_libai_layer_names_equal_their_formulas():
+    import math
+
+    from libai.layers import DropPath, SinePositionalEmbedding, build_activation
+
+    x = torch.linspace(-3, 3, 13)
+    torch.testing.assert_close(build_activation("quick_gelu")(x), x * torch.sigmoid(1.702 * x))
+    torch.testing.assert_close(build_activation("squared_relu")(x), x.clamp(min=0) ** 2)
+    torch.testing.assert_close(
+        build_activation("gelu_tanh")(x),
+        0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3))),
+    )
+    assert torch.equal(build_activation(None)(x), x)
+    with pytest.raises(ValueError, match="unknown activation 'swish'"):
+        build_activation("swish")
+
+    table = SinePositionalEmbedding(16, 6)(torch.tensor([[0, 5, 15]]))
+    for j, p in enumerate((0, 5, 15)):
+        for i in range(3):
+            angle = p / 10000 ** (2 * i / 6)
+            assert float(table[0, j, 2 * i]) == pytest.approx(math.sin(angle), abs=1e-6)
+            assert float(table[0, j, 2 * i + 1]) == pytest.approx(math.cos(angle), abs=1e-6)
+
+    drop = DropPath(0.25)
+    h = torch.ones(4000, 3)
+    assert torch.equal(drop.eval()(h), h)
+    torch.manual_seed(0)
+    out = drop.train()(h)
+    kept = out[:, 0] != 0
+    assert torch.equal(out[kept], torch.full_like(out[kept], 1 / 0.75))  # whole samples
+    assert torch.equal(out[~kept], torch.zeros_like(out[~kept]))
+    assert float(kept.float().mean()) == pytest.approx(0.75, abs=0.03)
+
+
+def test_libai_checkpoint_messages_and_parser_paths():
+    from libai.config import default_argument_parser
+    from libai.utils.checkpoint import (
+        get_missing_parameters_message,
+        get_unexpected_parameters_message,
+    )
+
+    keys = ["encoder.3.weight", "encoder.3.bias", "head.weight"]
+    assert get_missing_parameters_message(keys) == (
+        "Some model parameters or buffers are not found in the checkpoint:\n"
+        "  encoder.3.{bias, weight}\n  head.weight"
+    )
+    assert get_unexpected_parameters_message(["x"]).endswith("not used by the model:\n  x")
+    args = default_argument_parser().parse_args(["--config-file", "a.py", "train.seed=3"])
+    assert (args.config_file, args.opts, args.resume) == ("a.py", ["train.seed=3"], False)
