@@ -54,3 +54,40 @@ def test_engine_and_train_net_give_the_same_losses(sample_env, tmp_path, layout)
     for i in range(STEPS):
         assert a[i]["total_loss"] == b[i]["total_loss"], (layout, i, a[i], b[i])
         assert a[i]["lr"] == b[i]["lr"]
+
+
+def test_gpt_evaluation_through_the_engine_equals_the_model_by_hand(tmp_path):
+    """projects/gpt's YAML with evaluation on (FleetX's GPT module returns ``lm_loss``, not
+    ``loss``): Engine.evaluate is the mean of the model's own ``lm_loss`` over the same
+    ``Engine.eval_iters`` batches, computed here by hand."""
+    import torch
+    from engine_helpers import TINY_GPT_YAML, make_engine
+
+    from libai.fleetx.yaml_config import load_yaml_config
+    from libai.runtime.trainer import to_device
+
+    yaml = ROOT / "projects" / "gpt" / "configs" / "pretrain_gpt_345M_single_card.yaml"
+    cfg = load_yaml_config(
+        str(yaml),
+        [
+            *TINY_GPT_YAML,
+            "Engine.max_steps=2",
+            "Engine.eval_freq=2",
+            "Engine.eval_iters=2",
+            "Engine.mix_precision.enable=false",
+            "Global.local_batch_size=4",
+            "Global.micro_batch_size=null",
+            f"Engine.save_load.output_dir={tmp_path}",
+        ],
+    )
+    engine = make_engine(cfg)
+    results = engine.evaluate()
+    model = engine.runner.model.eval()
+    want = []
+    with torch.no_grad():
+        for i, batch in enumerate(engine.valid_loader):
+            if i == 2:
+                break
+            batch = engine.module.pretreating_batch(to_device(batch, "cpu"))
+            want.append(float(model(**batch)["lm_loss"]))
+    assert results["loss"] == pytest.approx(sum(want) / len(want), rel=1e-6)
