@@ -86,12 +86,22 @@ def get_args(argv=None) -> argparse.Namespace:
         "--split-sentences)",
     )
     group.add_argument(
-        "--dataset-impl", default="mmap", choices=["mmap"], help="only Megatron's mmap format"
+        "--dataset-impl",
+        default="mmap",
+        choices=["mmap", "lazy", "cached"],
+        help="mmap (Megatron's), or lazy / cached: the older TNTIDX format LiBai reads with "
+        "IndexedDataset (int32 values)",
     )
     group = parser.add_argument_group("runtime")
     group.add_argument("--workers", type=int, default=1, help="tokenizer processes")
     group.add_argument("--chunk-size", type=int, default=64, help="lines per task")
     group.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    group.add_argument(
+        "--log-interval",
+        type=int,
+        default=None,
+        help="log a progress line every this many documents (LiBai's)",
+    )
     args = parser.parse_args(argv)
     name = args.tokenizer_name
     for arg in TOKENIZER_FILES[name]:
@@ -123,6 +133,8 @@ def main(argv=None) -> int:
             tokenizer_file=args.tokenizer_file,
             tokenizer_options={arg: getattr(args, arg) for arg in _OPTIONS},
             split_sentences=args.split_sentences,
+            dataset_impl=args.dataset_impl,
+            log_interval=args.log_interval,
         )
     except (FileNotFoundError, ValueError) as e:
         print(f"preprocess_data.py: error: {e}", file=sys.stderr)

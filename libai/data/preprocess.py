@@ -22,6 +22,8 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from libai.data.data_utils.indexed_dataset import (
+    DATASET_IMPLS,
+    IndexedDatasetBuilder,
     MMapIndexedDatasetBuilder,
     best_fitting_dtype,
     data_file_path,
@@ -231,6 +233,8 @@ def preprocess_jsonl(
     tokenizer_file=None,
     tokenizer_options: dict | None = None,
     split_sentences: bool = False,
+    dataset_impl: str = "mmap",
+    log_interval: int | None = None,
 ) -> dict[str, str]:
     """Tokenize ``input_path`` (JSON lines) into one indexed dataset per key.
 
@@ -239,6 +243,10 @@ def preprocess_jsonl(
     ``tokenizer_options`` of :data:`TOKENIZER_OPTIONS` (e.g. ``{"do_lower_case": False}``).
     Text is encoded without special tokens; ``append_eod`` ends each document with the
     tokenizer's ``eod``. With ``split_sentences`` each sentence is an item of its document.
+    ``dataset_impl`` is the format written: ``mmap`` (Megatron's), or ``lazy`` / ``cached``
+    (the older ``TNTIDX`` format, int32 values, as LiBai writes them; both names give the
+    same files, the name is how they are read). ``log_interval`` logs a progress line every
+    that many documents (LiBai's ``--log-interval``).
 
     Returns ``{key: dataset prefix}``. Output files appear only when everything succeeded
     (they are written under temporary names first).
@@ -276,9 +284,17 @@ def preprocess_jsonl(
     level = "sentence" if split_sentences else "document"
     prefixes = {key: output_prefix_for(output_prefix, key, level) for key in json_keys}
     tmp = {key: f"{p}.tmp{os.getpid()}" for key, p in prefixes.items()}
-    builders = {
-        key: MMapIndexedDatasetBuilder(data_file_path(tmp[key]), dtype=dtype) for key in json_keys
-    }
+    if dataset_impl not in DATASET_IMPLS:
+        raise ValueError(f"--dataset-impl {dataset_impl!r}: use one of {DATASET_IMPLS}")
+    if log_interval is not None and log_interval < 1:
+        raise ValueError(f"--log-interval must be >= 1, got {log_interval}")
+    if dataset_impl == "mmap":
+        builders = {
+            key: MMapIndexedDatasetBuilder(data_file_path(tmp[key]), dtype=dtype)
+            for key in json_keys
+        }
+    else:
+        builders = {key: IndexedDatasetBuilder(data_file_path(tmp[key])) for key in json_keys}
     encoder = Encoder(
         input_path,
         json_keys,
@@ -313,10 +329,17 @@ def preprocess_jsonl(
                     if not sentences:  # empty text: no document (as in Megatron)
                         continue
                     for token_ids in sentences:
-                        builders[key].add_item(np.asarray(token_ids, dtype=dtype))
+                        builders[key].add_item(np.asarray(token_ids, dtype=np.int64))
                         num_tokens += len(token_ids)
                     builders[key].end_document()
                 num_docs += 1
+                if log_interval and num_docs % log_interval == 0:
+                    logger.info(
+                        "processed %d documents, %d tokens (%.1fs)",
+                        num_docs,
+                        num_tokens,
+                        time.perf_counter() - start,
+                    )
             bar.update(nbytes)
             bar.set_postfix(docs=num_docs, tokens=num_tokens, refresh=False)
         for key in json_keys:

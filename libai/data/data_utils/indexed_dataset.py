@@ -27,6 +27,12 @@ import struct
 
 import numpy as np
 
+from libai.data.data_utils.legacy_indexed import (
+    LEGACY_MAGIC,
+    IndexedDataset,
+    IndexedDatasetBuilder,
+)
+
 logger = logging.getLogger(__name__)
 
 _HDR_MAGIC = b"MMIDIDX\x00\x00"
@@ -405,19 +411,41 @@ class MMapIndexedDatasetBuilder:
             f.write(np.asarray(self._doc_idx, dtype=np.int64).tobytes(order="C"))
 
 
+#: the formats ``data_impl`` / ``--dataset-impl`` name (LiBai's and Megatron's)
+DATASET_IMPLS = ("mmap", "lazy", "cached")
+
+
 def make_builder(out_file: str, impl: str = "mmap", vocab_size: int | None = None):
-    """Megatron's factory: an mmap builder with the best dtype for ``vocab_size``."""
+    """Megatron's factory: an mmap builder with the best dtype for ``vocab_size``, or for
+    ``lazy`` / ``cached`` the older ``TNTIDX`` format (int32 values, as LiBai writes it)."""
+    if impl not in DATASET_IMPLS:
+        raise ValueError(f"data_impl={impl!r} is not supported; use one of {DATASET_IMPLS}.")
     if impl != "mmap":
-        raise ValueError(f"data_impl={impl!r} is not supported; only 'mmap' is.")
+        return IndexedDatasetBuilder(out_file)
     return MMapIndexedDatasetBuilder(out_file, dtype=best_fitting_dtype(vocab_size))
 
 
-def make_dataset(path: str, impl: str = "mmap", skip_warmup: bool = False) -> MMapIndexedDataset:
-    """Megatron's factory: open the indexed dataset at prefix ``path``."""
-    if impl not in ("mmap", "infer"):
+def infer_dataset_impl(path: str) -> str:
+    """``mmap`` or ``cached`` from the magic of ``path``'s ``.idx`` (LiBai's rule)."""
+
+    with open(index_file_path(path), "rb") as f:
+        magic = f.read(len(_HDR_MAGIC))
+    if magic.startswith(LEGACY_MAGIC):
+        return "cached"
+    return "mmap"
+
+
+def make_dataset(path: str, impl: str = "mmap", skip_warmup: bool = False):
+    """Megatron's factory: open the indexed dataset at prefix ``path`` -- ``mmap``, the older
+    ``lazy`` / ``cached`` format, or ``infer`` (from the file's magic)."""
+    if impl not in (*DATASET_IMPLS, "infer"):
         raise ValueError(
-            f"data_impl={impl!r} is not supported; only 'mmap' (Megatron's MMapIndexedDataset) is."
+            f"data_impl={impl!r} is not supported; use one of {(*DATASET_IMPLS, 'infer')}."
         )
+    if impl == "infer" and os.path.exists(index_file_path(path)):
+        impl = infer_dataset_impl(path)
+    if impl in ("lazy", "cached"):
+        return IndexedDataset(path, cached=impl == "cached")
     return MMapIndexedDataset(path, skip_warmup=skip_warmup)
 
 

@@ -568,3 +568,59 @@ def test_sample_dataset_builds_once_and_concurrently(tmp_path, monkeypatch):
     LazyConfig.apply_overrides(cfg, mine[2:])
     assert sample_corpus.prepare_sample_data(cfg)["data_dir"] == str(cache)
     assert builds == [str(cache)] and not other.exists()
+
+
+def libai_reader():
+    """LiBai's own indexed_dataset.py (tests/fixtures/libai, unmodified); its one OneFlow name,
+    ``flow.utils.data.Dataset``, stood in for by ``object`` while it is imported."""
+    import types
+
+    stand_in = types.ModuleType("oneflow")
+    stand_in.utils = types.SimpleNamespace(data=types.SimpleNamespace(Dataset=object))
+    path = REPO / "tests/fixtures/libai/libai/data/data_utils/indexed_dataset.py"
+    spec = importlib.util.spec_from_file_location("libai_own_indexed_dataset", path)
+    module = importlib.util.module_from_spec(spec)
+    saved = sys.modules.get("oneflow")
+    sys.modules["oneflow"] = stand_in
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        if saved is None:
+            del sys.modules["oneflow"]
+        else:
+            sys.modules["oneflow"] = saved
+    return module
+
+
+@pytest.mark.parametrize("impl", ["mmap", "lazy", "cached"])
+def test_preprocess_with_libai_flags_reads_in_libai_own_reader(tmp_path, bpe, impl):
+    """LiBai's documented command (--dataset-impl mmap|lazy|cached, --log-interval): the
+    files read the same token ids in LiBai's own reader and in ours (data_impl, or infer)."""
+    from libai.data.data_utils import make_dataset
+
+    jsonl = write_jsonl(tmp_path / "in.jsonl", [{"text": t} for t in SAMPLE_TEXTS])
+    out = run_preprocess(
+        *["--input", jsonl, "--json-keys", "text", "--tokenizer-name", "GPT2Tokenizer"],
+        *["--vocab-file", bpe[0], "--merges-file", bpe[1], "--append-eod", "--no-progress"],
+        *["--output-prefix", tmp_path / "p", "--dataset-impl", impl, "--log-interval", "8"],
+    )
+    assert out.returncode == 0, out.stderr
+    assert "processed 8 documents" in out.stderr
+    prefix = str(tmp_path / "p_text_document")
+    tok = GPT2Tokenizer(*bpe)
+    want = [tok.encode(text) + [tok.eod] for text in SAMPLE_TEXTS]
+    theirs = libai_reader()
+    reader = {
+        "mmap": theirs.MMapIndexedDataset,
+        "lazy": theirs.IndexedDataset,
+        "cached": theirs.IndexedCachedDataset,
+    }[impl](prefix)
+    if impl == "cached":
+        reader.prefetch(range(len(want)))
+    assert theirs.infer_dataset_impl(prefix) == ("mmap" if impl == "mmap" else "cached")
+    assert [reader[i].tolist() for i in range(len(reader))] == want
+    assert list(reader.doc_idx) == list(range(len(want) + 1))
+    for data_impl in (impl, "infer"):
+        ours = make_dataset(prefix, data_impl)
+        assert [ours[i].tolist() for i in range(len(ours))] == want
+        assert ours.get(3, 1, 2).tolist() == want[3][1:3]
