@@ -35,6 +35,7 @@ from libai.data.data_utils.dataset_utils import (
 from libai.data.data_utils.indexed_dataset import get_indexed_dataset
 from libai.data.datasets.gpt_dataset import GPT2Dataset
 from libai.data.samplers import CyclicSampler, SingleRoundSampler
+from libai.data.structures import Instance
 
 logger = logging.getLogger(__name__)
 
@@ -54,10 +55,13 @@ def _build_obj(obj):
 
 # ---- collate ----------------------------------------------------------------------------------
 def trivial_batch_collator(batch: list):
-    """Stack a list of dict samples into one dict of ``[batch, ...]`` tensors."""
+    """Stack a list of dict samples (or LiBai's ``Instance`` samples) into one dict of
+    ``[batch, ...]`` tensors."""
     if not batch:
         raise ValueError("cannot collate an empty batch")
     first = batch[0]
+    if isinstance(first, Instance):
+        return Instance.stack(batch).to_dict()
     if isinstance(first, Mapping):
         keys = list(first.keys())
         for sample in batch[1:]:
