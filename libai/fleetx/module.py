@@ -8,7 +8,8 @@ config. Hooks keep FleetX's names; those FleetX documented but never built
 
 When the Engine calls what (``docs/integrate_a_model.md`` has the full order)::
 
-    __init__(cfg)               self.cfg = cfg; self.model = get_model(); self.loss_fn = get_loss_fn()
+    __init__(cfg)               self.configs = process_configs(cfg) (self.cfg: the same);
+                                self.model = get_model(); self.loss_fn = get_loss_fn()
     configure_optimizers()      once, Engine(mode="train"); None -> Optimizer section
     fit:       per step: pretreating_batch -> (training_step -> backward) per micro-batch
                -> optimizer step -> training_step_end(log_dict) every Engine.logging_freq
@@ -79,9 +80,21 @@ class BasicModule(nn.Module):
 
     def __init__(self, cfg):
         super().__init__()
-        self.cfg = cfg
+        processed = self.process_configs(cfg)
+        #: the run's config (FleetX's name; ``self.cfg`` is the same object)
+        self.configs = cfg if processed is None else processed
         self.model = self.get_model()
         self.loss_fn = self.get_loss_fn()
+
+    @property
+    def cfg(self):
+        """``self.configs`` (the name this library's modules use)."""
+        return self.configs
+
+    def process_configs(self, configs):
+        """FleetX's hook: adjust the config before the model is built; returns it (or
+        ``None`` to keep the one given, changed in place). Default: unchanged."""
+        return configs
 
     # ---- building -----------------------------------------------------------------------------
     def get_model(self) -> nn.Module:

@@ -212,10 +212,11 @@ def _check(cfg: DictConfig) -> None:
 
 def load_yaml_config(path: str | os.PathLike, overrides=()) -> DictConfig:
     """Read ``path`` with its ``_base_`` chain, fill :data:`DEFAULTS`, apply ``overrides``
-    (``["Engine.max_steps=10", ...]``) and check every key. Returns a ``DictConfig``."""
+    (``["Engine.max_steps=10", ...]``), then check every key -- after the overrides, as
+    FleetX, so ``-o ~Section`` removes a section this door does not know. Returns a
+    ``DictConfig``."""
     data = _with_defaults(_read(os.fspath(path), ()))
     cfg = OmegaConf.create(data, flags={"allow_objects": True})
-    _check(cfg)
     apply_overrides(cfg, list(overrides))
     # a deleted key (``~Key``) is back at its default
     cfg = OmegaConf.create(

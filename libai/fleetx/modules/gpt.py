@@ -20,7 +20,8 @@ class GPTModule(ZooModule):
     ``attention_probs_dropout_prob`` are accepted too), and ``tokenizer: {vocab_file,
     merges_file, make_vocab_size_divisible_by}`` (files default to the built-in sample
     corpus'). ``vocab_size`` unset = the tokenizer's, padded to a multiple of
-    ``make_vocab_size_divisible_by`` on every layout (as ``tools/train_net.py`` does).
+    ``make_vocab_size_divisible_by`` on every layout (as ``tools/train_net.py`` does);
+    ``ffn_hidden_size`` unset or null = 4 x ``hidden_size``, as FleetX.
     """
 
     model_class = GPTForPreTraining
@@ -41,6 +42,9 @@ class GPTModule(ZooModule):
 
     def get_model(self):
         kwargs = self.model_kwargs()
+        if kwargs.get("ffn_hidden_size") is None and kwargs.get("hidden_size"):
+            # FleetX's `ffn_hidden_size: null` (its 1.3B .. 175B files): 4 x hidden
+            kwargs["ffn_hidden_size"] = 4 * int(kwargs["hidden_size"])
         if kwargs.get("vocab_size") is None:
             kwargs["vocab_size"] = self.tokenizer.padded_vocab_size(self._divisible_by)
         return GPTForPreTraining(**kwargs)

@@ -198,3 +198,44 @@ def test_the_tool_reports_bad_input_in_one_line_before_training(tmp_path):
     assert proc.returncode != 0
     assert "builds a plain nn.Module: tensor parallel (Distributed.mp_degree=2)" in proc.stderr
     assert "Starting training" not in proc.stdout + proc.stderr
+
+
+def test_overrides_apply_before_the_key_check_and_tilde_deletes(tmp_path):
+    """FleetX applies ``-o`` before checking keys: ``-o ~Profiler`` removes a section this
+    door does not know; without it the key is an error naming it."""
+    cfg_file = tmp_path / "with_profiler.yaml"
+    cfg_file.write_text(f"_base_: {SIMPLE_NET}\nProfiler:\n  enable: false\n  scheduler: [1, 5]\n")
+    with pytest.raises(YAMLConfigError, match=r"unknown config key <top level>\.Profiler"):
+        load_yaml_config(str(cfg_file))
+    cfg = load_yaml_config(str(cfg_file), ["~Profiler", "Engine.max_steps=3"])
+    assert "Profiler" not in cfg and cfg.Engine.max_steps == 3
+
+
+def test_fleetx_module_conventions(tmp_path):
+    """``self.configs`` and the ``process_configs`` hook (FleetX's BasicModule), before the
+    model is built; ``self.cfg`` is the same object. GPT's ``ffn_hidden_size: null`` is
+    4 x hidden, as FleetX."""
+    from engine_helpers import TINY_GPT_YAML, SimpleNetModule
+
+    seen = []
+
+    class Module(SimpleNetModule):
+        def process_configs(self, configs):
+            seen.append(configs.Engine.max_steps)
+            configs.Engine.max_steps = 5
+            return configs
+
+    cfg = simple_cfg(tmp_path, "Engine.max_steps=2")
+    dist.setup_dist_util({})
+    module = Module(cfg)
+    assert seen == [2] and module.configs is module.cfg and module.cfg.Engine.max_steps == 5
+
+    from engine_helpers import ROOT
+
+    from libai.fleetx.modules.gpt import GPTModule
+
+    yaml = ROOT / "projects" / "gpt" / "configs" / "pretrain_gpt_345M_single_card.yaml"
+    gpt_cfg = load_yaml_config(str(yaml), [*TINY_GPT_YAML, "Model.ffn_hidden_size=null"])
+    gpt = GPTModule(gpt_cfg)
+    mlp = gpt.model.GPT_model.transformer.layers["0"].mlp
+    assert mlp.dense_h_to_4h.weight.shape[0] == 4 * 32
