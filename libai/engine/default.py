@@ -33,7 +33,7 @@ from libai.runtime.resume import resume_point
 from libai.runtime.run_config import build_run_tokenizer, fill_pipeline_num_layers
 from libai.runtime.setup import setup_run
 from libai.runtime.spec import RunSpec
-from libai.runtime.trainer import EagerTrainer
+from libai.runtime.trainer import EagerTrainer, TrainerBase
 from libai.scheduler import build_lr_scheduler
 
 logger = logging.getLogger(__name__)
@@ -123,14 +123,20 @@ def _save_config(cfg) -> None:
         logger.info("Full config saved to %s", path)
 
 
-class DefaultTrainer(EagerTrainer):
+class DefaultTrainer(TrainerBase):
     """Builds data, model, optimizer, LR schedule, checkpointer and hooks from ``cfg``.
+
+    As in LiBai, the trainer is the hook loop (hooks see it as ``hook.trainer``) and holds the
+    runtime's step, an :class:`~libai.runtime.trainer.EagerTrainer` (``self._trainer``),
+    rather than inheriting it: ``run_step`` is the held loop's step, and the model, runner,
+    optimizer, LR schedule and data position are the held loop's.
 
     Override ``build_model`` / ``build_optimizer`` / ``build_lr_scheduler`` /
     ``build_train_loader`` / ``build_test_loader`` / ``build_evaluator`` in a project.
     """
 
     def __init__(self, cfg):
+        super().__init__()
         self.cfg = cfg
         util = dist.get_dist_util()
         train = cfg.train
@@ -166,7 +172,7 @@ class DefaultTrainer(EagerTrainer):
         # ZeRO wraps the optimizer before the LR scheduler, which holds it
         optimizer = shard_optimizer_for(parts, optimizer)
         max_norm, norm_type = get_clip_grad_settings(optimizer) or (None, 2.0)
-        super().__init__(
+        self._trainer = EagerTrainer(
             parts.runner,
             self.train_loader,
             optimizer,
@@ -180,8 +186,40 @@ class DefaultTrainer(EagerTrainer):
             parts.runner.model, train.output_dir, optimizer, self.lr_scheduler, self.grad_scaler
         )
         self.start_iter, self.max_iter = 0, train.train_iter
-        self.finite_check_period = max(int(train.log_period), 1)
+        self._trainer.finite_check_period = max(int(train.log_period), 1)
         self.register_hooks(self.build_hooks())
+
+    # ---- the held loop ------------------------------------------------------------------------
+    def run_step(self):
+        """One step of the held :class:`EagerTrainer` at this loop's iteration."""
+        self._trainer.iter, self._trainer.max_iter = self.iter, self.max_iter
+        self._trainer.storage = self.storage
+        self._trainer.run_step()
+
+    runner = property(lambda self: self._trainer.runner)
+    model = property(lambda self: self._trainer.model)
+    optimizer = property(lambda self: self._trainer.optimizer)
+    lr_scheduler = property(lambda self: self._trainer.lr_scheduler)
+    data_loader = property(lambda self: self._trainer.data_loader)
+    global_batch_size = property(lambda self: self._trainer.global_batch_size)
+    last_batch_tokens = property(lambda self: self._trainer.last_batch_tokens)
+    last_loss = property(lambda self: self._trainer.last_loss)
+
+    @property
+    def consumed_train_samples(self) -> int:
+        return self._trainer.consumed_train_samples
+
+    @consumed_train_samples.setter
+    def consumed_train_samples(self, value: int) -> None:
+        self._trainer.consumed_train_samples = int(value)
+
+    def set_data_loader(self, data_loader) -> None:
+        self._trainer.set_data_loader(data_loader)
+
+    def checkpoint_extra(self) -> dict:
+        """The step and data position a checkpoint saved now resumes from."""
+        self._trainer.iter, self._trainer.max_iter = self.iter, self.max_iter
+        return self._trainer.checkpoint_extra()
 
     # ---- builders -----------------------------------------------------------------------------
     @classmethod

@@ -20,6 +20,7 @@ from torch import nn
 
 from libai import dist
 from libai.layers import TransformerLayer
+from libai.models.contract import total_loss
 
 logger = logging.getLogger(__name__)
 
@@ -127,7 +128,7 @@ class GraphBase(nn.Module):
         for chunk in micro:
             with self._autocast():
                 out = self.compiled(**chunk)
-            loss = sum(v for k, v in out.items() if "loss" in k) / len(micro)
+            loss = total_loss(out) / len(micro)
             if self.grad_scaler is not None:
                 loss = self.grad_scaler.scale(loss)
             loss.backward()
