@@ -143,8 +143,10 @@ def test_truncated_bin_and_corrupt_idx(tmp_path):
     open(prefix + ".idx", "wb").write(b"NOTANIDX" + raw[8:])
     with pytest.raises(ValueError, match="not a Megatron mmap index"):
         MMapIndexedDataset(prefix)
-    with pytest.raises(ValueError, match="only 'mmap'"):
-        get_indexed_dataset(prefix, data_impl="lazy")
+    with pytest.raises(ValueError, match=r"is not a b'TNTIDX.*\(lazy / cached\) dataset"):
+        get_indexed_dataset(prefix, data_impl="lazy")  # an mmap (here corrupt) file
+    with pytest.raises(ValueError, match="data_impl='fast' is not supported"):
+        get_indexed_dataset(prefix, data_impl="fast")
 
 
 # ---- GPT samples ------------------------------------------------------------------------------
