@@ -17,10 +17,11 @@ from libai.config import (
     resolve_train_iters,
     try_get_key,
 )
-from libai.optim import build_optimizer, get_clip_grad_settings
+from libai.optim import build_optimizer
 from libai.runtime.core import (
     build_checkpointer,
     build_hooks,
+    build_step,
     build_writers,
     parallelize,
     resolve_compile,
@@ -33,7 +34,7 @@ from libai.runtime.resume import resume_point
 from libai.runtime.run_config import build_run_tokenizer, fill_pipeline_num_layers
 from libai.runtime.setup import setup_run
 from libai.runtime.spec import RunSpec
-from libai.runtime.trainer import EagerTrainer, TrainerBase
+from libai.runtime.trainer import TrainerBase
 from libai.scheduler import build_lr_scheduler
 
 logger = logging.getLogger(__name__)
@@ -171,22 +172,18 @@ class DefaultTrainer(TrainerBase):
         optimizer = self.build_optimizer(cfg, parts.runner.model)
         # ZeRO wraps the optimizer before the LR scheduler, which holds it
         optimizer = shard_optimizer_for(parts, optimizer)
-        max_norm, norm_type = get_clip_grad_settings(optimizer) or (None, 2.0)
-        self._trainer = EagerTrainer(
-            parts.runner,
+        self._trainer = build_step(
+            parts,
+            self.spec,
             self.train_loader,
             optimizer,
-            max_grad_norm=max_norm,
-            norm_type=norm_type,
-            lr_scheduler=self.build_lr_scheduler(cfg, optimizer),
-            global_batch_size=train.global_batch_size,
+            self.build_lr_scheduler(cfg, optimizer),
             consumed_train_samples=train.consumed_train_samples or 0,
         )
         self.checkpointer = build_checkpointer(
             parts.runner.model, train.output_dir, optimizer, self.lr_scheduler, self.grad_scaler
         )
         self.start_iter, self.max_iter = 0, train.train_iter
-        self._trainer.finite_check_period = max(int(train.log_period), 1)
         self.register_hooks(self.build_hooks())
 
     # ---- the held loop ------------------------------------------------------------------------

@@ -45,6 +45,7 @@ __all__ = [
     "build_checkpointer",
     "build_hooks",
     "build_runner",
+    "build_step",
     "build_training_loop",
     "parallelize",
     "build_writers",
@@ -143,6 +144,39 @@ def position_loader(trainer: EagerTrainer, consumed: int, global_batch_size: int
         trainer.set_data_iter(data)
 
 
+def build_step(
+    parts: RunnerParts,
+    train: RunSpec,
+    data_loader,
+    optimizer,
+    lr_scheduler,
+    *,
+    consumed_train_samples: int = 0,
+    batch_transform=None,
+) -> EagerTrainer:
+    """The runtime's step (:class:`EagerTrainer`) of a door: clipping from ``optimizer``'s
+    param groups, the global batch, the data position and the finiteness check every
+    ``log_period`` steps. :func:`build_training_loop` adds the hooks; LiBai's trainer holds
+    it and is the hook loop itself."""
+    from libai.optim import get_clip_grad_settings
+
+    train = as_spec(train)
+    max_grad_norm, norm_type = get_clip_grad_settings(optimizer) or (None, 2.0)
+    step = EagerTrainer(
+        parts.runner,
+        data_loader,
+        optimizer,
+        max_grad_norm=max_grad_norm,
+        norm_type=norm_type,
+        lr_scheduler=lr_scheduler,
+        global_batch_size=train.global_batch_size,
+        consumed_train_samples=consumed_train_samples,
+        batch_transform=batch_transform,
+    )
+    step.finite_check_period = max(int(train.log_period), 1)
+    return step
+
+
 def build_training_loop(
     parts: RunnerParts,
     train: RunSpec,
@@ -158,26 +192,20 @@ def build_training_loop(
     extra_hooks=(),
     tokens_per_iter: int | None = None,
 ) -> EagerTrainer:
-    """The training loop of a front door: :class:`EagerTrainer` with the clipping settings of
-    ``optimizer``'s param groups, the loader positioned at ``consumed_train_samples``, and
-    :func:`build_hooks` (``extra_hooks`` go after the LR hook, before saving)."""
-    from libai.optim import get_clip_grad_settings
-
+    """The training loop of a front door: :func:`build_step`, the loader positioned at
+    ``consumed_train_samples``, and :func:`build_hooks` (``extra_hooks`` go after the LR hook,
+    before saving)."""
     train = as_spec(train)
-    max_grad_norm, norm_type = get_clip_grad_settings(optimizer) or (None, 2.0)
-    trainer = EagerTrainer(
-        parts.runner,
+    trainer = build_step(
+        parts,
+        train,
         data_loader,
         optimizer,
-        max_grad_norm=max_grad_norm,
-        norm_type=norm_type,
-        lr_scheduler=lr_scheduler,
-        global_batch_size=train.global_batch_size,
+        lr_scheduler,
         consumed_train_samples=consumed_train_samples,
         batch_transform=batch_transform,
     )
     trainer.max_iter = max_iter
-    trainer.finite_check_period = max(int(train.log_period), 1)
     position_loader(trainer, consumed_train_samples, train.global_batch_size)
     writers = build_writers(train.output_dir, max_iter, tokens_per_iter)
     hooks = build_hooks(train, checkpointer, writers, evaluate)

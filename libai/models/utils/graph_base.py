@@ -13,7 +13,6 @@ blocks of the runtime's runner.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 
 import torch
 from torch import nn
@@ -21,27 +20,11 @@ from torch import nn
 from libai import dist
 from libai.layers import TransformerLayer
 from libai.models.contract import total_loss
+from libai.utils.batches import split_batch
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["GraphBase"]
-
-
-def _split(batch: Mapping, chunks: int) -> list[dict]:
-    """``batch``'s tensors split along dim 0 into ``chunks`` micro-batches."""
-    parts = {
-        k: (v.chunk(chunks) if isinstance(v, torch.Tensor) else None) for k, v in batch.items()
-    }
-    sizes = {len(p) for p in parts.values() if p is not None}
-    if sizes != {chunks}:
-        raise ValueError(
-            f"GraphBase(grad_acc_steps={chunks}) needs a batch that splits into {chunks} "
-            "micro-batches along dim 0"
-        )
-    return [
-        {k: (parts[k][i] if parts[k] is not None else v) for k, v in batch.items()}
-        for i in range(chunks)
-    ]
 
 
 class GraphBase(nn.Module):
@@ -124,7 +107,7 @@ class GraphBase(nn.Module):
                 return self.compiled(**batch)
         self.model.train()
         totals: dict = {}
-        micro = _split(batch, self.grad_acc_steps) if self.grad_acc_steps > 1 else [batch]
+        micro = split_batch(batch, self.grad_acc_steps) if self.grad_acc_steps > 1 else [batch]
         for chunk in micro:
             with self._autocast():
                 out = self.compiled(**chunk)
