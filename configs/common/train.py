@@ -43,7 +43,9 @@ train = dict(
 
     # Automatic mixed precision: torch.autocast with dtype "bf16", or "fp16" with a dynamic
     # loss scaler starting at init_scale (ours: dtype, init_scale)
-    amp=dict(enabled=False, dtype="bf16", init_scale=65536.0),
+    # level "O1": autocast, fp32 parameters; "O2" (ours, FleetX's / Megatron's): parameters
+    # and gradients in dtype, fp32 master weights in the optimizer
+    amp=dict(enabled=False, dtype="bf16", init_scale=65536.0, level="O1"),
     # Recompute each TransformerLayer in backward instead of storing its activations;
     # mode "full", or "selective": keep matmul / attention outputs, recompute the rest (ours)
     activation_checkpoint=dict(enabled=False, mode="full"),

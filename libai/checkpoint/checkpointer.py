@@ -295,6 +295,13 @@ class Checkpointer:
         self._warned_leftovers: set[str] = set()
 
     # ---- bookkeeping ------------------------------------------------------------------------
+    @property
+    def state_model(self) -> nn.Module:
+        """The module whose state is saved and loaded: the model, or under mixed precision
+        O2 its view with the fp32 master weights as parameters (same names)."""
+        master_weights = self.model.__dict__.get("libai_master_weights")
+        return self.model if master_weights is None else master_weights.checkpoint_model
+
     def _sharded_names(self, names: Iterable[str]) -> list[str]:
         return [n for n in names if isinstance(self.checkpointables[n], torch.optim.Optimizer)]
 
@@ -374,18 +381,19 @@ class Checkpointer:
     def _write_shards(self, final: str, tmp: str, extra: Mapping) -> dict:
         """Every rank writes its tensor shards (DCP) and its ``rank_N.pt`` into ``tmp``."""
         rank = dist.get_rank()
-        tied = tied_weights(self.model)
-        model_sd = get_model_state_dict(self.model)
+        model = self.state_model
+        tied = tied_weights(model)
+        model_sd = get_model_state_dict(model)
         optim_sds, empty = {}, {}
         for opt_name in self._sharded_names(self.checkpointables):
             optimizer = self._dcp_optimizer(opt_name)
             empty[opt_name] = not optimizer.state
-            osd = get_optimizer_state_dict(self.model, optimizer, options=_OPTIM_OPTIONS)
+            osd = get_optimizer_state_dict(model, optimizer, options=_OPTIM_OPTIONS)
             if empty[opt_name]:  # DSD initialized the state with a zero-lr step: undo that
                 optimizer.state.clear()
                 osd = {k: v for k, v in osd.items() if not k.startswith("state.")}
             optim_sds[opt_name] = osd
-        view = build_view(self.model, model_sd, optim_sds, tied, for_load=False)
+        view = build_view(model, model_sd, optim_sds, tied, for_load=False)
         small = [n for n in self.checkpointables if n not in optim_sds]
         error, state, writing = None, None, tmp
         try:
@@ -578,8 +586,9 @@ class Checkpointer:
                 MANIFEST,
             )
 
-        tied = tied_weights(self.model)
-        model_sd = get_model_state_dict(self.model)
+        model = self.state_model
+        tied = tied_weights(model)
+        model_sd = get_model_state_dict(model)
         optim_sds = {}
         sharded = self._sharded_names(names)
         for opt_name in sharded:
@@ -587,12 +596,12 @@ class Checkpointer:
                 logger.warning("'%s' is not in checkpoint %s; not loaded", opt_name, path)
                 continue
             optimizer = self._dcp_optimizer(opt_name)
-            osd = get_optimizer_state_dict(self.model, optimizer, options=_OPTIM_OPTIONS)
+            osd = get_optimizer_state_dict(model, optimizer, options=_OPTIM_OPTIONS)
             if state["optimizer_empty"].get(opt_name, False):  # saved before its first step
                 optimizer.state.clear()
                 osd = {k: v for k, v in osd.items() if not k.startswith("state.")}
             optim_sds[opt_name] = osd
-        view = build_view(self.model, model_sd, optim_sds, tied, for_load=True)
+        view = build_view(model, model_sd, optim_sds, tied, for_load=True)
         try:
             dcp.load(
                 view.entries,
@@ -608,13 +617,15 @@ class Checkpointer:
                 f"could not load checkpoint {path} into this model: {one_line(exc)}"
                 f"{fallback_hint(path) if not verified else ''}"
             ) from None
-        set_model_state_dict(self.model, model_sd)
+        set_model_state_dict(model, model_sd)
+        if model is not self.model:  # O2: the loaded fp32 masters, rounded into the model
+            self.model.libai_master_weights.after_load()
         for opt_name, osd in optim_sds.items():
             optimizer = self._dcp_optimizer(opt_name)
             if state["optimizer_empty"].get(opt_name, False):
-                _load_param_groups(self.model, optimizer, osd)  # DSD would init the state
+                _load_param_groups(model, optimizer, osd)  # DSD would init the state
             else:
-                set_optimizer_state_dict(self.model, optimizer, osd, options=_OPTIM_OPTIONS)
+                set_optimizer_state_dict(model, optimizer, osd, options=_OPTIM_OPTIONS)
 
         for name in names:
             if name in sharded:

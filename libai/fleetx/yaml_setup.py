@@ -120,10 +120,10 @@ def amp_settings(cfg: DictConfig, mode: str = "train") -> tuple[bool, str, objec
         raise YAMLConfigError(
             f"Engine.mix_precision.dtype must be one of {sorted(AMP_DTYPES)}, got {mp.dtype!r}"
         )
-    if str(mp.level).upper() != "O1":
+    if str(mp.level).upper() not in ("O1", "O2"):
         raise YAMLConfigError(
-            f"Engine.mix_precision.level={mp.level!r} is not supported: PyTorch autocast is "
-            "level O1 (fp32 weights and optimizer, low-precision ops); set level: O1"
+            f"Engine.mix_precision.level={mp.level!r} is not supported: use O1 (autocast, "
+            "fp32 parameters) or O2 (low-precision parameters, fp32 master weights)"
         )
     lists = AutocastOpLists(list(mp.custom_black_list or []), list(mp.custom_white_list or []))
     return True, AMP_DTYPES[dtype], (lists or None)
@@ -161,7 +161,12 @@ def train_namespace(
         test_micro_batch_size=cfg.Global.local_batch_size,
         log_period=engine.logging_freq,
         seed=cfg.Global.seed,
-        amp=AmpSpec(enabled=amp_on, dtype=amp_dtype, init_scale=engine.mix_precision.scale_loss),
+        amp=AmpSpec(
+            enabled=amp_on,
+            dtype=amp_dtype,
+            init_scale=engine.mix_precision.scale_loss,
+            level=str(engine.mix_precision.level).upper(),
+        ),
         activation_checkpoint=ActivationCheckpointSpec(
             enabled=bool(cfg.Model.get("use_recompute", False)),
             mode=cfg.Model.get("recompute_granularity") or "full",

@@ -175,6 +175,8 @@ class ModelRunner:
         self.last_step_skipped, self.last_grad_norm = False, None
         #: ZeRO stage 2/3 (libai.runtime.zero): replaces the dp all-reduce; clipping sums over dp
         self.grad_sharder = None
+        #: mixed precision O2 (libai.runtime.master_weights): set by parallelize
+        self.master_weights = None
         self.schedule_name = schedule or layout.pipeline_schedule
         self.pipeline = layout.pipeline_parallel_size > 1
         #: under pp: the batch size the stages' buffers were built for (the first batch run)
@@ -480,10 +482,12 @@ class ModelRunner:
             loss /= self.util.layout.data_parallel_size
         return loss
 
-    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
-        """Clip by the global gradient norm of the whole (unsharded) model; returns the norm."""
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0, params=None) -> torch.Tensor:
+        """Clip by the global gradient norm of the whole (unsharded) model; returns the norm.
+        ``params``: the tensors holding the gradients (default the model's parameters; the
+        fp32 masters under mixed precision O2)."""
         return clip_grad_norm_(
-            self.model.parameters(),
+            self.model.parameters() if params is None else params,
             max_norm,
             norm_type,
             dp_sharded=self.grad_sharder is not None,
@@ -513,8 +517,12 @@ class ModelRunner:
         Returns whether the optimizer stepped.
         """
         self.last_step_skipped = False
+        params = list(self.model.parameters())
+        if self.master_weights is not None:  # O2: fp32 grads on the masters from here on
+            self.master_weights.grads_to_master()
+            params = self.master_weights.optimizer_parameters()
         if self.loss_scaler is not None:
-            found_inf = self.loss_scaler.unscale_(self.model.parameters())
+            found_inf = self.loss_scaler.unscale_(params)
             self.loss_scaler.update(found_inf)
             if found_inf:
                 self.last_step_skipped = True
@@ -522,9 +530,11 @@ class ModelRunner:
                 return False
         if max_grad_norm is not None and max_grad_norm > 0:
             # a tensor: read back only when it is logged (no host sync in the step)
-            self.last_grad_norm = self.clip_grad_norm_(max_grad_norm, norm_type)
+            self.last_grad_norm = self.clip_grad_norm_(max_grad_norm, norm_type, params)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        if self.master_weights is not None:
+            self.master_weights.copy_to_model()
         return True
 
     def backward(self, loss: torch.Tensor, num_microbatches: int = 1) -> None:

@@ -7,8 +7,9 @@
 2. activation checkpointing on the blocks of what this rank runs;
 3. ``torch.compile`` of those blocks;
 4. ZeRO-3: FSDP2 ``fully_shard`` per block and the root (HSDP with a replicate size);
-5. once the optimizer exists (:func:`shard_optimizer_for`): ZeRO-1/2 shard its state and the
-   gradients over the data-parallel ranks.
+5. once the optimizer exists (:func:`shard_optimizer_for`): mixed precision O2 swaps fp32
+   master weights into it (the parameters were cast after step 3), then ZeRO-1/2 shard its
+   state and the gradients over the data-parallel ranks.
 
 Every door calls :func:`parallelize` (through :mod:`libai.runtime.core`); nothing else
 applies a parallel feature.
@@ -23,6 +24,7 @@ import torch
 
 from libai import dist
 from libai.runtime.amp import DynamicLossScaler
+from libai.runtime.master_weights import MasterWeights
 from libai.runtime.parallel import ModelRunner
 from libai.runtime.spec import RunSpec
 from libai.runtime.zero import prepare_model, shard_optimizer
@@ -73,6 +75,13 @@ def parallelize(
     grad_scaler = None
     if amp_dtype == torch.float16:
         grad_scaler = DynamicLossScaler(init_scale=float(spec.amp.init_scale or DEFAULT_INIT_SCALE))
+    zero = spec.zero_optimization
+    if spec.amp.master_weights() and zero.enabled and zero.stage in (2, 3):
+        raise ValueError(
+            f"mixed precision level O2 (fp32 master weights) with ZeRO stage {zero.stage} is "
+            "not supported: use ZeRO stage 1 with O2, or level O1 (autocast) with stage "
+            f"{zero.stage}"
+        )
     zero_stage = spec.zero_stage(util.layout)  # may raise
     runner = ModelRunner(
         model,
@@ -86,6 +95,9 @@ def parallelize(
         backward_fn=backward_fn,
         autocast_op_lists=autocast_op_lists,
     )
+    if spec.amp.master_weights():
+        runner.master_weights = MasterWeights(runner.model, amp_dtype)
+        runner.master_weights.cast_model()
     # ZeRO stage 3: fully_shard (before the optimizer), HSDP when hsdp_replicate_size > 1
     prepare_model(
         runner, zero_stage, hsdp_replicate_size=spec.zero_optimization.hsdp_replicate_size
@@ -94,7 +106,10 @@ def parallelize(
 
 
 def shard_optimizer_for(parts: RunnerParts, optimizer: torch.optim.Optimizer):
-    """``optimizer`` wrapped for the runner's ZeRO stage (itself without ZeRO)."""
+    """``optimizer`` wrapped for the runner's ZeRO stage (itself without ZeRO); under mixed
+    precision O2 its low-precision parameters are first swapped for fp32 masters."""
+    if parts.runner.master_weights is not None:
+        optimizer = parts.runner.master_weights.attach(optimizer)
     if parts.zero_stage is None:
         return optimizer
     sharded = shard_optimizer(parts.runner, optimizer, parts.zero_stage)

@@ -58,15 +58,25 @@ NO_EFFECT_KEYS = {
 @dataclass
 class AmpSpec:
     """Mixed precision: autocast to ``dtype`` ("bf16" or "fp16"); fp16 adds a dynamic loss
-    scaler starting at ``init_scale``."""
+    scaler starting at ``init_scale``. ``level`` "O1" keeps fp32 parameters (autocast only);
+    "O2" also stores parameters and gradients in ``dtype`` with fp32 master weights in the
+    optimizer (:mod:`libai.runtime.master_weights`)."""
 
     enabled: bool = False
     dtype: str = "bf16"
     init_scale: float = 65536.0
+    level: str = "O1"
 
     def torch_dtype(self) -> torch.dtype | None:
         """The autocast dtype, ``None`` for fp32; an unknown name raises naming the key."""
         return resolve_amp_dtype(self.dtype) if self.enabled else None
+
+    def master_weights(self) -> bool:
+        """Whether the run keeps low-precision parameters with fp32 masters (level O2)."""
+        level = str(self.level).upper()
+        if level not in ("O1", "O2"):
+            raise ValueError(f"amp.level must be 'O1' or 'O2', got {self.level!r}")
+        return self.enabled and level == "O2"
 
 
 @dataclass

@@ -6,6 +6,7 @@ from __future__ import annotations
 import textwrap
 
 import pytest
+import torch
 from engine_helpers import SIMPLE_NET, make_engine, run_tool, simple_cfg
 
 from libai import dist
@@ -138,10 +139,10 @@ def test_names_that_do_not_resolve_are_clear_errors(tmp_path):
         make_engine(simple_cfg(tmp_path, "+Optimizer.betaa=1"))
     with pytest.raises(ValueError, match=r"Optimizer.lr.\['warmup'\]"):
         make_engine(simple_cfg(tmp_path, "+Optimizer.lr.warmup=3"))
-    with pytest.raises(ValueError, match="level='O2' is not supported"):
+    with pytest.raises(ValueError, match="level='O3' is not supported"):
         make_engine(
             simple_cfg(
-                tmp_path, "Engine.mix_precision.enable=true", "Engine.mix_precision.level=O2"
+                tmp_path, "Engine.mix_precision.enable=true", "Engine.mix_precision.level=O3"
             )
         )
     with pytest.raises(ValueError, match=r"custom_black_list: unknown op name 'softmaxx'"):
@@ -239,3 +240,16 @@ def test_fleetx_module_conventions(tmp_path):
     gpt = GPTModule(gpt_cfg)
     mlp = gpt.model.GPT_model.transformer.layers["0"].mlp
     assert mlp.dense_h_to_4h.weight.shape[0] == 4 * 32
+
+
+def test_mix_precision_o2_keeps_low_precision_parameters_and_fp32_masters(tmp_path):
+    """FleetX's level O2 (every FleetX GPT config): the model's parameters in the low dtype
+    (norms fp32), the optimizer stepping fp32 masters (libai.runtime.master_weights, whose
+    numbers tests/unit/runtime/test_master_weights.py checks)."""
+    engine = make_engine(
+        simple_cfg(tmp_path, "Engine.mix_precision.enable=true", "Engine.mix_precision.level=O2")
+    )
+    dtypes = {p.dtype for p in engine.parts.runner.model.parameters()}
+    assert torch.float16 in dtypes  # the YAML's mix_precision.dtype
+    stepped = [p for g in engine.optimizer.param_groups for p in g["params"]]
+    assert stepped and all(p.dtype == torch.float32 for p in stepped)

@@ -1,0 +1,171 @@
+"""Mixed precision level O2: low-precision parameters, fp32 master weights in the optimizer.
+
+Level O1 (``torch.autocast``) keeps fp32 parameters and casts them per op. Level O2, as in
+FleetX (``mix_precision.level: O2``) and Megatron (``--bf16`` / ``--fp16``), stores the
+model's parameters and gradients in bf16 / fp16 -- half the bytes of both -- and keeps an
+fp32 copy of each (the *master weight*) that the optimizer updates:
+
+1. :meth:`MasterWeights.cast_model` casts every parameter to the low-precision dtype, except
+   those of normalization layers (any module whose class name contains ``Norm``: their
+   parameters are small and their statistics need fp32, as Paddle's O2 keeps them);
+2. :meth:`MasterWeights.attach` makes an fp32 master of each cast parameter -- its exact fp32
+   value at the cast, unless the parameter changed since (weights loaded), then from it --
+   and swaps it into the optimizer's param groups (the optimizer state is fp32, keyed by the
+   masters);
+3. each step, after the gradient sync: :meth:`grads_to_master` (low-precision grad -> fp32
+   master grad; the loss scaler's unscale and the clipping then see fp32 grads), the
+   optimizer's step on the masters, :meth:`copy_to_model` (master -> parameter, rounded).
+
+Checkpoints hold the fp32 masters: :attr:`checkpoint_model` is a view of the model whose
+parameters are the masters (same names, shared buffers), which the Checkpointer saves and
+loads in place of the model -- so an O2 checkpoint reads like an fp32 one (O1 and fp32 runs
+load it, and it loads them), and a resume continues from exact fp32 weights.
+
+Autocast stays on in O2 (as in FleetX): ops on fp32 norm outputs run in the low precision.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["MasterWeights", "is_norm_module"]
+
+
+def is_norm_module(module: nn.Module) -> bool:
+    """Normalization layers keep fp32 parameters under O2 (LayerNorm, RMSNorm, ...)."""
+    return "norm" in type(module).__name__.lower()
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+class MasterWeights:
+    """The O2 parameter / master-weight pairs of one model (see the module doc).
+
+    Args:
+        model: the model this rank runs (after the pipeline split; virtual-stage copies
+            share its parameter objects).
+        dtype: ``torch.bfloat16`` or ``torch.float16``.
+    """
+
+    def __init__(self, model: nn.Module, dtype: torch.dtype):
+        if dtype not in (torch.bfloat16, torch.float16):
+            raise ValueError(f"mixed precision O2 needs bf16 or fp16, got {dtype}")
+        self.model, self.dtype = model, dtype
+        self.pairs: list[tuple[nn.Parameter, nn.Parameter]] = []
+        self._master_of: dict[int, nn.Parameter] = {}
+        #: each cast parameter's fp32 value at the cast (the master's start, if unchanged)
+        self._fp32_start: dict[int, torch.Tensor] = {}
+        self._view: nn.Module | None = None
+
+    # ---- set-up -----------------------------------------------------------------------------
+    @torch.no_grad()
+    def cast_model(self) -> int:
+        """Cast the parameters of every non-normalization module to ``dtype`` in place (the
+        Parameter objects stay, so ties and optimizer references hold). Returns how many."""
+        cast = 0
+        seen: set[int] = set()
+        for module in self.model.modules():
+            if is_norm_module(module):
+                for p in module.parameters(recurse=False):
+                    seen.add(id(p))  # a norm's parameter stays fp32 even if shared
+        for module in self.model.modules():
+            if is_norm_module(module):
+                continue
+            for p in module.parameters(recurse=False):
+                if id(p) in seen or not p.is_floating_point():
+                    continue
+                seen.add(id(p))
+                self._fp32_start[id(p)] = p.detach().clone()
+                p.data = p.data.to(self.dtype)
+                cast += 1
+        object.__setattr__(self.model, "libai_master_weights", self)
+        return cast
+
+    @torch.no_grad()
+    def attach(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        """Swap an fp32 master for each low-precision parameter in ``optimizer``'s param
+        groups (in place; the optimizer must have no state yet). Returns ``optimizer``."""
+        if optimizer.state:
+            raise ValueError("mixed precision O2 needs a fresh optimizer (its state is not empty)")
+        for group in optimizer.param_groups:
+            group["params"] = [self._master(p) for p in group["params"]]
+        self._fp32_start.clear()
+        logger.info(
+            "mixed precision O2: %d parameters in %s with fp32 master weights in the optimizer",
+            len(self.pairs),
+            str(self.dtype).removeprefix("torch."),
+        )
+        return optimizer
+
+    def _master(self, p: nn.Parameter) -> nn.Parameter:
+        if p.dtype == torch.float32:
+            return p  # a norm's parameter: the optimizer steps it directly
+        if id(p) not in self._master_of:
+            start = self._fp32_start.pop(id(p), None)
+            if start is None or not torch.equal(_local(start).to(self.dtype), _local(p)):
+                start = p.detach().float()  # changed since the cast (weights loaded): from it
+            master = nn.Parameter(start, requires_grad=p.requires_grad)
+            master.__dict__.update(p.__dict__)  # libai's tags (tied groups, sequence parallel)
+            self._master_of[id(p)] = master
+            self.pairs.append((p, master))
+        return self._master_of[id(p)]
+
+    # ---- each step --------------------------------------------------------------------------
+    def optimizer_parameters(self) -> list[torch.Tensor]:
+        """What the optimizer steps, in the model's order: the master of each cast parameter,
+        the parameter itself for those kept in fp32 (norms)."""
+        return [self._master_of.get(id(p), p) for p in self.model.parameters()]
+
+    @torch.no_grad()
+    def grads_to_master(self) -> None:
+        """Each cast parameter's (synced) gradient, in fp32, onto its master; the
+        low-precision gradient is freed."""
+        for p, master in self.pairs:
+            master.grad = None if p.grad is None else p.grad.float()
+            p.grad = None
+
+    @torch.no_grad()
+    def copy_to_model(self) -> None:
+        """The masters, rounded to ``dtype``, into the model's parameters."""
+        for p, master in self.pairs:
+            _local(p).copy_(_local(master))
+
+    # ---- checkpoints ------------------------------------------------------------------------
+    @property
+    def checkpoint_model(self) -> nn.Module:
+        """The model with its masters as parameters (same names; buffers shared): what a
+        checkpoint saves and loads under O2. Before :meth:`attach` it is the model itself."""
+        if not self.pairs:
+            return self.model
+        if self._view is None:
+            self._view = self._shadow(self.model, {})
+        return self._view
+
+    def _shadow(self, module: nn.Module, done: dict[int, nn.Module]) -> nn.Module:
+        if id(module) in done:
+            return done[id(module)]
+        view = copy.copy(module)  # shallow: shares buffers and everything else
+        done[id(module)] = view
+        view._parameters = {
+            name: (None if p is None else self._master_of.get(id(p), p))
+            for name, p in module._parameters.items()
+        }
+        view._modules = {
+            name: (None if child is None else self._shadow(child, done))
+            for name, child in module._modules.items()
+        }
+        return view
+
+    def after_load(self) -> None:
+        """After a checkpoint loaded into :attr:`checkpoint_model`: round the masters into the
+        model's parameters."""
+        self.copy_to_model()
