@@ -21,6 +21,11 @@ parameters are the masters (same names, shared buffers), which the Checkpointer 
 loads in place of the model -- so an O2 checkpoint reads like an fp32 one (O1 and fp32 runs
 load it, and it loads them), and a resume continues from exact fp32 weights.
 
+With ZeRO-1 a dp rank keeps masters only for the parameters it owns (the masters are
+optimizer state, sharded like it): per parameter, O2 + ZeRO-1 holds 2 + 2 + 12 / dp bytes
+(bf16 parameter and gradient; master and Adam moments sharded) where O1 + ZeRO-1 holds
+4 + 4 + 8 / dp.
+
 Autocast stays on in O2 (as in FleetX): ops on fp32 norm outputs run in the low precision.
 """
 
@@ -30,6 +35,7 @@ import copy
 import logging
 
 import torch
+import torch.distributed as torch_dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
@@ -45,6 +51,19 @@ def is_norm_module(module: nn.Module) -> bool:
 
 def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
+
+
+def _cast_in_place(p: nn.Parameter, dtype: torch.dtype) -> None:
+    """``p`` (the same object: ties and module references hold) converted to ``dtype``. A
+    DTensor's local tensor lives in a Python attribute that ``p.data = ...`` leaves as it
+    was, so a DTensor parameter swaps contents with a converted one, as ``nn.Module.to``
+    does for tensor subclasses (its attributes -- libai's tags -- are carried over)."""
+    if not isinstance(p, DTensor):
+        p.data = p.data.to(dtype)
+        return
+    converted = nn.Parameter(p.detach().to(dtype), requires_grad=p.requires_grad)
+    converted.__dict__.update(p.__dict__)
+    torch.utils.swap_tensors(p, converted)
 
 
 class MasterWeights:
@@ -64,7 +83,10 @@ class MasterWeights:
         self._master_of: dict[int, nn.Parameter] = {}
         #: each cast parameter's fp32 value at the cast (the master's start, if unchanged)
         self._fp32_start: dict[int, torch.Tensor] = {}
-        self._view: nn.Module | None = None
+        #: the ZeRO-1 optimizer whose owned parameters alone have masters here (or None)
+        self.zero = None
+        #: (parameter, fp32 value) of the parameters other dp ranks own, during a checkpoint
+        self._others: list[tuple[nn.Parameter, torch.Tensor]] = []
 
     # ---- set-up -----------------------------------------------------------------------------
     @torch.no_grad()
@@ -85,20 +107,28 @@ class MasterWeights:
                     continue
                 seen.add(id(p))
                 self._fp32_start[id(p)] = p.detach().clone()
-                p.data = p.data.to(self.dtype)
+                _cast_in_place(p, self.dtype)
                 cast += 1
         object.__setattr__(self.model, "libai_master_weights", self)
         return cast
 
     @torch.no_grad()
-    def attach(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    def attach(self, optimizer: torch.optim.Optimizer, zero=None) -> torch.optim.Optimizer:
         """Swap an fp32 master for each low-precision parameter in ``optimizer``'s param
-        groups (in place; the optimizer must have no state yet). Returns ``optimizer``."""
+        groups (in place; the optimizer must have no state yet) and make its ``step`` end by
+        rounding the masters into the parameters. Returns ``optimizer``.
+
+        Under ZeRO-1 pass the inner optimizer of the :class:`~libai.runtime.zero.ZeroOptimizer`
+        ``zero``: its groups hold only the parameters this dp rank owns, so this rank keeps
+        masters for those alone (the masters are sharded with the optimizer state), and the
+        ZeRO step broadcasts the rounded low-precision parameters from their owners."""
         if optimizer.state:
             raise ValueError("mixed precision O2 needs a fresh optimizer (its state is not empty)")
         for group in optimizer.param_groups:
             group["params"] = [self._master(p) for p in group["params"]]
         self._fp32_start.clear()
+        self.zero = zero
+        optimizer.register_step_post_hook(lambda *_: self.copy_to_model())
         logger.info(
             "mixed precision O2: %d parameters in %s with fp32 master weights in the optimizer",
             len(self.pairs),
@@ -142,30 +172,52 @@ class MasterWeights:
     # ---- checkpoints ------------------------------------------------------------------------
     @property
     def checkpoint_model(self) -> nn.Module:
-        """The model with its masters as parameters (same names; buffers shared): what a
-        checkpoint saves and loads under O2. Before :meth:`attach` it is the model itself."""
-        if not self.pairs:
+        """The model with fp32 parameters -- the masters, and for norms the parameters
+        themselves -- under the model's names (buffers shared): what a checkpoint saves and
+        loads under O2. Before :meth:`attach` it is the model itself.
+
+        Under ZeRO-1 (collective over dp): the parameters other dp ranks own get an fp32 copy
+        broadcast from their owner's master, so every rank holds the same full fp32 values."""
+        if not self.pairs and self.zero is None:
             return self.model
-        if self._view is None:
-            self._view = self._shadow(self.model, {})
-        return self._view
+        replace: dict[int, torch.Tensor] = {id(p): m for p, m in self.pairs}
+        self._others = []
+        if self.zero is not None:
+            for owner, params in enumerate(self.zero.owned_by):
+                for p in params:
+                    if p.dtype != self.dtype:
+                        continue  # an fp32 (norm) parameter: the same on every rank
+                    mine = owner == self.zero.dp_rank
+                    value = replace[id(p)] if mine else torch.empty_like(p, dtype=torch.float32)
+                    torch_dist.broadcast(_local(value).data, group=self.zero.group, group_src=owner)
+                    if not mine:
+                        replace[id(p)] = nn.Parameter(value, requires_grad=False)
+                        self._others.append((p, replace[id(p)]))
+        return _shadow(self.model, replace, {})
 
-    def _shadow(self, module: nn.Module, done: dict[int, nn.Module]) -> nn.Module:
-        if id(module) in done:
-            return done[id(module)]
-        view = copy.copy(module)  # shallow: shares buffers and everything else
-        done[id(module)] = view
-        view._parameters = {
-            name: (None if p is None else self._master_of.get(id(p), p))
-            for name, p in module._parameters.items()
-        }
-        view._modules = {
-            name: (None if child is None else self._shadow(child, done))
-            for name, child in module._modules.items()
-        }
-        return view
-
+    @torch.no_grad()
     def after_load(self) -> None:
-        """After a checkpoint loaded into :attr:`checkpoint_model`: round the masters into the
-        model's parameters."""
+        """After a checkpoint loaded into :attr:`checkpoint_model`: round the fp32 values into
+        the model's parameters."""
         self.copy_to_model()
+        for p, value in self._others:
+            _local(p).copy_(_local(value))
+        self._others = []
+
+
+def _shadow(module: nn.Module, replace: dict[int, torch.Tensor], done: dict) -> nn.Module:
+    """A shallow copy of ``module``'s tree whose parameters are ``replace[id(p)]`` where given
+    (names, buffers and everything else shared)."""
+    if id(module) in done:
+        return done[id(module)]
+    view = copy.copy(module)
+    done[id(module)] = view
+    view._parameters = {
+        name: (None if p is None else replace.get(id(p), p))
+        for name, p in module._parameters.items()
+    }
+    view._modules = {
+        name: (None if child is None else _shadow(child, replace, done))
+        for name, child in module._modules.items()
+    }
+    return view

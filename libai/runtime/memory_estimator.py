@@ -25,11 +25,15 @@ as :mod:`libai.runtime.zero`:
 **Bytes per rank** (``P`` = parameter elements this rank holds, ``P_opt`` / ``P_grad`` the
 elements it keeps optimizer state / gradients for, ``n_opt`` their tensor count):
 
-- parameters: ``4 P`` (fp32 master weights, also under AMP);
+- parameters: ``4 P`` (fp32 master weights, also under AMP level O1);
 - gradients: ``4 P_grad`` (fp32: autocast's gradients land on the fp32 weights), as held
   after the step's gradient sync (ZeRO-2 holds every gradient until its reduce);
 - optimizer: AdamW/Adam ``8 P_opt + 4 n_opt`` (``exp_avg``, ``exp_avg_sq`` and a float32
-  ``step`` per tensor); SGD with momentum ``4 P_opt``; plain SGD ``0``.
+  ``step`` per tensor); SGD with momentum ``4 P_opt``; plain SGD ``0``;
+- mixed precision O2 (``train.amp.level="O2"``): parameters ``2 P`` and gradients
+  ``2 P_grad`` (normalization parameters, which stay fp32, are counted at 2 bytes too: a
+  tiny share), and the optimizer also holds the fp32 masters of what it steps, ``4 P_opt``;
+  no low-precision weight copies among the activations.
 
 **Activations** (saved for backward, per micro-batch of ``b`` sequences of ``s`` tokens,
 ``h`` hidden, ``f`` ffn, ``a`` heads, ``t`` tp size, ``e`` compute bytes: 4, or 2 under
@@ -105,6 +109,8 @@ class TrainSettings:
     zero_stage: int | None = None
     hsdp_replicate_size: int = 1
     amp_dtype: torch.dtype | None = None
+    #: mixed precision O2: low-precision parameters and gradients, fp32 masters
+    master_weights: bool = False
     checkpointing: str | None = None  # None, "full" or "selective"
     optimizer: str = "adamw"  # "adamw", "sgd" or "sgd_momentum"
     loss_chunk_size: int | None = None
@@ -289,7 +295,8 @@ def block_activation_bytes(
         + lse
         + geo["hidden_dropout"] * e * h / q  # dropout noise
     )
-    weights = 2 * geo["weight_numel"] if settings.amp_dtype is not None else 0
+    cast_copies = settings.amp_dtype is not None and not settings.master_weights
+    weights = 2 * geo["weight_numel"] if cast_copies else 0
     return int(tokens * per_token) + weights
 
 
@@ -338,7 +345,7 @@ def stage_activation_bytes(model, util: CountingDistUtil, settings: TrainSetting
         else:
             vocab = _head_vocab_local(model) // tp
             total += tokens * vocab * _FP32  # the fp32 (log-)softmax
-            if settings.amp_dtype is not None:
+            if settings.amp_dtype is not None and not settings.master_weights:
                 total += 2 * vocab * h  # the head weight's low-precision copy
     return int(total)
 
@@ -381,15 +388,18 @@ def estimate_memory(model_cfg, layout: dist.DistLayout, settings: TrainSettings,
             flight = in_flight_micro_batches(layout, pp_rank, settings.num_microbatches)
             for dp_rank in range(dp):
                 params, grads, opt = held_numels(shapes, settings, dp, dp_rank)
+                # O2: 2-byte parameters and gradients, fp32 masters of what the rank steps
+                width = 2 if settings.master_weights else _FP32
+                masters = _FP32 * sum(opt) if settings.master_weights else 0
                 rows.append(
                     RankMemory(
                         rank=(pp_rank * dp + dp_rank) * tp + tp_rank,
                         pp_rank=pp_rank,
                         dp_rank=dp_rank,
                         tp_rank=tp_rank,
-                        parameters=_FP32 * sum(params),
-                        gradients=_FP32 * sum(grads),
-                        optimizer=optimizer_bytes(opt, settings.optimizer),
+                        parameters=width * sum(params),
+                        gradients=width * sum(grads),
+                        optimizer=optimizer_bytes(opt, settings.optimizer) + masters,
                         activations_micro_batch=act,
                         in_flight=flight,
                     )
@@ -455,6 +465,7 @@ def estimate_config(
         zero_stage=spec.zero_stage(layout),
         hsdp_replicate_size=int(spec.zero_optimization.hsdp_replicate_size or 1),
         amp_dtype=spec.amp_dtype(),
+        master_weights=spec.amp.master_weights(),
         checkpointing=spec.checkpointing(),
         optimizer=optimizer_kind(cfg.optim),
         loss_chunk_size=try_get_key(cfg, "model.cfg.loss_chunk_size"),

@@ -531,10 +531,8 @@ class ModelRunner:
         if max_grad_norm is not None and max_grad_norm > 0:
             # a tensor: read back only when it is logged (no host sync in the step)
             self.last_grad_norm = self.clip_grad_norm_(max_grad_norm, norm_type, params)
-        optimizer.step()
+        optimizer.step()  # under O2 it ends by rounding the masters into the parameters
         optimizer.zero_grad(set_to_none=True)
-        if self.master_weights is not None:
-            self.master_weights.copy_to_model()
         return True
 
     def backward(self, loss: torch.Tensor, num_microbatches: int = 1) -> None:

@@ -7,9 +7,9 @@
 2. activation checkpointing on the blocks of what this rank runs;
 3. ``torch.compile`` of those blocks;
 4. ZeRO-3: FSDP2 ``fully_shard`` per block and the root (HSDP with a replicate size);
-5. once the optimizer exists (:func:`shard_optimizer_for`): mixed precision O2 swaps fp32
-   master weights into it (the parameters were cast after step 3), then ZeRO-1/2 shard its
-   state and the gradients over the data-parallel ranks.
+5. once the optimizer exists (:func:`shard_optimizer_for`): ZeRO-1/2 shard its state and the
+   gradients over the data-parallel ranks; mixed precision O2 (parameters cast after step 3)
+   swaps fp32 master weights in for the parameters this rank steps.
 
 Every door calls :func:`parallelize` (through :mod:`libai.runtime.core`); nothing else
 applies a parallel feature.
@@ -107,12 +107,14 @@ def parallelize(
 
 def shard_optimizer_for(parts: RunnerParts, optimizer: torch.optim.Optimizer):
     """``optimizer`` wrapped for the runner's ZeRO stage (itself without ZeRO); under mixed
-    precision O2 its low-precision parameters are first swapped for fp32 masters."""
-    if parts.runner.master_weights is not None:
-        optimizer = parts.runner.master_weights.attach(optimizer)
+    precision O2 the low-precision parameters it steps (under ZeRO-1: those this rank owns)
+    are swapped for fp32 masters."""
+    master_weights = parts.runner.master_weights
     if parts.zero_stage is None:
-        return optimizer
+        return optimizer if master_weights is None else master_weights.attach(optimizer)
     sharded = shard_optimizer(parts.runner, optimizer, parts.zero_stage)
+    if master_weights is not None:  # stage 1: masters for this rank's own parameters only
+        master_weights.attach(sharded.inner, zero=sharded)
     logger.info(
         "ZeRO stage %d over %d dp ranks",
         parts.zero_stage,

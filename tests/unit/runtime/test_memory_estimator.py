@@ -223,3 +223,39 @@ def test_bad_sizes_are_clear_errors():
         )
     with pytest.raises(ValueError, match="data_parallel_size > 1"):
         estimate_config(load([*TINY, "train.zero_optimization.enabled=True"]), 1)
+
+
+def test_mixed_precision_o2_state_bytes_equal_the_run():
+    """``train.amp.level="O2"``: 2-byte parameters and gradients, the optimizer's fp32
+    masters on top of its moments -- against a run through the runtime's O2 path (norm
+    parameters stay fp32 there and are counted at 2 bytes by the estimator: a small share,
+    bounded here)."""
+    from libai.runtime.parallelize import parallelize, shard_optimizer_for
+    from libai.runtime.spec import RunSpec
+
+    cfg = load([*TINY, "train.amp.enabled=True", "train.amp.level=O2"])
+    _, settings, rows = estimate_config(cfg, 1)
+    assert settings.master_weights
+    dist.setup_dist_util({})
+    torch.manual_seed(0)
+    model = instantiate(cfg.model)
+    spec = RunSpec.from_config(cfg.train)
+    spec.num_accumulation_steps = 1
+    parts = parallelize(model, spec)
+    optimizer = shard_optimizer_for(parts, build_optimizer(cfg.optim, model))
+    ids = torch.randint(0, 99, (2, 16))
+    parts.runner.forward_backward({"input_ids": ids, "labels": ids})
+    params = local_bytes(model.parameters())
+    grads = local_bytes(p.grad for p in model.parameters())
+    masters = local_bytes(m for _, m in parts.runner.master_weights.pairs)
+    parts.runner.optimizer_step(optimizer)
+    moments = sum(
+        v.numel() * v.element_size() for s in optimizer.state.values() for v in s.values()
+    )
+    norm_share = sum(p.numel() for n, p in model.named_parameters() if "norm" in n)
+    row = rows[0]
+    assert row.parameters == row.gradients
+    assert 0 < params - row.parameters == 2 * norm_share
+    assert grads - row.gradients == 2 * norm_share
+    # the estimator counts norm masters too (they are stepped directly: 4 bytes of parameter)
+    assert row.optimizer == moments + masters + 4 * norm_share
