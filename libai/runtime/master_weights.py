@@ -21,7 +21,7 @@ parameters are the masters (same names, shared buffers), which the Checkpointer 
 loads in place of the model -- so an O2 checkpoint reads like an fp32 one (O1 and fp32 runs
 load it, and it loads them), and a resume continues from exact fp32 weights.
 
-With ZeRO-1 a dp rank keeps masters only for the parameters it owns (the masters are
+With ZeRO-1/2 a dp rank keeps masters only for the parameters it owns (the masters are
 optimizer state, sharded like it): per parameter, O2 + ZeRO-1 holds 2 + 2 + 12 / dp bytes
 (bf16 parameter and gradient; master and Adam moments sharded) where O1 + ZeRO-1 holds
 4 + 4 + 8 / dp.
@@ -83,7 +83,7 @@ class MasterWeights:
         self._master_of: dict[int, nn.Parameter] = {}
         #: each cast parameter's fp32 value at the cast (the master's start, if unchanged)
         self._fp32_start: dict[int, torch.Tensor] = {}
-        #: the ZeRO-1 optimizer whose owned parameters alone have masters here (or None)
+        #: the ZeRO-1/2 optimizer whose owned parameters alone have masters here (or None)
         self.zero = None
         #: (parameter, fp32 value) of the parameters other dp ranks own, during a checkpoint
         self._others: list[tuple[nn.Parameter, torch.Tensor]] = []
@@ -118,7 +118,7 @@ class MasterWeights:
         groups (in place; the optimizer must have no state yet) and make its ``step`` end by
         rounding the masters into the parameters. Returns ``optimizer``.
 
-        Under ZeRO-1 pass the inner optimizer of the :class:`~libai.runtime.zero.ZeroOptimizer`
+        Under ZeRO-1/2 pass the inner optimizer of the :class:`~libai.runtime.zero.ZeroOptimizer`
         ``zero``: its groups hold only the parameters this dp rank owns, so this rank keeps
         masters for those alone (the masters are sharded with the optimizer state), and the
         ZeRO step broadcasts the rounded low-precision parameters from their owners."""
@@ -176,7 +176,7 @@ class MasterWeights:
         themselves -- under the model's names (buffers shared): what a checkpoint saves and
         loads under O2. Before :meth:`attach` it is the model itself.
 
-        Under ZeRO-1 (collective over dp): the parameters other dp ranks own get an fp32 copy
+        Under ZeRO-1/2 (collective over dp): the parameters other dp ranks own get an fp32 copy
         broadcast from their owner's master, so every rank holds the same full fp32 values."""
         if not self.pairs and self.zero is None:
             return self.model

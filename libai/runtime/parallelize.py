@@ -76,11 +76,10 @@ def parallelize(
     if amp_dtype == torch.float16:
         grad_scaler = DynamicLossScaler(init_scale=float(spec.amp.init_scale or DEFAULT_INIT_SCALE))
     zero = spec.zero_optimization
-    if spec.amp.master_weights() and zero.enabled and zero.stage in (2, 3):
+    if spec.amp.master_weights() and zero.enabled and zero.stage == 3:
         raise ValueError(
-            f"mixed precision level O2 (fp32 master weights) with ZeRO stage {zero.stage} is "
-            "not supported: use ZeRO stage 1 with O2, or level O1 (autocast) with stage "
-            f"{zero.stage}"
+            "mixed precision level O2 (fp32 master weights) with ZeRO stage 3 is not "
+            "supported: use ZeRO stage 1 or 2 with O2, or level O1 (autocast) with stage 3"
         )
     zero_stage = spec.zero_stage(util.layout)  # may raise
     runner = ModelRunner(
@@ -113,7 +112,7 @@ def shard_optimizer_for(parts: RunnerParts, optimizer: torch.optim.Optimizer):
     if parts.zero_stage is None:
         return optimizer if master_weights is None else master_weights.attach(optimizer)
     sharded = shard_optimizer(parts.runner, optimizer, parts.zero_stage)
-    if master_weights is not None:  # stage 1: masters for this rank's own parameters only
+    if master_weights is not None:  # stages 1/2: masters for this rank's own parameters only
         master_weights.attach(sharded.inner, zero=sharded)
     logger.info(
         "ZeRO stage %d over %d dp ranks",

@@ -30,31 +30,32 @@ GPT = dict(
 
 
 def test_o2_on_dp2_zero1_tp2_and_pp2_follows_the_single_process_run():
-    """Two processes: dp2, dp2 with ZeRO-1, tp2 and pp2 under O2 (and dp2 with ZeRO-1 under
-    O1 for the memory comparison). The losses follow the single-process O2 run on the same
+    """Two processes: dp2, dp2 with ZeRO-1 and with ZeRO-2, tp2 and pp2 under O2 (and dp2
+    with ZeRO-1 under O1 for the memory comparison). The losses follow the single-process O2 run on the same
     global batches within bf16 rounding. Layout: under tp2 each rank holds half of the fused
     QKV weight in bf16 and half of its master in fp32; under ZeRO-1 a rank keeps masters only
     for the parameters it owns, so its training state (bf16 parameters and gradients, its
     share of masters and Adam moments) is the formula's 2 + 2 + 12 / 2 = 10 bytes per
     parameter against O1's 4 + 4 + 8 / 2 = 12 (within the norms' fp32 share and the
-    balance of the partition). A ZeRO-1 checkpoint (masters gathered from their owners)
-    resumes to the uninterrupted run's loss exactly."""
+    balance of the partition). ZeRO-1 and ZeRO-2 checkpoints (masters gathered from their
+    owners) resume to the uninterrupted run's loss exactly."""
     single = _single_process_losses()
     dp = {"data_parallel_size": 2}
     pp = {"pipeline_parallel_size": 2, "pipeline_num_layers": 2, "data_parallel_size": 1}
     layouts = [
         {"dist": dp},
-        {"dist": dp, "zero": True, "resume": True},
+        {"dist": dp, "zero": 1, "resume": True},
         {"dist": {"tensor_parallel_size": 2, "data_parallel_size": 1}},
         {"dist": pp, "microbatches": 2},
-        {"dist": dp, "zero": True, "level": "O1"},
+        {"dist": dp, "zero": 1, "level": "O1"},
+        {"dist": dp, "zero": 2, "resume": True},
     ]
     ranks = torchrun("master_weights_layouts.py", 2, json.dumps(layouts))
     total = sum(p.numel() for p in GPTForPreTraining(**GPT).parameters())
     for rank in ranks:
         assert rank["ok"], rank.get("trace")
-        plain, zero1, tp2, pp2, zero1_o1 = rank["layouts"]
-        for run in (plain, zero1, tp2):
+        plain, zero1, tp2, pp2, zero1_o1, zero2 = rank["layouts"]
+        for run in (plain, zero1, tp2, zero2):
             assert run["losses"] == pytest.approx(single, rel=1e-2)
             assert run["weight_dtype"] == "torch.bfloat16"
         for run in (plain, tp2):
@@ -62,6 +63,9 @@ def test_o2_on_dp2_zero1_tp2_and_pp2_follows_the_single_process_run():
         assert tp2["weight_local_shape"][0] * 2 == plain["weight_local_shape"][0]
         assert tp2["master_local_shape"] == tp2["weight_local_shape"]
         assert zero1["resumed_losses"] == zero1["losses"][2:]
+        assert zero2["resumed_losses"] == zero2["losses"][2:]
+        # ZeRO-2 also drops the gradients a rank does not own: 2 + 12 / 2 + 2 / 2 = 9
+        assert zero2["state_bytes"] == pytest.approx(9 * total, rel=0.1)
         assert plain["state_bytes"] == pytest.approx(16 * total, rel=0.02)
         assert zero1["state_bytes"] == pytest.approx(10 * total, rel=0.1)
         assert zero1_o1["state_bytes"] == pytest.approx(12 * total, rel=0.1)

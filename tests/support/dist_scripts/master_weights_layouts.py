@@ -46,7 +46,7 @@ def build(layout: dict):
     """Model, run parts and the (ZeRO-wrapped) AdamW of ``layout`` (``level``: O1 or O2)."""
     torch.manual_seed(layout.get("seed", 0))
     model = GPTForPreTraining(**GPT)
-    zero = ZeroSpec(enabled=bool(layout.get("zero")), stage=1)
+    zero = ZeroSpec(enabled=bool(layout.get("zero")), stage=layout.get("zero") or 1)
     spec = RunSpec(
         amp=AmpSpec(enabled=True, dtype="bf16", level=layout.get("level", "O2")),
         zero_optimization=zero,

@@ -166,9 +166,8 @@ def test_o2_checkpoint_holds_fp32_masters_and_resumes_exactly(tmp_path):
     assert train(resumed_parts, resumed_opt, data[2:]) == straight[2:]
 
 
-def test_o2_with_zero_stage_2_or_3_is_a_clear_error():
-    for stage in (2, 3):
-        with pytest.raises(ValueError, match=f"O2 .* ZeRO stage {stage}"):
-            parallelize(make_model(), spec("O2", zero_stage=stage))
+def test_o2_with_zero_stage_3_is_a_clear_error():
+    with pytest.raises(ValueError, match="O2 .* ZeRO stage 3"):
+        parallelize(make_model(), spec("O2", zero_stage=3))
     with pytest.raises(ValueError, match="amp.level"):
         parallelize(make_model(), spec("O3"))
