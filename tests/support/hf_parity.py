@@ -178,7 +178,8 @@ def check_single_process(case_path: str, hf_dir: str, spec: dict) -> dict:
 
 
 def check_layouts(case_path: str, hf_dir: str, nproc: int, layouts: list[dict]) -> dict:
-    """Run :func:`run_case` under torchrun for each ``{"name", "dist", **spec}`` layout;
+    """Run :func:`run_case` under torchrun for each ``{"name", "dist", **spec}`` layout (its
+    own ``case`` / ``hf_dir`` keys replace the arguments: several models in one launch);
     returns ``{name: [result of each rank]}`` after asserting every one is close."""
     from launch import torchrun
 

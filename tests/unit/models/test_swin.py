@@ -57,10 +57,9 @@ def hf_swin(version: str, pretrained_window_sizes=(3, 2), seed: int = 0):
     return model
 
 
-@pytest.fixture(scope="module", params=["v1", "v2"])
-def swin_case(request, tmp_path_factory):
-    version = request.param
-    root = tmp_path_factory.mktemp(f"hf_swin_{version}")
+def build_case(version: str, root: Path) -> dict:
+    """The transformers model saved to ``root / "hf"`` and its reference (logits, the loss
+    and every gradient by checkpoint name) saved for :mod:`hf_parity`."""
     hf = hf_swin(version)
     hf.save_pretrained(root / "hf")
     images = torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(1))
@@ -78,41 +77,56 @@ def swin_case(request, tmp_path_factory):
         input_keys=["images"],
         ref=ref,
     )
-    state = transformers.AutoModelForImageClassification.from_pretrained(root / "hf").state_dict()
-    return version, root, case, state, len(ref["grads"])
+    state = HF_CLASSES[version].from_pretrained(root / "hf").state_dict()
+    return dict(root=root, case=case, hf=root / "hf", state=state, grads=len(ref["grads"]))
 
 
-def assert_exported(version: str, path: Path, state: dict, source: Path) -> None:
-    hf_parity.assert_exported(path, HF_CLASSES[version], state, source=source)
+@pytest.fixture(scope="module")
+def swin_cases(tmp_path_factory) -> dict:
+    return {v: build_case(v, tmp_path_factory.mktemp(f"hf_swin_{v}")) for v in HF_CLASSES}
 
 
-def test_single_process(swin_case):
+def assert_exported(version: str, path: Path, case: dict) -> None:
+    hf_parity.assert_exported(path, HF_CLASSES[version], case["state"], source=case["hf"])
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_single_process(swin_cases, version):
     """Eval logits within 1e-5, the training loss (``losses``) equal to transformers' cross
     entropy, every gradient by transformers' name; the export reloads bit for bit."""
-    version, root, case, state, n_grads = swin_case
-    result = check_single_process(case, str(root / "hf"), {"export_dir": str(root / "out1")})
+    c = swin_cases[version]
+    result = check_single_process(c["case"], str(c["hf"]), {"export_dir": str(c["root"] / "out1")})
     assert result["out_logits"] < 1e-5 and result["out_prediction_scores"] < 1e-5, result
     assert result["loss"] < 1e-5, result
-    assert result["grads_checked"] == n_grads, result
-    assert_exported(version, root / "out1", state, root / "hf")
+    assert result["grads_checked"] == c["grads"], result
+    assert_exported(version, c["root"] / "out1", c)
 
 
-def test_tp2_and_pp2(swin_case):
-    """tp2: each rank holds half of every MLP projection (column / row parallel) and nothing
-    else split; pp2 over the 4 blocks: the stages together check every gradient."""
-    version, root, case, state, n_grads = swin_case
-    pp2 = hf_parity.pp2_layout(root, max_shard_size=None)
-    pp2["dist"]["pipeline_num_layers"] = 4  # sum(depths), as LiBai's configs set it
-    results = check_layouts(case, str(root / "hf"), 2, [hf_parity.tp2_layout(root), pp2])
-    for rank in results["tp2"]:
-        sharded = rank["sharded"]
-        assert len(sharded) == 4 * 3, sorted(sharded)  # 4 blocks x (h_to_4h w, b; 4h_to_h w)
-        assert sharded["layers.0.blocks.0.mlp.dense_h_to_4h.weight"] == [[32, 16], [64, 16]]
-        assert sharded["layers.1.blocks.3.mlp.dense_4h_to_h.weight"] == [[32, 64], [32, 128]]
-    assert sum(r["grads_checked"] for r in results["pp2"]) == n_grads, results["pp2"]
-    assert all(r["grads_checked"] > 0 for r in results["pp2"])
-    assert_exported(version, root / "tp2", state, root / "hf")
-    assert_exported(version, root / "pp2", state, root / "hf")
+def test_tp2_and_pp2(swin_cases):
+    """v1 and v2 in one 2-process launch. tp2: each rank holds half of every MLP projection
+    (column / row parallel) and nothing else split; pp2 over the 4 blocks: the stages
+    together check every gradient. Every layout's export reloads in transformers."""
+    layouts = []
+    for version, c in swin_cases.items():
+        paths = {"case": c["case"], "hf_dir": str(c["hf"])}
+        tp2 = {**hf_parity.tp2_layout(c["root"]), **paths, "name": f"tp2_{version}"}
+        pp2 = {**hf_parity.pp2_layout(c["root"], max_shard_size=None), **paths}
+        pp2["name"] = f"pp2_{version}"
+        pp2["dist"]["pipeline_num_layers"] = 4  # sum(depths), as LiBai's configs set it
+        layouts += [tp2, pp2]
+    first = swin_cases["v1"]
+    results = check_layouts(first["case"], str(first["hf"]), 2, layouts)
+    for version, c in swin_cases.items():
+        for rank in results[f"tp2_{version}"]:
+            sharded = rank["sharded"]
+            assert len(sharded) == 4 * 3, sorted(sharded)  # 4 blocks x (h_to_4h w, b; 4h_to_h w)
+            assert sharded["layers.0.blocks.0.mlp.dense_h_to_4h.weight"] == [[32, 16], [64, 16]]
+            assert sharded["layers.1.blocks.3.mlp.dense_4h_to_h.weight"] == [[32, 64], [32, 128]]
+        pp2 = results[f"pp2_{version}"]
+        assert sum(r["grads_checked"] for r in pp2) == c["grads"], pp2
+        assert all(r["grads_checked"] > 0 for r in pp2)
+        assert_exported(version, c["root"] / "tp2", c)
+        assert_exported(version, c["root"] / "pp2", c)
 
 
 def _eval_logits(model, images):
