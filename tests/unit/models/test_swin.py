@@ -28,10 +28,12 @@ HF_CLASSES = {
 }
 
 
-def hf_swin(version: str, pretrained_window_sizes=(3, 2), seed: int = 0):
+def hf_swin(version: str, pretrained_window_sizes=(3, 2), seed: int = 0, **options):
     """A tiny random transformers Swin: 32x32 images, patches of 4 (an 8x8 map), windows of
-    4 (stage 0 shifted, stage 1 one window), every tensor perturbed so none is trivial."""
+    4 (stage 0 shifted, stage 1 one window), every tensor perturbed so none is trivial; v1
+    with an absolute position embedding (``ape``), v2 without."""
     kw = dict(
+        use_absolute_embeddings=version == "v1",
         image_size=32,
         patch_size=4,
         embed_dim=16,
@@ -42,6 +44,7 @@ def hf_swin(version: str, pretrained_window_sizes=(3, 2), seed: int = 0):
         drop_path_rate=0.0,
         hidden_dropout_prob=0.0,
         attention_probs_dropout_prob=0.0,
+        **options,
     )
     if version == "v2":
         config = transformers.Swinv2Config(
@@ -154,6 +157,17 @@ def test_v2_pretrained_window_sizes_zero_and_nonzero(tmp_path):
     )
     assert (got_nonzero - want_nonzero).abs().max() < 1e-5
     assert (got_zero - want_zero).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_without_qkv_bias(version, tmp_path):
+    dist.setup_dist_util({})
+    hf = hf_swin(version, qkv_bias=False)
+    hf.save_pretrained(tmp_path / "hf")
+    model = load_huggingface(str(tmp_path / "hf"))
+    assert model.libai_cfg["qkv_bias"] is False
+    images = torch.randn(2, 3, 32, 32)
+    assert (_eval_logits(model, images) - _eval_logits(hf, images)).abs().max() < 1e-5
 
 
 def test_loss_func_soft_targets_and_eval_contract(tmp_path):
