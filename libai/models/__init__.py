@@ -9,6 +9,7 @@ from libai.models.roberta_model import (
     RobertaForPreTraining,
     RobertaModel,
 )
+from libai.models.swin import SwinTransformer, SwinTransformerV2
 from libai.models.t5_model import T5ForPreTraining, T5Model
 from libai.models.vit import VisionTransformer
 
@@ -24,6 +25,8 @@ __all__ = [
     "RobertaForClassification",
     "RobertaForPreTraining",
     "RobertaModel",
+    "SwinTransformer",
+    "SwinTransformerV2",
     "T5ForPreTraining",
     "T5Model",
     "VisionTransformer",

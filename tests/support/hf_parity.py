@@ -37,6 +37,23 @@ def hf_reference(hf_model, hf_inputs: dict, loss_fn, outputs: dict) -> dict:
     }
 
 
+def checkpoint_named(hf_model, tensors: dict, path) -> dict:
+    """``tensors`` (keyed by ``hf_model``'s parameter names) under the names a checkpoint
+    stores: transformers 5 renames some models' modules at run time (ViT's and Swin's
+    ``q_proj``, ``fc1``, ...) but saves the classic names the loaders read, so save the
+    tensors as weights and read them back."""
+    import copy
+
+    from safetensors.torch import load_file
+
+    clone = copy.deepcopy(hf_model)
+    with torch.no_grad():
+        for name, p in clone.named_parameters():
+            p.copy_(tensors[name])
+    clone.save_pretrained(path)
+    return load_file(str(Path(path) / "model.safetensors"))
+
+
 def save_case(path: Path, *, batch: dict, input_keys: list[str], ref: dict) -> str:
     """``batch``: the libai training batch (with labels); ``input_keys``: the keys of the
     label-free forward whose dict outputs are compared with ``ref["outputs"]``."""
@@ -126,6 +143,11 @@ def run_case(case_path: str, hf_dir: str, spec: dict) -> dict:
     if util.layout.pipeline_parallel_size > 1 and util.pipeline_rank == 0:
         result["handed_non_float"] = sum(not t.is_floating_point() for t in handed)
         assert handed, "the first stage handed nothing on"
+    result["sharded"] = {  # the parameters this rank holds a tensor-parallel shard of
+        n: [list(p.to_local().shape), list(p.shape)]
+        for n, p in model.named_parameters()
+        if isinstance(p, DTensor) and p.to_local().shape != p.shape
+    }
     result["grad"], result["grad_name"], result["grads_checked"] = _grad_diffs(
         model, ref["grads"], loader
     )
@@ -140,7 +162,7 @@ def assert_close(result: dict, tol: float = TOL) -> None:
     """Every difference in a :func:`run_case` result is below ``tol``."""
     assert result["grads_checked"] > 0, result
     for key, value in result.items():
-        if key in ("grad_name", "grads_checked"):
+        if key in ("grad_name", "grads_checked", "sharded"):
             continue
         assert value < tol, f"{key} differs by {value:.3g} ({result})"
 
@@ -156,7 +178,8 @@ def check_single_process(case_path: str, hf_dir: str, spec: dict) -> dict:
 
 
 def check_layouts(case_path: str, hf_dir: str, nproc: int, layouts: list[dict]) -> dict:
-    """Run :func:`run_case` under torchrun for each ``{"name", "dist", **spec}`` layout;
+    """Run :func:`run_case` under torchrun for each ``{"name", "dist", **spec}`` layout (its
+    own ``case`` / ``hf_dir`` keys replace the arguments: several models in one launch);
     returns ``{name: [result of each rank]}`` after asserting every one is close."""
     from launch import torchrun
 

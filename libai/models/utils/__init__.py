@@ -23,6 +23,8 @@ LOADERS = {
     "llama": "libai.models.utils.model_loader.llama_loader:LlamaLoaderHuggerFace",
     "qwen2": "libai.models.utils.model_loader.llama_loader:LlamaLoaderHuggerFace",
     "vit": "libai.models.utils.model_loader.vit_loader:ViTLoaderHuggerFace",
+    "swin": "libai.models.utils.model_loader.swin_loader:SwinLoaderHuggerFace",
+    "swinv2": "libai.models.utils.model_loader.swin_loader:Swinv2LoaderHuggerFace",
 }
 
 

@@ -1,4 +1,5 @@
-"""``hf_parity.run_case`` under each given layout (args: case file, HF dir, layouts JSON)."""
+"""``hf_parity.run_case`` under each given layout (args: case file, HF dir, layouts JSON; a
+layout's own ``case`` / ``hf_dir`` replace them, so one launch checks several models)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ def checks() -> dict:
     results = {}
     for layout in json.loads(layouts_json):
         dist.setup_dist_util(dict(layout["dist"]))
-        results[layout["name"]] = run_case(case_path, hf_dir, layout)
+        results[layout["name"]] = run_case(
+            layout.get("case", case_path), layout.get("hf_dir", hf_dir), layout
+        )
         dist.synchronize()
     return {"layouts": results}
 

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import copy
 import json
 import shutil
 
@@ -12,25 +11,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 import transformers
-from hf_parity import check_layouts, check_single_process, hf_reference, save_case
-from safetensors.torch import load_file
+from hf_parity import (
+    check_layouts,
+    check_single_process,
+    checkpoint_named,
+    hf_reference,
+    save_case,
+)
 
 from libai import dist
 from libai.models.utils import CheckpointError, load_huggingface
 
 LABELS = 5
-
-
-def checkpoint_named(hf_model, tensors: dict, path) -> dict:
-    """``tensors`` (keyed by ``hf_model``'s parameter names) under the names a checkpoint
-    stores: transformers 5 renames ViT's modules at run time (``q_proj``, ``fc1``, ...) but
-    saves the classic names the loader reads, so save the tensors as weights and read back."""
-    clone = copy.deepcopy(hf_model)
-    with torch.no_grad():
-        for name, p in clone.named_parameters():
-            p.copy_(tensors[name])
-    clone.save_pretrained(path)
-    return load_file(str(path / "model.safetensors"))
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,8 @@ from libai.models import (
     LlamaForCausalLM,
     RobertaForClassification,
     RobertaForPreTraining,
+    SwinTransformer,
+    SwinTransformerV2,
     T5ForPreTraining,
     VisionTransformer,
 )
@@ -29,6 +31,8 @@ ZOO = [
     LlamaForCausalLM,
     RobertaForClassification,
     RobertaForPreTraining,
+    SwinTransformer,
+    SwinTransformerV2,
     T5ForPreTraining,
     VisionTransformer,
 ]
