@@ -37,6 +37,9 @@ DATASETS = {
     "ImageFolderDataset": "libai.data.datasets.image_folder.ImageFolderDataset",
     "TextClassificationDataset": "libai.data.datasets.text_classification."
     "TextClassificationDataset",
+    # FleetX's offline evaluation sets (GPTEvalModule builds Data.Eval from Offline_Eval)
+    "LM_Eval_Dataset": "libai.data.datasets.fleetx_eval.LMEvalDataset",
+    "Lambada_Eval_Dataset": "libai.data.datasets.fleetx_eval.LambadaEvalDataset",
 }
 #: name -> (class for Train, class for Eval / Test)
 SAMPLERS = {

@@ -51,7 +51,22 @@ MODULES = {
     "SequenceClassificationModule": "libai.fleetx.modules.classification."
     "SequenceClassificationModule",
     "ImageClassificationModule": "libai.fleetx.modules.vit.ImageClassificationModule",
+    # FleetX's GPT task modules by their names
+    "GPTEvalModule": "libai.fleetx.modules.gpt_eval.GPTEvalModule",
+    "GPTGenerationModule": "libai.fleetx.modules.gpt_generation.GPTGenerationModule",
 }
+#: FleetX's module names with no implementation here (FleetX's ppfleetx/models/__init__.py)
+FLEETX_UNIMPLEMENTED = (
+    "MoEModule",
+    "MOCOModule",
+    "MOCOClsModule",
+    "ImagenModule",
+    "GPTModuleAuto",
+    "GPTGenerationModuleAuto",
+    "GeneralClsModuleAuto",
+    "ErnieModuleAuto",
+    "ErnieSeqClsModuleAuto",
+)
 AMP_DTYPES = {"float16": "fp16", "fp16": "fp16", "bfloat16": "bf16", "bf16": "bf16"}
 DEVICES = {"cpu": "cpu", "gpu": "cuda", "cuda": "cuda"}
 #: ``Model`` keys holding the layer count that pipeline stages are cut from
@@ -63,6 +78,11 @@ def resolve_module_class(name: str):
     import path); it must subclass :class:`~libai.fleetx.module.BasicModule`."""
     from libai.fleetx.module import BasicModule
 
+    if name in FLEETX_UNIMPLEMENTED:
+        raise YAMLConfigError(
+            f"Model.module {name} (FleetX) is not implemented here; the task modules that "
+            f"exist: {', '.join(sorted(MODULES))}, or a dotted path to your own BasicModule"
+        )
     cls = resolve_name(name, MODULES, "Model.module")
     if not (isinstance(cls, type) and issubclass(cls, BasicModule)):
         raise YAMLConfigError(f"Model.module {name!r} is not a libai.engine.BasicModule subclass")

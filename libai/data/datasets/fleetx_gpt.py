@@ -41,7 +41,13 @@ from libai.data.datasets.gpt_dataset import build_index_mappings
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["FleetXGPTDataset", "FleetXTokenFile", "find_fleetx_prefix", "gpt_collate_fn"]
+__all__ = [
+    "FleetXGPTDataset",
+    "FleetXTokenFile",
+    "find_fleetx_prefix",
+    "fold_loss_mask",
+    "gpt_collate_fn",
+]
 
 MODES = ("Train", "Eval", "Test")
 #: the batch keys of FleetX's sample fields, in FleetX's order
@@ -199,3 +205,16 @@ def gpt_collate_fn(batch: list) -> dict[str, torch.Tensor]:
         name: torch.as_tensor(np.stack([np.asarray(sample[i]) for sample in batch]))
         for i, name in enumerate(FIELDS[: len(batch[0])])
     }
+
+
+def fold_loss_mask(batch, ignore_index: int = -100):
+    """A batch with ``loss_mask`` as the model contract takes it: labels at mask 0 set to
+    ``ignore_index`` and the mask dropped (the mean over the kept targets is FleetX's
+    ``sum(loss * mask) / sum(mask)``). Other batches are returned unchanged."""
+    if not isinstance(batch, dict) or "loss_mask" not in batch:
+        return batch
+    batch = dict(batch)
+    mask = batch.pop("loss_mask")
+    if "labels" in batch:
+        batch["labels"] = batch["labels"].masked_fill(mask == 0, ignore_index)
+    return batch
