@@ -87,3 +87,14 @@ def fleetx_corpus(root: Path, num_docs: int = 1000, seed: int = 3) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     write_fleetx_corpus(str(root / "corpus"), docs)
     return root
+
+
+def eval_layout_config(base: list[str], out_dir, overrides: list[str]):
+    """FleetX's pretrain_gpt_345M_single_card.yaml for an evaluation: ``base`` (sizes,
+    tokenizer, corpus), the layout ``overrides``, output under ``out_dir``."""
+    from libai.fleetx.yaml_config import load_yaml_config
+
+    return load_yaml_config(
+        GPT_CONFIGS / "pretrain_gpt_345M_single_card.yaml",
+        [*base, f"Engine.save_load.output_dir={out_dir}", *overrides],
+    )

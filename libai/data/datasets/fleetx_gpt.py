@@ -16,8 +16,10 @@ Samples: the items of the ``mode`` split (``split: [949, 50, 1]`` weights, round
 Megatron does), repeated for as many epochs as ``num_samples`` needs and shuffled with
 ``seed``; sample ``i`` is ``max_seq_len + 1`` consecutive tokens of that sequence
 (:func:`~libai.data.datasets.gpt_dataset.build_index_mappings`, the same rules), served in
-a seeded shuffled order. As FleetX's, ``len(dataset)`` is every sample the built epochs
-hold (at least ``num_samples``), and ``dataset[i]`` is FleetX's list
+a seeded shuffled order: ``dataset[i]`` is FleetX's ``dataset[i]`` for every ``i <
+num_samples``. ``len(dataset)`` is ``num_samples`` (FleetX serves every sample of the epochs
+it built, a few more; the Engine sizes its evaluation and its data-parallel shards by
+``num_samples``), one epoch when ``None``. ``dataset[i]`` is FleetX's list
 ``[tokens, position_ids, labels, loss_mask]`` (``Test``: ``[tokens, position_ids]``) of
 numpy arrays. FleetX's ``loss_mask`` is all ones: its ``tokens == eos_id`` compares a
 Python list with a number, which is ``False`` and masks nothing; the same mask is served
@@ -153,7 +155,6 @@ class FleetXGPTDataset(torch.utils.data.Dataset):
             num_samples=num_samples,
             seq_length=self.max_seq_len,
             seed=int(seed),
-            serve_all=True,
         )
         logger.info(
             "GPTDataset %s: %d items of %s, %d samples of %d tokens",
@@ -165,7 +166,7 @@ class FleetXGPTDataset(torch.utils.data.Dataset):
         )
 
     def __len__(self) -> int:
-        return len(self.sample_idx) - 1
+        return len(self.shuffle_idx)
 
     def sample_tokens(self, index: int) -> np.ndarray:
         """The ``max_seq_len + 1`` token ids of (shuffled) sample ``index``."""

@@ -126,11 +126,8 @@ def build_index_mappings(
     num_samples: int | None,
     seq_length: int,
     seed: int,
-    serve_all: bool = False,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(doc_idx, sample_idx, shuffle_idx)`` for ``num_samples`` samples (Megatron's rules).
-    ``serve_all``: keep every sample of the built epochs in ``shuffle_idx`` (FleetX's
-    ``GPTDataset`` serves them all), not only the first ``num_samples``."""
+    """``(doc_idx, sample_idx, shuffle_idx)`` for ``num_samples`` samples (Megatron's rules)."""
     documents = np.asarray(documents, dtype=np.int64)
     tokens_per_epoch = int(np.sum(sizes[documents], dtype=np.int64)) if len(documents) else 0
     samples_per_epoch = max(tokens_per_epoch - 1, 0) // seq_length
@@ -165,8 +162,6 @@ def build_index_mappings(
     else:
         first = total
     shuffle_idx = _build_shuffle_idx(first, total, rng)
-    if serve_all:
-        return doc_idx, sample_idx, shuffle_idx
     # Serve exactly num_samples samples (the index may hold a few more from the last epoch).
     return doc_idx, sample_idx, shuffle_idx[:num_samples]
 
