@@ -329,6 +329,7 @@ class Engine:
         """The runtime's evaluation loop with the module's ``step_name`` (not under pp:
         there the pipeline schedule scores) and ``end_name`` every ``logging_freq``."""
         start = time.perf_counter()
+        max_batches = max(int(max_batches or 0), 0)  # FleetX's -1: all of it, as 0
         total_batch = _length(loader, max_batches)
         freq = self.cfg.Engine.logging_freq
         window = []

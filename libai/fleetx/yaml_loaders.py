@@ -40,6 +40,11 @@ DATASETS = {
     # FleetX's offline evaluation sets (GPTEvalModule builds Data.Eval from Offline_Eval)
     "LM_Eval_Dataset": "libai.data.datasets.fleetx_eval.LMEvalDataset",
     "Lambada_Eval_Dataset": "libai.data.datasets.fleetx_eval.LambadaEvalDataset",
+    # GLUE by FleetX's names (GPTFinetuneModule)
+    **{
+        task: f"libai.data.datasets.glue.{task}"
+        for task in ("CoLA", "SST2", "MNLI", "QNLI", "RTE", "WNLI", "MRPC", "QQP", "STSB")
+    },
 }
 #: name -> (class for Train, class for Eval / Test)
 SAMPLERS = {

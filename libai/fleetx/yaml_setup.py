@@ -54,6 +54,7 @@ MODULES = {
     # FleetX's GPT task modules by their names
     "GPTEvalModule": "libai.fleetx.modules.gpt_eval.GPTEvalModule",
     "GPTGenerationModule": "libai.fleetx.modules.gpt_generation.GPTGenerationModule",
+    "GPTFinetuneModule": "libai.fleetx.modules.gpt_finetune.GPTFinetuneModule",
 }
 #: FleetX's module names with no implementation here (FleetX's ppfleetx/models/__init__.py)
 FLEETX_UNIMPLEMENTED = (

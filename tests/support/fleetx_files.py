@@ -98,3 +98,35 @@ def eval_layout_config(base: list[str], out_dir, overrides: list[str]):
         GPT_CONFIGS / "pretrain_gpt_345M_single_card.yaml",
         [*base, f"Engine.save_load.output_dir={out_dir}", *overrides],
     )
+
+
+#: ... and of the GLUE fine-tuning files
+NOT_YET_ACCEPTED_FINETUNE = [
+    "~Profiler",
+    "~Model.name",
+    "~Model.fuse_attn_qkv",
+    "~Model.fused_linear",
+    "~Model.type_vocab_size",
+    "~Model.use_flash_attn",
+    "~Distributed.sharding.reduce_overlap",
+    "~Distributed.sharding.broadcast_overlap",
+    "~Optimizer.tensor_fusion",
+    "~Optimizer.multi_precision",
+    "~Data.Train.sampler.batch_size",
+    "~Data.Eval.sampler.batch_size",
+    # FleetX reads `1e-6` / `2e-5` as numbers (its loader literal_evals strings); YAML 1.1
+    # and this loader read them as strings
+    "~Optimizer.epsilon",
+    "+Optimizer.epsilon=1.0e-6",
+    "~Optimizer.lr.learning_rate",
+    "+Optimizer.lr.learning_rate=2.0e-5",
+]
+
+
+def write_sst2(root: Path, rows: list[tuple[str, int]]) -> Path:
+    """GLUE's SST-2 files (``sentence<TAB>label`` with a header) for train and dev."""
+    root.mkdir(parents=True, exist_ok=True)
+    body = "sentence\tlabel\n" + "".join(f"{text}\t{label}\n" for text, label in rows)
+    for split in ("train", "dev"):
+        (root / f"{split}.tsv").write_text(body)
+    return root

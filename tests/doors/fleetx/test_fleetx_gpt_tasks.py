@@ -204,5 +204,63 @@ def test_generation_export_then_inference_from_fleetx_yamls(files, tmp_path, sam
 def test_fleetx_module_names_without_implementation_are_named():
     with pytest.raises(YAMLConfigError, match=r"Model.module MoEModule \(FleetX\) is not "):
         resolve_module_class("MoEModule")
-    for name in ("GPTModule", "GPTEvalModule", "GPTGenerationModule"):
+    for name in ("GPTModule", "GPTEvalModule", "GPTGenerationModule", "GPTFinetuneModule"):
         assert resolve_module_class(name).__name__ == name
+
+
+SST2_ROWS = [
+    ("hello world", 1),
+    ("the quick brown fox", 0),
+    ("def hello", 1),
+    ("lazy dog jumps over", 0),
+    ("print name", 1),
+    ("class Greeter", 0),
+    ("return world", 1),
+]
+
+
+def test_gpt_finetune_module_on_sst2_from_the_fleetx_yaml(files, tmp_path):
+    """finetune_gpt_345M_single_card_glue.yaml (GPTFinetuneModule, SST2 from local files):
+    before training, Engine.evaluate's loss and accuracy equal the formula on transformers'
+    GPT-2 hidden states with the module's score head (cross entropy of the logits at each
+    row's last real token); then one epoch trains through the Engine."""
+    from fleetx_files import NOT_YET_ACCEPTED_FINETUNE, write_sst2
+
+    sst = write_sst2(tmp_path / "SST-2", SST2_ROWS)
+    cfg = load_yaml_config(
+        GPT_CONFIGS / "finetune_gpt_345M_single_card_glue.yaml",
+        [
+            *TINY,
+            *NOT_YET_ACCEPTED_FINETUNE,
+            *files["tok"],
+            f"Model.pretrained={files['root'] / 'hf'}",
+            "Global.local_batch_size=3",
+            "Global.micro_batch_size=3",
+            "Engine.num_train_epochs=1",
+            "Engine.logging_freq=1",
+            f"Engine.save_load.output_dir={tmp_path / 'out'}",
+            *(f"Data.{s}.dataset.{k}" for s in ("Train", "Eval") for k in (f"root={sst}",)),
+            *(f"Data.{s}.dataset.max_length=6" for s in ("Train", "Eval")),
+            *(f"Data.{s}.loader.num_workers=0" for s in ("Train", "Eval")),
+        ],
+    )
+    engine = make_engine(cfg)
+    results = engine.evaluate()
+    score = engine.module.model.score.weight.detach()
+    tokenizer, pad = engine.tokenizer, engine.tokenizer.eos_token_id
+    losses, correct = [], 0
+    batches = [SST2_ROWS[i : i + 3] for i in range(0, len(SST2_ROWS), 3)]
+    for rows in batches:
+        ids = [tokenizer.encode(t)[:6] for t, _ in rows]
+        padded = torch.tensor([x + [pad] * (6 - len(x)) for x in ids])
+        with torch.no_grad():
+            hidden = files["hf"].transformer(padded).last_hidden_state
+        last = torch.tensor([len(x) - 1 for x in ids])
+        logits = hidden[torch.arange(len(rows)), last] @ score.T
+        labels = torch.tensor([y for _, y in rows])
+        losses.append(float(F.cross_entropy(logits, labels)))
+        correct += int((logits.argmax(-1) == labels).sum())
+    assert results["loss"] == pytest.approx(sum(losses) / len(losses), rel=1e-5)
+    assert results["acc"] == pytest.approx(correct / len(SST2_ROWS))
+    engine.fit()
+    assert engine.trainer.iter == len(SST2_ROWS) // 3  # one epoch of full batches
