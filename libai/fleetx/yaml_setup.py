@@ -57,17 +57,21 @@ MODULES = {
     "GPTFinetuneModule": "libai.fleetx.modules.gpt_finetune.GPTFinetuneModule",
 }
 #: FleetX's module names with no implementation here (FleetX's ppfleetx/models/__init__.py)
-FLEETX_UNIMPLEMENTED = (
-    "MoEModule",
-    "MOCOModule",
-    "MOCOClsModule",
-    "ImagenModule",
-    "GPTModuleAuto",
-    "GPTGenerationModuleAuto",
-    "GeneralClsModuleAuto",
-    "ErnieModuleAuto",
-    "ErnieSeqClsModuleAuto",
-)
+#: -> the closest module that exists, if any
+FLEETX_UNIMPLEMENTED = {
+    "MoEModule": None,
+    "MOCOModule": None,
+    "MOCOClsModule": None,
+    "ImagenModule": None,
+    "GPTModuleAuto": "GPTModule",
+    "GPTGenerationModuleAuto": "GPTGenerationModule",
+    "GeneralClsModule": "ImageClassificationModule (ViT on an image folder)",
+    "GeneralClsModuleAuto": "ImageClassificationModule (ViT on an image folder)",
+    "ErnieModule": None,
+    "ErnieModuleAuto": None,
+    "ErnieSeqClsModule": "SequenceClassificationModule (BERT-shaped, as ERNIE)",
+    "ErnieSeqClsModuleAuto": "SequenceClassificationModule (BERT-shaped, as ERNIE)",
+}
 AMP_DTYPES = {"float16": "fp16", "fp16": "fp16", "bfloat16": "bf16", "bf16": "bf16"}
 DEVICES = {"cpu": "cpu", "gpu": "cuda", "cuda": "cuda"}
 #: ``Model`` keys holding the layer count that pipeline stages are cut from
@@ -80,9 +84,11 @@ def resolve_module_class(name: str):
     from libai.fleetx.module import BasicModule
 
     if name in FLEETX_UNIMPLEMENTED:
+        closest = FLEETX_UNIMPLEMENTED[name]
+        hint = f"the closest is {closest}; " if closest else ""
         raise YAMLConfigError(
-            f"Model.module {name} (FleetX) is not implemented here; the task modules that "
-            f"exist: {', '.join(sorted(MODULES))}, or a dotted path to your own BasicModule"
+            f"Model.module {name} (FleetX) is not implemented here; {hint}the task modules "
+            f"that exist: {', '.join(sorted(MODULES))}, or a dotted path to your own BasicModule"
         )
     cls = resolve_name(name, MODULES, "Model.module")
     if not (isinstance(cls, type) and issubclass(cls, BasicModule)):
