@@ -40,6 +40,7 @@ DATASETS = {
     # FleetX's offline evaluation sets (GPTEvalModule builds Data.Eval from Offline_Eval)
     "LM_Eval_Dataset": "libai.data.datasets.fleetx_eval.LMEvalDataset",
     "Lambada_Eval_Dataset": "libai.data.datasets.fleetx_eval.LambadaEvalDataset",
+    "GeneralClsDataset": "libai.data.datasets.fleetx_cls.GeneralClsDataset",
     # GLUE by FleetX's names (GPTFinetuneModule)
     **{
         task: f"libai.data.datasets.glue.{task}"

@@ -55,6 +55,7 @@ MODULES = {
     "GPTEvalModule": "libai.fleetx.modules.gpt_eval.GPTEvalModule",
     "GPTGenerationModule": "libai.fleetx.modules.gpt_generation.GPTGenerationModule",
     "GPTFinetuneModule": "libai.fleetx.modules.gpt_finetune.GPTFinetuneModule",
+    "GeneralClsModule": "libai.fleetx.modules.general_cls.GeneralClsModule",
 }
 #: FleetX's module names with no implementation here (FleetX's ppfleetx/models/__init__.py)
 #: -> the closest module that exists, if any
@@ -65,8 +66,7 @@ FLEETX_UNIMPLEMENTED = {
     "ImagenModule": None,
     "GPTModuleAuto": "GPTModule",
     "GPTGenerationModuleAuto": "GPTGenerationModule",
-    "GeneralClsModule": "ImageClassificationModule (ViT on an image folder)",
-    "GeneralClsModuleAuto": "ImageClassificationModule (ViT on an image folder)",
+    "GeneralClsModuleAuto": "GeneralClsModule",
     "ErnieModule": None,
     "ErnieModuleAuto": None,
     "ErnieSeqClsModule": "SequenceClassificationModule (BERT-shaped, as ERNIE)",
