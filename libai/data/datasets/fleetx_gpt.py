@@ -45,6 +45,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "FleetXGPTDataset",
+    "convert_to_fleetx",
     "FleetXTokenFile",
     "find_fleetx_prefix",
     "fold_loss_mask",
@@ -219,3 +220,26 @@ def fold_loss_mask(batch, ignore_index: int = -100):
     if "labels" in batch:
         batch["labels"] = batch["labels"].masked_fill(mask == 0, ignore_index)
     return batch
+
+
+def convert_to_fleetx(data_prefix: str, output_prefix: str | None = None) -> str:
+    """Write the indexed dataset at ``data_prefix`` (``.bin`` / ``.idx``) in FleetX's format,
+    ``<output_prefix>_ids.npy`` + ``<output_prefix>_idx.npz`` (default ``output_prefix``:
+    ``data_prefix``), as FleetX's preprocess_data.py writes it: the ids concatenated
+    (``uint16`` when they fit, else ``int32``), ``lens`` (int32, one per item) and ``docs``
+    (int64, the item count at each document boundary from 0). Returns ``output_prefix``."""
+    from libai.data.data_utils.indexed_dataset import MMapIndexedDataset
+
+    output_prefix = output_prefix or data_prefix
+    data = MMapIndexedDataset(data_prefix, skip_warmup=True)
+    sizes = np.asarray(data.sizes, dtype=np.int64)
+    items = [data.get(i) for i in range(len(data))]
+    ids = np.concatenate(items) if items else np.zeros(0, dtype=np.int32)
+    small = ids.size == 0 or int(ids.max()) < np.iinfo(np.uint16).max
+    np.save(output_prefix + "_ids.npy", ids.astype(np.uint16 if small else np.int32))
+    np.savez(
+        output_prefix + "_idx.npz",
+        lens=sizes.astype(np.int32),
+        docs=np.asarray(data.doc_idx, dtype=np.int64),
+    )
+    return output_prefix

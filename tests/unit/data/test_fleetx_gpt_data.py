@@ -67,3 +67,41 @@ def test_gpt_collate_fn_by_its_yaml_name(corpus):
 def test_missing_corpus_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"holds no <prefix>_idx.npz"):
         FleetXGPTDataset(str(tmp_path), [949, 50, 1], 16, 8, "Train")
+
+
+def test_preprocess_data_writes_fleetx_format(tmp_path):
+    """tools/preprocess_data.py --output-format fleetx: FleetX's pair, read back with numpy
+    as FleetX reads it; the ids are the tokenizer's, the lens the documents' lengths."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    from bpe_helpers import train_tiny_bpe
+
+    from libai.tokenizer import GPT2Tokenizer
+
+    repo = Path(__file__).resolve().parents[3]
+    spec = importlib.util.spec_from_file_location("pre", repo / "tools" / "preprocess_data.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    vocab, merges = train_tiny_bpe(tmp_path / "bpe")
+    texts = ["hello world", "def hello(world):\n    return world + 1\n", "the lazy dog"]
+    jsonl = tmp_path / "in.jsonl"
+    jsonl.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    args = ["--input", str(jsonl), "--tokenizer-name", "GPT2Tokenizer", "--vocab-file", vocab]
+    args += ["--merges-file", merges, "--append-eod", "--no-progress", "--output-format"]
+    assert module.main([*args, "fleetx", "--output-prefix", str(tmp_path / "out" / "c")]) == 0
+    prefix = str(tmp_path / "out" / "c_text_document")
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "c_text_document_ids.npy",
+        "c_text_document_idx.npz",
+    ]
+    tok = GPT2Tokenizer(vocab, merges)
+    docs = [tok.encode(t) + [tok.eod] for t in texts]
+    ids = np.load(prefix + "_ids.npy", mmap_mode="r", allow_pickle=True)
+    index = np.load(prefix + "_idx.npz")
+    assert ids.dtype == np.uint16 and ids.tolist() == [t for d in docs for t in d]
+    assert index["lens"].dtype == np.int32 and index["lens"].tolist() == [len(d) for d in docs]
+    assert index["docs"].dtype == np.int64 and index["docs"].tolist() == [0, 1, 2, 3]
+    data = FleetXGPTDataset(str(tmp_path / "out"), [1, 0, 0], 4, None, "Train", 1)
+    assert data.tokens.prefix == prefix
