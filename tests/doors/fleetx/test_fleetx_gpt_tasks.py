@@ -1,6 +1,7 @@
 """FleetX's GPT task modules by their names, run from FleetX's own YAMLs (tests/fixtures/
 fleetx, byte for byte) shrunk by ``-o``: GPTEvalModule's perplexity and LAMBADA accuracy
-against transformers' GPT-2 with the same weights on the same tokens, and
+against transformers' GPT-2 with the same weights on the same tokens (LAMBADA through
+tools/eval.py), and
 GPTGenerationModule exported by tools/export.py, then generating from the exported graphs
 as FleetX's inference YAML configures, token for token as the eager model."""
 
@@ -142,17 +143,24 @@ def test_gpt_eval_module_lambada_accuracy_equals_transformers_greedy(files, tmp_
         predicted = logits[len(context) - 1 :].argmax(-1).tolist()
         correct += predicted == target
     assert 0 < correct < len(lines)  # a reference with hits and misses
-    _, results = offline_eval(
-        files,
-        tmp_path,
+    proc = run_tool(  # as a FleetX user runs it
+        "eval",
+        GPT_CONFIGS / "eval_gpt_345M_single_card.yaml",
+        *TINY,
+        *NOT_YET_ACCEPTED,
+        *files["tok"],
+        files["pretrained"],
+        f"Engine.save_load.output_dir={tmp_path / 'out'}",
         f"Offline_Eval.eval_path={path}",
         "Offline_Eval.cloze_eval=true",
         "Offline_Eval.max_seq_len=16",
         "Offline_Eval.batch_size=3",
     )
-    assert results["num_examples"] == len(lines)
-    assert results["num_correct"] == correct
-    assert results["acc"] == pytest.approx(correct / len(lines))
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("eval "))
+    results = dict(item.split("=") for item in line.split()[1:])
+    assert float(results["num_examples"]) == len(lines)
+    assert float(results["num_correct"]) == correct
+    assert float(results["acc"]) == pytest.approx(correct / len(lines), rel=1e-5)
 
 
 def test_generation_export_then_inference_from_fleetx_yamls(files, tmp_path, sample_env):
