@@ -9,6 +9,7 @@ from libai.models.roberta_model import (
     RobertaForPreTraining,
     RobertaModel,
 )
+from libai.models.t5_megatron import MegatronT5ForPreTraining, MegatronT5Model
 from libai.models.t5_model import T5ForPreTraining, T5Model
 from libai.models.vit import VisionTransformer
 
@@ -20,6 +21,8 @@ __all__ = [
     "GPTModel",
     "LlamaForCausalLM",
     "LlamaModel",
+    "MegatronT5ForPreTraining",
+    "MegatronT5Model",
     "RobertaForCausalLM",
     "RobertaForClassification",
     "RobertaForPreTraining",
