@@ -132,25 +132,34 @@ def _save_config(cfg) -> None:
 
 def with_tokenizer(loader_cfg, tokenizer):
     """``loader_cfg`` whose dataset nodes take ``tokenizer`` where they leave theirs unset,
-    as LiBai's trainer hands the run's tokenizer to its datasets (a copy: the saved config
+    as LiBai's trainer hands the run's tokenizer to its datasets (on a copy: the saved config
     keeps no object). Nodes whose target takes no ``tokenizer`` are left alone."""
     datasets = try_get_key(loader_cfg, "dataset")
     if tokenizer is None or datasets is None:
         return loader_cfg
+    many = isinstance(datasets, (list, ListConfig))
+    wanting = [
+        i for i, node in enumerate(datasets if many else [datasets]) if _wants_tokenizer(node)
+    ]
+    if not wanting:
+        return loader_cfg
     loader_cfg = copy.deepcopy(loader_cfg)
-    datasets = loader_cfg.dataset
-    for node in datasets if isinstance(datasets, (list, ListConfig)) else [datasets]:
-        if not is_lazy_node(node) or node.get("tokenizer") is not None:
-            continue
-        target = node["_target_"]
-        target = locate(target) if isinstance(target, str) else target
-        try:
-            takes = "tokenizer" in inspect.signature(target).parameters
-        except (TypeError, ValueError):
-            takes = False
-        if takes:
-            node.tokenizer = tokenizer
+    nodes = loader_cfg.dataset if many else [loader_cfg.dataset]
+    for i in wanting:
+        nodes[i].tokenizer = tokenizer
     return loader_cfg
+
+
+def _wants_tokenizer(node) -> bool:
+    """A LazyCall dataset node whose target takes ``tokenizer`` and which sets none."""
+    if not is_lazy_node(node) or node.get("tokenizer") is not None:
+        return False
+    target = node["_target_"]
+    target = locate(target) if isinstance(target, str) else target
+    try:
+        return "tokenizer" in inspect.signature(target).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 class DefaultTrainer(TrainerBase):

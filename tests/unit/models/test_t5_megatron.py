@@ -192,3 +192,22 @@ def test_libai_keys_select_the_megatron_t5_and_hf_keys_keep_hugging_faces(single
     assert type(T5Model(cfg=CFG)).__name__ == "MegatronT5Model"
     with pytest.raises(ValueError, match="unknown config key model.cfg.intermidiate_size"):
         T5ForPreTraining(cfg={**CFG, "intermidiate_size": 48})
+
+
+def test_init_is_libais(single_process):
+    """N(0, initializer_range) everywhere, the output projections N(0, range / sqrt(2 *
+    hidden_layers)) (LiBai's scaled init), zero biases (the LM head's too), unit norms."""
+    torch.manual_seed(0)
+    model = T5ForPreTraining(cfg={**CFG, "hidden_size": 64, "intermediate_size": 256})
+    params = dict(model.named_parameters())
+    for name, std in [
+        ("t5_model.encoder.layers.0.mlp.dense_h_to_4h.weight", 0.02),
+        ("t5_model.decoder.layers.1.cross_attention.query.weight", 0.02),
+        ("t5_model.embedding.position_embeddings.weight", 0.02),
+        ("t5_model.encoder.layers.1.mlp.dense_4h_to_h.weight", 0.02 / 2),
+        ("t5_model.decoder.layers.0.self_attention.dense.weight", 0.02 / 2),
+    ]:
+        assert params[name].std().item() == pytest.approx(std, rel=0.1), name
+    assert not params["t5_model.lm_head.bias"].any()
+    assert not params["t5_model.decoder.layers.0.mlp.dense_h_to_4h.bias"].any()
+    assert bool((params["t5_model.encoder.final_layernorm.weight"] == 1).all())
