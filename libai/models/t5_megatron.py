@@ -13,8 +13,8 @@ given; LiBai's dataset mask is causal already, so the numbers are the same.
 ``T5Model(cfg=...)`` / ``T5ForPreTraining(cfg=...)`` build these classes when ``cfg``
 carries LiBai's keys (:func:`is_libai_t5_config`). Layers are numbered encoder
 ``0 .. E-1`` and decoder ``E .. 2E-1`` (``pipeline_num_layers = 2 * hidden_layers``), as in
-LiBai; this variant runs on data and tensor parallelism (no pipeline split: see
-:meth:`MegatronT5ForPreTraining.check_pipeline`).
+LiBai, and any pipeline split works: stages hand the next one ``(encoder hidden, decoder
+hidden)`` and read LiBai's three masks from their own batch.
 """
 
 from __future__ import annotations
@@ -125,7 +125,8 @@ class MegatronT5Model(nn.Module):
                 )
 
             module = nn.Module()
-            module.layers = nn.ModuleList(block(first + i) for i in range(hidden_layers))
+            # keyed by the index inside the stack: a pipeline stage drops the others, names stay
+            module.layers = nn.ModuleDict({str(i): block(first + i) for i in range(hidden_layers)})
             module.final_layernorm = LayerNorm(
                 hidden_size, eps=layernorm_eps, layer_idx=first + hidden_layers - 1
             )
@@ -137,11 +138,28 @@ class MegatronT5Model(nn.Module):
 
     def encode(self, encoder_input_ids, encoder_attn_mask=None) -> torch.Tensor:
         """The encoder output ``[batch, src_len, hidden]`` (after its final LayerNorm)."""
+        return self.run_encoder(self.embedding(encoder_input_ids), encoder_attn_mask)
+
+    def run_encoder(self, hidden, encoder_attn_mask=None) -> torch.Tensor:
+        """This stage's encoder blocks (and the final LayerNorm, when it is here)."""
         mask = extended_mask(encoder_attn_mask)
-        hidden = self.embedding(encoder_input_ids)
-        for layer in self.encoder.layers:
+        for layer in self.encoder.layers.values():
             hidden = layer(hidden, attention_mask=mask)
-        return self.encoder.final_layernorm(hidden)
+        norm = self.encoder.final_layernorm
+        return hidden if norm is None else norm(hidden)
+
+    def run_decoder(self, hidden, encoder_states, decoder_attn_mask, cross_mask) -> torch.Tensor:
+        """This stage's decoder blocks (and the final LayerNorm, when it is here)."""
+        self_mask, cross_mask = extended_mask(decoder_attn_mask), extended_mask(cross_mask)
+        for layer in self.decoder.layers.values():
+            hidden = layer(
+                hidden,
+                attention_mask=self_mask,
+                encoder_states=encoder_states,
+                encoder_attention_mask=cross_mask,
+            )
+        norm = self.decoder.final_layernorm
+        return hidden if norm is None else norm(hidden)
 
     def forward(
         self,
@@ -158,19 +176,28 @@ class MegatronT5Model(nn.Module):
         """
         if encoder_states is None:
             encoder_states = self.encode(encoder_input_ids, encoder_attn_mask)
-        self_mask = extended_mask(decoder_attn_mask)
-        cross_mask = extended_mask(encoder_decoder_attn_mask)
-        hidden = self.embedding(decoder_input_ids)
-        for layer in self.decoder.layers:
-            hidden = layer(
-                hidden,
-                attention_mask=self_mask,
-                encoder_states=encoder_states,
-                encoder_attention_mask=cross_mask,
-            )
-        hidden = self.decoder.final_layernorm(hidden)
+        hidden = self.run_decoder(
+            self.embedding(decoder_input_ids),
+            encoder_states,
+            decoder_attn_mask,
+            encoder_decoder_attn_mask,
+        )
         # [S(0), B] x [S(0), B]^T + [S(0)] -> [S(0), S(-1)]  (vocab-split, tied + bias)
         return self.lm_head(hidden)
+
+    def pipeline_stage(self, *xs, encoder_mask=None, decoder_mask=None, cross_mask=None):
+        """This pipeline stage's share: token ids ``(encoder, decoder)`` on the first stage,
+        else ``(encoder hidden, decoder hidden)`` from the previous one. Encoder layers come
+        before decoder layers, so a stage with decoder layers has the finished encoder
+        output. Returns the pair for the next stage, or on the last one the logits."""
+        enc, dec = xs
+        if self.embedding is not None:
+            enc, dec = self.embedding(enc), self.embedding(dec)
+        if len(self.encoder.layers) or self.encoder.final_layernorm is not None:
+            enc = self.run_encoder(enc, encoder_mask)
+        if len(self.decoder.layers) or self.decoder.final_layernorm is not None:
+            dec = self.run_decoder(dec, enc, decoder_mask, cross_mask)
+        return (enc, dec) if self.lm_head is None else self.lm_head(dec)
 
 
 class MegatronT5ForPreTraining(nn.Module):
@@ -185,7 +212,6 @@ class MegatronT5ForPreTraining(nn.Module):
 
     def __init__(self, cfg=None, **kwargs):
         super().__init__()
-        self.check_pipeline()
         self.t5_model = MegatronT5Model(cfg=cfg, **kwargs)
         self.loss_func = ParallelCrossEntropyLoss()
 
@@ -229,12 +255,31 @@ class MegatronT5ForPreTraining(nn.Module):
             count = count / dist.get_data_parallel_size()
         return total / count.clamp(min=1)
 
-    @staticmethod
-    def check_pipeline() -> None:
-        """LiBai's T5 runs without a pipeline split here: one line if one is asked for."""
-        if dist.get_pipeline_parallel_size() > 1:
-            raise ValueError(
-                "LiBai's T5 (model.cfg with intermediate_size / max_position_embeddings) does "
-                "not support pipeline parallelism here; set train.dist.pipeline_parallel_size=1 "
-                "(data and tensor parallelism work)."
-            )
+    # ---- pipeline contract (libai.runtime.parallel) --------------------------------------------
+    def pipeline_inputs(self, batch) -> tuple:
+        return batch["encoder_input_ids"], batch["decoder_input_ids"]
+
+    def pipeline_stage_kwargs(self, batch) -> dict:
+        """LiBai's three masks, which every stage reads from its own batch."""
+        return {
+            "encoder_mask": batch.get("encoder_attn_mask"),
+            "decoder_mask": batch.get("decoder_attn_mask"),
+            "cross_mask": batch.get("encoder_decoder_attn_mask"),
+        }
+
+    def pipeline_target(self, batch) -> torch.Tensor:
+        labels, loss_mask = batch["lm_labels"], batch.get("loss_mask")
+        if loss_mask is None:
+            return labels
+        return labels.masked_fill(loss_mask == 0, self.loss_func.ignore_index)
+
+    def pipeline_forward(self, *xs, encoder_mask=None, decoder_mask=None, cross_mask=None):
+        return self.t5_model.pipeline_stage(
+            *xs, encoder_mask=encoder_mask, decoder_mask=decoder_mask, cross_mask=cross_mask
+        )
+
+    def pipeline_loss(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """The last stage's loss, as :meth:`forward`'s (the global-token mean in training)."""
+        if self.training and torch.is_grad_enabled():
+            return self._global_token_mean(logits, target)
+        return self.loss_func(logits, target)

@@ -3,8 +3,8 @@ tokenizer with [BOS]/[EOS]/<extra_id_*>, LiBai's T5Dataset keywords, LiBai's Meg
 T5 keys) through tools/train_net.py with overrides only for sizes, run length and data
 paths (plus dropout off and graph.enabled=False, which only spares the comparisons the
 dropout masks and the tests the compile time): 1 process equals 2 processes at the same
-global batch, --resume reproduces the uninterrupted losses bit for bit, --eval-only on the
-trained weights reports the trained run's evaluation."""
+global batch (dp2, and pp2), --resume reproduces the uninterrupted losses bit for bit,
+--eval-only on the trained weights reports the trained run's evaluation."""
 
 from __future__ import annotations
 
@@ -66,16 +66,21 @@ def evaluation(log: str) -> tuple[float, float]:
     return tuple(float(v) for v in found[-1])
 
 
-def test_t5_pretrain_one_and_two_processes_resume_and_eval_only(t5_files, tmp_path):
-    one_dir = tmp_path / "one"
-    one = run_train_net(CONFIG, t5_overrides(t5_files, one_dir, micro=2))
-    log = one.stdout + one.stderr
+@pytest.fixture(scope="module")
+def one_process(t5_files, tmp_path_factory):
+    """The one-process run: its output directory, losses by iteration and evaluation."""
+    out = tmp_path_factory.mktemp("t5_one") / "run"
+    proc = run_train_net(CONFIG, t5_overrides(t5_files, out, micro=2))
+    log = proc.stdout + proc.stderr
     assert "MegatronT5ForPreTraining(" in log  # LiBai's T5, not Hugging Face's
     assert "bias_gelu_fusion" in log  # named as having no effect
-    want = losses(one_dir)
-    assert sorted(want) == [0, 1, 2, 3]
-    trained_eval = evaluation(log)
+    want = losses(out)
+    assert sorted(want) == [0, 1, 2, 3] and len(set(want.values())) == 4
+    return out, want, evaluation(log)
 
+
+def test_t5_pretrain_two_processes_resume_and_eval_only(t5_files, one_process, tmp_path):
+    one_dir, want, trained_eval = one_process
     # dp=2 derived from the launch (the config says 1); the loss is LiBai's mean over the
     # global batch's loss tokens although the two ranks hold different numbers of them.
     # train.amp.enabled=True in LiBai's train.py: bf16 autocast, so equal to bf16 rounding
@@ -105,3 +110,17 @@ def test_t5_pretrain_one_and_two_processes_resume_and_eval_only(t5_files, tmp_pa
     log = evaluated.stdout + evaluated.stderr
     assert "Starting training" not in log
     assert evaluation(log) == pytest.approx(trained_eval, rel=1e-6)
+
+
+def test_t5_pretrain_under_pipeline_parallelism(t5_files, one_process, tmp_path):
+    """pp2 (encoder on stage 0, decoder on stage 1, as LiBai's pipeline_num_layers = 2 x
+    hidden_layers splits it; the masks read by each stage from its batch): the one-process
+    losses and evaluation on the same global batches (bf16 autocast: to its rounding)."""
+    _, want, trained_eval = one_process
+    opts = t5_overrides(t5_files, tmp_path / "pp2", micro=2)
+    opts += ["train.dist.pipeline_parallel_size=2", "+train.dist.pipeline_schedule=GPipe"]
+    proc = run_train_net(CONFIG, opts, nproc=2)
+    got = losses(tmp_path / "pp2")
+    assert [got[i] for i in range(4)] == pytest.approx([want[i] for i in range(4)], rel=5e-5)
+    ppl, loss = evaluation(proc.stdout + proc.stderr)
+    assert loss == pytest.approx(trained_eval[1], rel=5e-5)  # ppl = exp(loss), 5.5x that
