@@ -1,7 +1,10 @@
 """LiBai's ``Generator``: the ``generate`` mixin of LiBai's project models, on libai's loops.
 
 A LiBai project model (``class GPTModel(nn.Module, Generator)``) keeps its own KV cache and
-gives :meth:`Generator.generate` three things, as in LiBai:
+gives :meth:`Generator.generate` three things, as in LiBai (an encoder-decoder model, with
+``cfg.is_encoder_decoder``, also ``forward(..., only_encoder=True)`` returning the encoder
+output, which each step's ``prepare_inputs_for_generation`` gets as ``encoder_outputs``
+with ``encoder_attn_mask``):
 
 - ``forward(**inputs)`` returning ``{"logits": [batch, seq, vocab]}``;
 - ``prepare_inputs_for_generation(input_ids, past=None, use_cache=None, ...)``: the forward
@@ -39,12 +42,14 @@ DEFAULT_MAX_LENGTH = 20
 class _ProjectModelStepper:
     """Drives a LiBai project model step by step for libai's decoding loops."""
 
-    is_encoder_decoder = False
     is_last = True  # one process holds the whole model here
 
-    def __init__(self, model, model_kwargs: dict, use_cache: bool, pass_mask: bool):
+    def __init__(
+        self, model, model_kwargs: dict, use_cache: bool, pass_mask: bool, encoder_decoder: bool
+    ):
         self.model, self.model_kwargs = model, model_kwargs
         self.use_cache, self.pass_mask = use_cache, pass_mask
+        self.is_encoder_decoder = encoder_decoder
         self.past, self.vocab_size, self.kwargs = None, None, {}
 
     def start(self, input_ids, attention_mask, expand: int, max_length: int) -> None:
@@ -97,6 +102,19 @@ class Generator:
             "(num_beams > 1): its cache with the rows reordered by beam_idx"
         )
 
+    def _encode_for_generation(self, input_ids, attention_mask, model_kwargs) -> dict:
+        """LiBai's encoder pass of an encoder-decoder model: ``self(encoder_input_ids=...,
+        encoder_attn_mask=..., only_encoder=True)`` gives ``encoder_outputs``; the masks go
+        on to every decoding step (``encoder_decoder_attn_mask`` too when the forward takes
+        it)."""
+        kwargs = {"encoder_attn_mask": attention_mask}
+        if "encoder_decoder_attn_mask" in inspect.signature(self.forward).parameters:
+            kwargs["encoder_decoder_attn_mask"] = attention_mask
+        encoder_outputs = self(
+            **model_kwargs, **kwargs, encoder_input_ids=input_ids, only_encoder=True
+        )
+        return {**kwargs, "encoder_outputs": encoder_outputs}
+
     def _generation_default(self, name: str, default):
         cfg = getattr(self, "cfg", None)
         if isinstance(cfg, Mapping) or hasattr(cfg, "get"):
@@ -132,24 +150,24 @@ class Generator:
     ) -> torch.Tensor:
         """Generate after ``inputs`` (``[batch, seq]`` token ids; ``input_ids=`` also works,
         none = one ``bos_token_id``). LiBai's arguments; ``max_length`` / ``min_length``
-        count the prompt, ``max_new_tokens`` does not. ``logits_processor``: processors
-        applied after the built-in ones. Returns ``[batch * num_return_sequences, len]``,
-        the prompt followed by the new tokens, finished rows padded with ``pad_token_id``.
+        count the prompt (an encoder-decoder's decoder start token), ``max_new_tokens`` does
+        not. ``logits_processor``: processors applied after the built-in ones. Returns
+        ``[batch * num_return_sequences, len]``: the prompt followed by the new tokens, or
+        for an encoder-decoder model (``cfg.is_encoder_decoder``; ``inputs`` are the encoder
+        ids) the decoder sequence from ``decoder_start_token_id``; finished rows are padded
+        with ``pad_token_id``.
         """
-        if self._generation_default("is_encoder_decoder", False):
-            raise NotImplementedError(
-                "Generator.generate supports decoder-only models here; encoder-decoder "
-                "models generate with libai.inference.generation.generate (ModelStepper)"
-            )
+        encoder_decoder = bool(self._generation_default("is_encoder_decoder", False))
         if stopping_criteria:
             raise NotImplementedError(
                 "custom stopping_criteria are not supported; use max_length / max_new_tokens "
                 "and eos_token_id"
             )
-        if inputs is not None and model_kwargs.get("input_ids") is not None:
-            raise ValueError("give the prompt as inputs or as input_ids, not both")
-        input_ids = inputs if inputs is not None else model_kwargs.pop("input_ids", None)
-        model_kwargs.pop("input_ids", None)
+        name = "encoder_input_ids" if encoder_decoder else "input_ids"
+        if inputs is not None and model_kwargs.get(name) is not None:
+            raise ValueError(f"give the prompt as inputs or as {name}, not both")
+        input_ids = inputs if inputs is not None else model_kwargs.pop(name, None)
+        model_kwargs.pop(name, None)
         bos = (
             bos_token_id
             if bos_token_id is not None
@@ -169,11 +187,24 @@ class Generator:
             if eos_token_id is not None
             else self._generation_default("eos_token_id", None)
         )
-        attention_mask = model_kwargs.pop("attention_mask", None)
+        mask_name = "encoder_attn_mask" if encoder_decoder else "attention_mask"
+        attention_mask = model_kwargs.pop(mask_name, None)
         if attention_mask is None:  # LiBai's rule: padding only when pad is in and != eos
             padded = pad is not None and bool((input_ids == pad).any()) and pad != eos
             attention_mask = input_ids.ne(pad).long() if padded else torch.ones_like(input_ids)
-        prompt = input_ids.shape[1]
+        forward_params = inspect.signature(self.forward).parameters
+        start = None
+        if encoder_decoder:
+            start = model_kwargs.pop("decoder_start_token_id", None)
+            start = (
+                start
+                if start is not None
+                else self._generation_default("decoder_start_token_id", bos)
+            )
+            model_kwargs.update(
+                self._encode_for_generation(input_ids, attention_mask, model_kwargs)
+            )
+        prompt = 1 if encoder_decoder else input_ids.shape[1]
         if max_length is not None and max_new_tokens is not None:
             raise ValueError("give max_length or max_new_tokens, not both")
         if max_new_tokens is None:
@@ -206,12 +237,11 @@ class Generator:
             num_return_sequences=int(pick(num_return_sequences, "num_return_sequences", 1)),
             eos_token_id=eos,
             pad_token_id=pad,
+            decoder_start_token_id=start,
         )
         use_cache = bool(pick(use_cache, "use_cache", True))
-        forward_params = inspect.signature(self.forward).parameters
-        stepper = _ProjectModelStepper(
-            self, model_kwargs, use_cache, pass_mask="attention_mask" in forward_params
-        )
+        pass_mask = not encoder_decoder and "attention_mask" in forward_params
+        stepper = _ProjectModelStepper(self, model_kwargs, use_cache, pass_mask, encoder_decoder)
         try:
             return run_generate(
                 stepper,

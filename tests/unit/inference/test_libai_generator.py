@@ -1,15 +1,16 @@
-"""LiBai's libai.inference.generator.Generator on a model written as LiBai's projects write
-them (MagicPrompt's GPT-2: the KV cache kept on the model, prepare_inputs_for_generation,
-_reorder_cache, generation defaults in self.cfg): greedy and beam search equal transformers'
-generate on the same tiny GPT-2 weights, token for token; its logits processors equal
-transformers' processors of the same names."""
+"""LiBai's libai.inference.generator.Generator on models written as LiBai's projects write
+them (MagicPrompt's GPT-2, MT5's encoder-decoder: the KV cache kept on the model,
+prepare_inputs_for_generation, _reorder_cache, only_encoder, generation defaults in
+self.cfg): greedy and beam search equal transformers' generate on the same tiny GPT-2 and
+T5 weights, token for token; its logits processors equal transformers' processors of the
+same names."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 import transformers
-from generation_helpers import make_gpt2_dir
+from generation_helpers import make_gpt2_dir, make_t5_dir
 from omegaconf import OmegaConf
 from torch import nn
 
@@ -55,6 +56,98 @@ class ProjectGPT(nn.Module, Generator):
             input_ids = input_ids[:, -1:]
             self.past_key_values = past
         return {"input_ids": input_ids, "use_cache": use_cache}
+
+
+class ProjectT5(nn.Module, Generator):
+    """LiBai's MT5 project protocol around libai's T5: the encoder pass with
+    only_encoder=True, the encoder output and the cache kept on the model."""
+
+    def __init__(self, t5, cfg):
+        super().__init__()
+        self.t5, self.cfg = t5, cfg
+        self.past_key_values = [None] * cfg.hidden_layers
+        self.encoder_states = None
+
+    def forward(
+        self,
+        encoder_input_ids=None,
+        decoder_input_ids=None,
+        encoder_attn_mask=None,
+        encoder_decoder_attn_mask=None,
+        use_cache=False,
+        only_encoder=False,
+    ):
+        if only_encoder:
+            return self.t5.t5_model.encode(encoder_input_ids, encoder_attn_mask)
+        past = self.past_key_values if self.past_key_values[0] is not None else None
+        out = self.t5(
+            encoder_attn_mask=encoder_decoder_attn_mask,
+            decoder_input_ids=decoder_input_ids,
+            encoder_states=self.encoder_states,
+            past_key_values=past,
+            use_cache=True,
+        )
+        if use_cache:
+            self.past_key_values = list(out["past_key_values"])
+        return {"logits": out["logits"]}
+
+    def _reorder_cache(self, beam_idx):
+        return [
+            tuple(tuple(t.index_select(0, beam_idx) for t in kv) for kv in p)
+            for p in self.past_key_values
+        ]
+
+    def prepare_inputs_for_generation(
+        self,
+        input_ids,
+        past=None,
+        encoder_attn_mask=None,
+        encoder_decoder_attn_mask=None,
+        use_cache=None,
+        encoder_outputs=None,
+    ):
+        if past is not None:
+            input_ids = input_ids[:, -1:]
+            self.past_key_values = past
+        self.encoder_states = encoder_outputs
+        return {
+            "decoder_input_ids": input_ids,
+            "encoder_attn_mask": encoder_attn_mask,
+            "encoder_decoder_attn_mask": encoder_decoder_attn_mask,
+            "use_cache": use_cache,
+        }
+
+
+@pytest.fixture(scope="module")
+def t5_models(tmp_path_factory):
+    path = make_t5_dir(tmp_path_factory.mktemp("generator_t5"))
+    dist.setup_dist_util()
+    hf = transformers.T5ForConditionalGeneration.from_pretrained(path).eval()
+    cfg = OmegaConf.create(
+        dict(
+            hidden_layers=hf.config.num_decoder_layers,
+            is_encoder_decoder=True,
+            decoder_start_token_id=0,
+            pad_token_id=0,
+            eos_token_id=1,
+        )
+    )
+    yield ProjectT5(load_huggingface(path).eval(), cfg), hf
+    dist.reset_dist_util()
+
+
+@pytest.mark.parametrize(
+    "search", [dict(max_new_tokens=8), dict(max_new_tokens=8, num_beams=3)], ids=["greedy", "beam"]
+)
+def test_encoder_decoder_generate_equals_transformers(t5_models, search):
+    """Encoder ids with padding (LiBai's mask: ids != pad): the decoder sequences of
+    transformers' T5 generate."""
+    ours, hf = t5_models
+    ids = torch.randint(3, hf.config.vocab_size, (2, 6), generator=torch.Generator().manual_seed(2))
+    ids[1, 4:] = 0  # right padding
+    want = hf.generate(ids, attention_mask=ids.ne(0).long(), do_sample=False, **search)
+    got = ours.generate(ids, **search)
+    assert torch.equal(got, want), (got, want)
 
 
 @pytest.fixture(scope="module")
