@@ -38,6 +38,24 @@ __all__ = ["Generator", "LogitsProcessor", "LogitsProcessorList"]
 #: transformers' default total length when neither max_length nor max_new_tokens is set
 DEFAULT_MAX_LENGTH = 20
 
+#: LiBai's generate arguments not implemented here -> the value that means "off"
+UNSUPPORTED = {
+    "typical_p": None,
+    "force_words_ids": None,
+    "encoder_no_repeat_ngram_size": None,
+    "max_time": None,
+    "num_beam_groups": 1,
+    "diversity_penalty": None,
+    "prefix_allowed_tokens_fn": None,
+    "renormalize_logits": None,
+    "constraints": None,
+    "output_scores": False,
+    "forced_bos_token_id": None,
+    "forced_eos_token_id": None,
+    "remove_invalid_values": None,
+    "exponential_decay_length_penalty": None,
+}
+
 
 class _ProjectModelStepper:
     """Drives a LiBai project model step by step for libai's decoding loops."""
@@ -158,6 +176,12 @@ class Generator:
         with ``pad_token_id``.
         """
         encoder_decoder = bool(self._generation_default("is_encoder_decoder", False))
+        for name, off in UNSUPPORTED.items():
+            value = model_kwargs.pop(name, off)
+            if value is not None and value != off:
+                raise NotImplementedError(
+                    f"generate({name}={value!r}) is not supported here; leave {name} unset"
+                )
         if stopping_criteria:
             raise NotImplementedError(
                 "custom stopping_criteria are not supported; use max_length / max_new_tokens "

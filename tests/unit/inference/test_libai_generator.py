@@ -201,6 +201,10 @@ def test_cfg_defaults_and_own_processors(models):
 
     banned = ours.generate(prompt, max_new_tokens=1, logits_processor=LogitsProcessorList([ban]))
     assert int(banned[0, 3]) != first
+    # LiBai's arguments with no implementation here: one line naming them (off values pass)
+    assert ours.generate(prompt, max_new_tokens=1, num_beam_groups=1, output_scores=False).shape
+    with pytest.raises(NotImplementedError, match=r"generate\(num_beam_groups=2\)"):
+        ours.generate(prompt, num_beams=4, num_beam_groups=2)
 
 
 def test_logits_processors_equal_transformers():
