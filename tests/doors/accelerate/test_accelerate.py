@@ -221,7 +221,9 @@ def test_bad_input_is_refused_before_any_collective(accelerate_files, tmp_path, 
         "Hugging Face cache",
     ):
         run_main([*base, "--pretrained-model-name-or-path", "bert-base-uncased"], monkeypatch)
-    with pytest.raises(ValueError, match="--data-path glue --data-name mrpc: datasets.load_dataset"):
+    with pytest.raises(
+        ValueError, match="--data-path glue --data-name mrpc: datasets.load_dataset"
+    ):
         run_main([*base, "--data-path", "glue", "--data-name", "mrpc"], monkeypatch)
     with pytest.raises(ValueError, match="column 'sentence3' not found.*columns found"):
         run_main([*base, "--text-columns", "sentence1,sentence3"], monkeypatch)
