@@ -221,10 +221,11 @@ def test_bad_input_is_refused_before_any_collective(accelerate_files, tmp_path, 
         "Hugging Face cache",
     ):
         run_main([*base, "--pretrained-model-name-or-path", "bert-base-uncased"], monkeypatch)
+    hub_id = ["--data-path", "no-such-org/glue", "--data-name", "mrpc"]  # not in any cache
     with pytest.raises(
-        ValueError, match="--data-path glue --data-name mrpc: datasets.load_dataset"
+        ValueError, match="--data-path no-such-org/glue --data-name mrpc: datasets.load_dataset"
     ):
-        run_main([*base, "--data-path", "glue", "--data-name", "mrpc"], monkeypatch)
+        run_main([*base, *hub_id], monkeypatch)
     with pytest.raises(ValueError, match="column 'sentence3' not found.*columns found"):
         run_main([*base, "--text-columns", "sentence1,sentence3"], monkeypatch)
     with pytest.raises(ValueError, match="contradict each other"):

@@ -11,6 +11,7 @@ import json
 import logging
 import math
 import runpy
+import tempfile
 
 import pytest
 import torch
@@ -161,7 +162,10 @@ def glue_reference_loss(stand_ins, autocast: bool) -> float:
     first global batch whatever the order; dropout is off) at the seq length of COMMON."""
     import datasets
 
-    rows = datasets.load_dataset(str(stand_ins["glue"]), "mrpc", split="train")
+    with tempfile.TemporaryDirectory() as cache:  # never the user's ~/.cache
+        rows = datasets.load_dataset(
+            str(stand_ins["glue"]), "mrpc", split="train", cache_dir=cache, keep_in_memory=True
+        )
     tok = transformers.AutoTokenizer.from_pretrained(stand_ins["model"])
     enc = tok(
         list(rows["sentence1"]),
