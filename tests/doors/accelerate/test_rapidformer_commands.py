@@ -264,6 +264,44 @@ def test_bert_pretraining_trains_masked_lm_and_next_sentence(stand_ins, tmp_path
     assert {"eval_perplexity", "eval_next_sentence_accuracy"} <= set(last), last
 
 
+def test_the_documented_pretraining_runs_as_written(stand_ins, tmp_path, cheap_compile):
+    """Every flag of the documented command, --pretrained-model-name-or-path included (its
+    config under Megatron's flags) and --fsdp-memory-optimization (one rank: a no-op)."""
+    data, vocab = stand_ins["bert_data"], stand_ins["vocab"]
+    argv = PRETRAIN.format(tok="BertWordPieceLowerCase", data=data, vocab=vocab).split()
+    model = ["--pretrained-model-name-or-path", str(stand_ins["model"])]
+    switches = ["--mixed-precision", "--onnx-runtime-training", "--fsdp-memory-optimization"]
+    out = tmp_path / "as_written"
+    run_cli([*argv[:2], *model, *argv[2:], *switches, "--log-interval", "1", "--save", str(out)])
+    saved = transformers.BertForPreTraining.from_pretrained(out / "hf")
+    assert saved.config.initializer_range == 0.2  # the model directory's setting
+    assert saved.config.num_hidden_layers == 2 and saved.config.intermediate_size == 128
+    assert len(read_metrics(out)) == 2
+
+
+def test_preprocess_data_takes_megatron_flag_names(stand_ins, tmp_path):
+    """--tokenizer-type / --vocab / --merge-file write the very files of libai's names."""
+    corpus = stand_ins["root"] / "book_wiki_owtv2_small.json"
+    common = ["--input", str(corpus), "--no-progress", "--workers", "1"]
+    preprocess(
+        [*common, "--output-prefix", str(tmp_path / "bert"), "--tokenizer-name", "BertTokenizer",
+         "--vocab-file", str(stand_ins["vocab"]), "--do-lower-case", "--split-sentences"]
+    )  # fmt: skip
+    preprocess(
+        [*common, "--output-prefix", str(tmp_path / "gpt"), "--tokenizer-name", "GPT2Tokenizer",
+         "--vocab-file", str(stand_ins["gpt_vocab"]), "--merges-file",
+         str(stand_ins["gpt_merges"]), "--append-eod"]
+    )  # fmt: skip
+    for ours, megatron in (("bert_text_sentence", "bert_text_sentence"),
+                           ("gpt_text_document", "gpt_text_document")):  # fmt: skip
+        for ext in (".bin", ".idx"):
+            mine = (tmp_path / (ours + ext)).read_bytes()
+            assert mine == (stand_ins["root"] / (megatron + ext)).read_bytes(), ours + ext
+    script = runpy.run_path(str(ROOT / "tools" / "preprocess_data.py"))
+    with pytest.raises(SystemExit):  # argparse: one line naming the flags
+        script["get_args"](["--input", str(corpus), "--output-prefix", str(tmp_path / "x")])
+
+
 def test_gpt2_bpe_pretraining_trains_a_causal_lm(stand_ins, tmp_path):
     data = stand_ins["gpt_data"]
     argv = PRETRAIN.format(tok="GPT2BPETokenizer", data=data, vocab=stand_ins["gpt_vocab"]).split()
