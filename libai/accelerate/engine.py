@@ -354,7 +354,8 @@ class AccelerateEngine:
         """Train ``model`` with the core's loop for ``train_iter`` steps: the runner of the
         flags (``loss_fn(batch)`` instead of the model contract when given), ``optimizer``
         / ``lr_scheduler`` (``None``: from the flags; an optimizer is refused under ZeRO-3),
-        checkpoints every ``--save-interval`` under ``--save`` (resume with ``--load``),
+        checkpoints every ``--save-interval`` under ``--save`` (``--load``: a checkpoint
+        resumes; a Hugging Face model directory gives the starting weights, at step 0),
         ``evaluate()`` every ``--eval-interval`` and at the end, console / metrics.json /
         TensorBoard every ``--log-interval``. Returns the trained (runner) model."""
         a = self.args

@@ -364,7 +364,9 @@ def test_fsdp_shards_tied_weights_and_equals_plain_data_parallel(stand_ins, tmp_
     """BertForPreTraining (decoder tied to the word embedding) on 2 ranks: with
     --fsdp-memory-optimization the tied weight is sharded with the root's unit, each rank
     holds half the parameters, and the loss of every step and every gradient equal plain
-    data parallel; the documented pretraining command with the switch runs end to end."""
+    data parallel; the documented pretraining command with the switch gives the losses of
+    the command without it. In the same launch the documented fine-tune on dp2 (ZeRO-1
+    sharding) starts from transformers' loss on the global batch."""
     data, vocab = stand_ins["bert_data"], stand_ins["vocab"]
     argv = PRETRAIN.format(tok="BertWordPieceLowerCase", data=data, vocab=vocab).split()
     config = dict(
@@ -381,6 +383,10 @@ def test_fsdp_shards_tied_weights_and_equals_plain_data_parallel(stand_ins, tmp_
             for name, flags in (("cli_plain", []), ("cli_fsdp", ["--fsdp-memory-optimization"]))
         },
     }
+    # the documented fine-tune on 2 ranks (ZeRO-1 now shards), fp32: micro 8 x 2 = global 16
+    finetune = FINETUNE.format(**stand_ins).split()
+    finetune = [a for a in finetune if a not in ("--mixed-precision", "--onnx-runtime-training")]
+    spec["cli"]["finetune_dp2"] = [*finetune, *COMMON, "--save", str(tmp_path / "finetune_dp2")]
     results = torchrun("accelerate_tied.py", 2, json.dumps(spec))
     for rank, r in enumerate(results):
         assert r["ok"], f"rank {rank}: {r['error']}\n{r['trace']}"
@@ -393,7 +399,9 @@ def test_fsdp_shards_tied_weights_and_equals_plain_data_parallel(stand_ins, tmp_
     assert set(fsdp["grads"]) == set(plain["grads"])
     for name, g in plain["grads"].items():
         assert torch.allclose(torch.tensor(fsdp["grads"][name]), torch.tensor(g), atol=1e-6), name
-    assert all(r["cli_plain"]["code"] == 0 and r["cli_fsdp"]["code"] == 0 for r in results)
+    assert all(r[name]["code"] == 0 for r in results for name in spec["cli"])
+    got = first_loss(tmp_path / "finetune_dp2")
+    assert got == pytest.approx(glue_reference_loss(stand_ins, autocast=False), abs=1e-5)
     cli_losses = {
         name: [m["total_loss"] for _, m in sorted(read_metrics(tmp_path / name).items())
                if "total_loss" in m]
