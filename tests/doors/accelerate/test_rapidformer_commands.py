@@ -12,6 +12,7 @@ import logging
 import math
 import runpy
 import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -154,6 +155,36 @@ def test_a_glue_shaped_repo_loads_with_its_splits_and_columns(stand_ins, tmp_pat
     saved = tmp_path / "saved"
     want.save_to_disk(str(saved))
     assert load_data(str(saved))["validation"].to_dict() == want["validation"].to_dict()
+
+
+def test_hub_ids_come_from_the_hugging_face_cache_offline(stand_ins, tmp_path, monkeypatch):
+    """``--data-path glue --data-name mrpc`` and a model id read the caches (a private one
+    here), with the hub offline: no download is tried."""
+    import shutil
+
+    import datasets
+    import huggingface_hub
+
+    from libai.accelerate.hub_data import resolve_model_dir
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "datasets"))
+    monkeypatch.chdir(stand_ins["glue"].parent)  # "glue" is the repository once: cache it
+    datasets.load_dataset("glue", "mrpc")
+    monkeypatch.chdir(tmp_path)  # now "glue" names no directory: a Hub id
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    splits = load_data("glue", "mrpc")
+    assert sorted(splits) == ["test", "train", "validation"] and len(splits["train"]) == 16
+    # a model snapshot as the Hub cache lays it out: models--org--name/snapshots/<rev>/
+    repo = tmp_path / "hub" / "models--google-bert--bert-base-cased"
+    shutil.copytree(stand_ins["model"], repo / "snapshots" / ("0" * 40))
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0" * 40)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    found = resolve_model_dir("google-bert/bert-base-cased")
+    assert (tmp_path / "hub").resolve() in Path(found).resolve().parents
+    assert transformers.BertForSequenceClassification.from_pretrained(found).num_labels == 2
+    with pytest.raises(FileNotFoundError, match="neither a local model directory nor a Hub"):
+        resolve_model_dir("google-bert/bert-base-uncased")
 
 
 # ---- the documented fine-tune ---------------------------------------------------------------
@@ -360,6 +391,27 @@ def test_load_takes_a_hugging_face_directory_or_a_checkpoint(stand_ins, tmp_path
 
 
 # ---- FSDP with tied weights on dp2 ------------------------------------------------------------
+def test_fsdp_units_leave_a_block_tied_to_the_root_to_the_root():
+    """transformers' BertForPreTraining: the embedding block holds the word embedding the
+    MLM decoder (on the root) ties; FSDP's units leave that block to the root, keep the
+    layers, and every parameter is in exactly one unit."""
+    from libai.runtime.blocks import model_blocks
+    from libai.runtime.fsdp import blocks_tied_to_root_merged, check_fsdp_units
+
+    config = transformers.BertConfig(
+        vocab_size=len(BERT_VOCAB), hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=32,
+    )  # fmt: skip
+    model = transformers.BertForPreTraining(config)
+    blocks = model_blocks(model)
+    assert model.bert.embeddings in blocks
+    with pytest.raises(ValueError, match="used by block bert.embeddings and outside the blocks"):
+        check_fsdp_units(model, blocks)
+    units = blocks_tied_to_root_merged(model, blocks)
+    assert units == list(model.bert.encoder.layer)
+    check_fsdp_units(model, units)
+
+
 def test_fsdp_shards_tied_weights_and_equals_plain_data_parallel(stand_ins, tmp_path):
     """BertForPreTraining (decoder tied to the word embedding) on 2 ranks: with
     --fsdp-memory-optimization the tied weight is sharded with the root's unit, each rank
