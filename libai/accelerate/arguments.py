@@ -2,7 +2,8 @@
 ``train`` namespace (:mod:`libai.runtime.core` builds the runner, hooks and writers from it).
 
 Everything that can be checked without a collective is checked here, before the mesh exists:
-the task, local paths (nothing is downloaded), batch arithmetic against the process count,
+the task, paths (a model's Hub id is resolved to its snapshot in the Hugging Face cache;
+nothing is downloaded unless ``HF_HUB_OFFLINE=0``), batch arithmetic against the process count,
 the layout against the model's architecture, and contradicting switches.
 """
 

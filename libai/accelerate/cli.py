@@ -21,7 +21,7 @@ from libai import dist
 from libai.accelerate.arguments import parse_args
 from libai.accelerate.data import pretraining_datasets
 from libai.accelerate.engine import AccelerateEngine
-from libai.accelerate.hub_data import evaluation_split, load_data
+from libai.accelerate.hub_data import train_and_eval_splits
 from libai.accelerate.models import (
     HFTaskModel,
     build_model,
@@ -32,7 +32,7 @@ from libai.accelerate.models import (
     zoo_batch,
 )
 from libai.accelerate.pretraining import (
-    bert_pretraining_datasets,
+    bert_black_box_datasets,
     build_pretraining_model,
     from_megatron_flags,
     pretraining_family,
@@ -120,28 +120,6 @@ def _tokenizer(args, model_type):
     )
 
 
-def task_splits(args):
-    """``(train, valid)`` of ``--data-path`` [``--data-name``]: its ``train`` split and its
-    evaluation split, or ``--validation-path`` when given."""
-    splits = load_data(args.data_path, args.data_name, "--data-path")
-    if "train" not in splits:
-        raise ValueError(f"--data-path {args.data_path}: no 'train' split (found {list(splits)})")
-    if args.validation_path:
-        other = load_data(args.validation_path, None, "--validation-path")
-        valid = other[evaluation_split(other) or "train"]
-    else:
-        name = evaluation_split(splits)
-        valid = splits[name] if name else None
-    logger.info(
-        "data %s%s: %d training rows, %s",
-        args.data_path,
-        f" ({args.data_name})" if args.data_name else "",
-        len(splits["train"]),
-        f"{len(valid)} evaluation rows" if valid is not None else "no evaluation split",
-    )
-    return splits["train"], valid
-
-
 class _Prepared:
     def __init__(self, train, valid, model_kwargs=None):
         self.train, self.valid, self.model_kwargs = train, valid, model_kwargs or {}
@@ -192,7 +170,7 @@ def main(argv=None) -> int:
     if task.name == "pretraining":
         prepared = None  # built on the mesh: the sample counts need the step count
     else:  # data, columns and tokenization before any collective
-        train, valid = task_splits(args)
+        train, valid = train_and_eval_splits(args.data_path, args.data_name, args.validation_path)
         prepared = task.prepare(train, valid, tokenizer, args)
     engine = AccelerateEngine(args)
     if prepared is None:
@@ -202,17 +180,7 @@ def main(argv=None) -> int:
         evals = (steps // (args.eval_interval or steps) + 1) * (args.eval_iters or 1)
         samples = [steps * args.global_batch_size, evals * args.global_batch_size]
         if family == "bert":
-            train, valid, _ = bert_pretraining_datasets(
-                args.data_path,
-                tokenizer,
-                data_impl=args.data_impl,
-                splits_string=args.split,
-                train_valid_test_num_samples=[*samples, 0],
-                max_seq_length=args.seq_length,
-                masked_lm_prob=getattr(args, "mask_prob", None) or args.mlm_probability,
-                short_seq_prob=getattr(args, "short_seq_prob", None) or 0.1,
-                seed=args.seed,
-            )
+            train, valid = bert_black_box_datasets(args, tokenizer, samples)
         else:
             train, valid = pretraining_datasets(args, samples)
         prepared = _Prepared(train, valid)

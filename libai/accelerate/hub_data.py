@@ -30,6 +30,7 @@ __all__ = [
     "load_data",
     "offline_by_default",
     "resolve_model_dir",
+    "train_and_eval_splits",
 ]
 
 #: text columns of the GLUE / SuperGLUE tasks (and common single-text sets), most specific
@@ -91,6 +92,9 @@ def load_data(path: str, name: str | None = None, flag: str = "--data-path") -> 
     through a private cache (ranks never share one); a Hub id uses the Hugging Face cache."""
     import datasets
 
+    looks_local = path.startswith((".", os.sep)) or os.path.splitext(path)[1] in FILE_FORMATS
+    if looks_local and not os.path.exists(path):
+        raise FileNotFoundError(f"{flag} {path!r}: no such file or directory")
     if os.path.isfile(path):
         ext = os.path.splitext(path)[1].lower()
         if ext not in FILE_FORMATS:
@@ -143,6 +147,29 @@ def evaluation_split(splits: dict) -> str | None:
     if "validation" in splits:
         return "validation"
     return next((s for s in splits if s.startswith("validation")), None)
+
+
+def train_and_eval_splits(data_path: str, data_name: str | None, validation_path=None):
+    """``(train, valid)``: the ``train`` split of ``--data-path`` [``--data-name``] and its
+    evaluation split (:func:`evaluation_split`; ``None`` without one), or the data of
+    ``--validation-path`` when given."""
+    splits = load_data(data_path, data_name, "--data-path")
+    if "train" not in splits:
+        raise ValueError(f"--data-path {data_path}: no 'train' split (found {list(splits)})")
+    if validation_path:
+        other = load_data(validation_path, None, "--validation-path")
+        valid = other[evaluation_split(other) or "train"]
+    else:
+        name = evaluation_split(splits)
+        valid = splits[name] if name else None
+    logger.info(
+        "data %s%s: %d training rows, %s",
+        data_path,
+        f" ({data_name})" if data_name else "",
+        len(splits["train"]),
+        f"{len(valid)} evaluation rows" if valid is not None else "no evaluation split",
+    )
+    return splits["train"], valid
 
 
 def infer_text_columns(columns) -> list[str]:

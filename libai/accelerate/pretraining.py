@@ -30,6 +30,7 @@ __all__ = [
     "GPT_TOKENIZERS",
     "BertPretrainingSamples",
     "add_megatron_model_flags",
+    "bert_black_box_datasets",
     "bert_pretraining_datasets",
     "build_pretraining_model",
     "check_pretraining_args",
@@ -275,3 +276,21 @@ def bert_pretraining_datasets(
         config, [split], [1.0], list(train_valid_test_num_samples)
     )
     return tuple(None if d is None else BertPretrainingSamples(d) for d in built)
+
+
+def bert_black_box_datasets(args, tokenizer, num_samples: list[int]):
+    """``(train, valid)`` BERT samples of the black box's flags (``--data-path`` prefix,
+    ``--split``, ``--seq-length``, Megatron's ``--mask-prob`` / ``--short-seq-prob`` when
+    the parser has them, else ``--mlm-probability`` / 0.1)."""
+    train, valid, _ = bert_pretraining_datasets(
+        args.data_path,
+        tokenizer,
+        data_impl=args.data_impl,
+        splits_string=args.split,
+        train_valid_test_num_samples=[*num_samples, 0],
+        max_seq_length=args.seq_length,
+        masked_lm_prob=getattr(args, "mask_prob", None) or args.mlm_probability,
+        short_seq_prob=getattr(args, "short_seq_prob", None) or 0.1,
+        seed=args.seed,
+    )
+    return train, valid

@@ -221,6 +221,8 @@ def test_bad_input_is_refused_before_any_collective(accelerate_files, tmp_path, 
         "Hugging Face cache",
     ):
         run_main([*base, "--pretrained-model-name-or-path", "bert-base-uncased"], monkeypatch)
+    with pytest.raises(FileNotFoundError, match="--data-path 'missing/train.csv': no such"):
+        run_main([*base, "--data-path", "missing/train.csv"], monkeypatch)
     hub_id = ["--data-path", "no-such-org/glue", "--data-name", "mrpc"]  # not in any cache
     with pytest.raises(
         ValueError, match="--data-path no-such-org/glue --data-name mrpc: datasets.load_dataset"
