@@ -1,0 +1,111 @@
+"""LiBai's ImageNetDataset (root/train, root/val folders) and CIFAR100Dataset (local
+python-pickle files in the real CIFAR-100 format) on tiny files written here: pixels and
+labels against the files, LiBai's Instance samples, the loaders' batches, clear errors."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from libai.data import build_image_test_loader
+from libai.data.build import trivial_batch_collator
+from libai.data.datasets import CIFAR100Dataset, ImageNetDataset
+from libai.data.structures import DistTensorData, Instance
+from libai.data.transforms import Compose, ToTensor
+
+
+@pytest.fixture(scope="module")
+def imagenet(tmp_path_factory):
+    """{split: {path: pixels}} under root/<split>/<class>/, 2 classes (sorted: ant, bee)."""
+    root = tmp_path_factory.mktemp("imnet")
+    rng = np.random.default_rng(0)
+    files = {}
+    for split, n in (("train", 3), ("val", 1)):
+        for cls in ("bee", "ant"):
+            (root / split / cls).mkdir(parents=True)
+            for i in range(n):
+                px = rng.integers(0, 256, (6, 5, 3), dtype=np.uint8)
+                Image.fromarray(px).save(root / split / cls / f"{i}.png")
+                files[(split, cls, i)] = px
+    return root, files
+
+
+def test_imagenet_dataset_reads_split_folders_as_instances(imagenet):
+    root, files = imagenet
+    train = ImageNetDataset(str(root), train=True, transform=Compose([ToTensor()]))
+    assert train.classes == ["ant", "bee"] and len(train) == 6
+    sample = train[4]  # sorted: ant/0..2, bee/0..2
+    assert isinstance(sample, Instance) and isinstance(sample.images, DistTensorData)
+    assert sample.images.placement_idx == 0 and sample.labels.placement_idx == -1
+    want = torch.from_numpy(files[("train", "bee", 1)]).permute(2, 0, 1).float() / 255
+    torch.testing.assert_close(sample.images.tensor, want)
+    assert sample.labels.tensor.dtype == torch.long and int(sample.labels.tensor) == 1
+    val = ImageNetDataset(str(root), train=False, transform=Compose([ToTensor()]))
+    assert len(val) == 2 and [label for _, label in val.samples] == [0, 1]
+    batch = trivial_batch_collator([val[0], val[1]])
+    assert batch["images"].shape == (2, 3, 6, 5) and batch["labels"].tolist() == [0, 1]
+    with pytest.raises(FileNotFoundError, match=r"train/ and val/"):
+        ImageNetDataset(str(root / "train"), train=True)
+
+
+def write_cifar100(folder, n, seed, keys_as_bytes=True):
+    """A CIFAR-100 pickle as the real one: data uint8 [N, 3072] (R, G, B planes of 32x32)."""
+    rng = np.random.default_rng(seed)
+    data = rng.integers(0, 256, (n, 3072), dtype=np.uint8)
+    labels = [int(v) for v in rng.integers(0, 100, n)]
+    k = (lambda s: s.encode()) if keys_as_bytes else (lambda s: s)
+    entry = {k("data"): data, k("fine_labels"): labels, k("coarse_labels"): [0] * n}
+    folder.mkdir(parents=True, exist_ok=True)
+    return entry, data, labels
+
+
+@pytest.fixture(scope="module")
+def cifar(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cifar")
+    out = {}
+    for name, n, seed, as_bytes in (("train", 6, 1, True), ("test", 4, 2, False)):
+        entry, data, labels = write_cifar100(root / "cifar-100-python", n, seed, as_bytes)
+        with open(root / "cifar-100-python" / name, "wb") as f:
+            pickle.dump(entry, f)
+        out[name] = (data, labels)
+    return root, out
+
+
+def test_cifar100_dataset_reads_the_pickles(cifar):
+    root, files = cifar
+    for name, train in (("train", True), ("test", False)):
+        data, labels = files[name]
+        ds = CIFAR100Dataset(str(root), train=train, transform=Compose([ToTensor()]))
+        assert len(ds) == len(labels)
+        for i in (0, len(ds) - 1):
+            sample = ds[i]
+            want = torch.from_numpy(data[i].reshape(3, 32, 32)).float() / 255
+            torch.testing.assert_close(sample.images.tensor, want)
+            assert int(sample.labels.tensor) == labels[i]
+    loader = build_image_test_loader(
+        CIFAR100Dataset(str(root), train=False, transform=Compose([ToTensor()])), 2
+    )
+    batches = list(loader)
+    assert [b["labels"].tolist() for b in batches] == [files["test"][1][:2], files["test"][1][2:]]
+
+
+def test_cifar100_missing_files_and_unsafe_pickles_are_clear_errors(tmp_path, cifar):
+    with pytest.raises(FileNotFoundError, match="download=True cannot fetch it here"):
+        CIFAR100Dataset(str(tmp_path), train=True, download=True)
+    with pytest.raises(FileNotFoundError, match=r"cifar-100-python/test not found"):
+        CIFAR100Dataset(str(tmp_path), train=False)
+
+    class Boom:
+        def __reduce__(self):
+            return (print, ("ran",))
+
+    folder = tmp_path / "cifar-100-python"
+    folder.mkdir()
+    with open(folder / "train", "wb") as f:
+        pickle.dump({"data": Boom(), "fine_labels": []}, f)
+    with pytest.raises(pickle.UnpicklingError, match=r"builtins.print is not allowed"):
+        CIFAR100Dataset(str(tmp_path), train=True)
