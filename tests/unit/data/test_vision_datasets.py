@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from train_net_helpers import ROOT
 
+from libai.config import LazyConfig, instantiate
 from libai.data import build_image_test_loader
 from libai.data.build import trivial_batch_collator
 from libai.data.datasets import CIFAR100Dataset, ImageNetDataset
@@ -109,3 +111,38 @@ def test_cifar100_missing_files_and_unsafe_pickles_are_clear_errors(tmp_path, ci
         pickle.dump({"data": Boom(), "fine_labels": []}, f)
     with pytest.raises(pickle.UnpicklingError, match=r"builtins.print is not allowed"):
         CIFAR100Dataset(str(tmp_path), train=True)
+
+
+def test_libai_cifar100_data_config_builds_mixed_batches(cifar):
+    """LiBai's configs/common/data/cifar100.py (unmodified; swin_cifar100.py and
+    swinv2_cifar100.py build on it) with the root and image size overridden: the train
+    loader yields Mixup / CutMix batches of soft targets over 100 classes, the test loader
+    the files' labels."""
+    root, files = cifar
+    cfg = LazyConfig.load(str(ROOT / "tests/fixtures/libai/configs/common/data/cifar100.py"))
+    cfg = LazyConfig.apply_overrides(
+        cfg,
+        [
+            f"dataloader.train.dataset.0.root={root}",
+            f"dataloader.test.0.dataset.root={root}",
+            "dataloader.train.dataset.0.transform.transforms.0.size=[16,16]",
+            "dataloader.test.0.dataset.transform.transforms.0.size=16",
+            "dataloader.test.0.dataset.transform.transforms.1.size=16",
+            "dataloader.train.num_workers=0",
+            "dataloader.test.0.num_workers=0",
+        ],
+    )
+    train_loader, _, _ = instantiate(cfg.dataloader.train, train_batch_size=2, seed=0)
+    batch = next(iter(train_loader))
+    assert batch["images"].shape == (2, 3, 16, 16)
+    targets = batch["labels"]
+    assert targets.shape == (2, 100)
+    torch.testing.assert_close(targets.sum(1), torch.ones(2))
+    # label smoothing 0.1 puts 0.001 on every class; the rest sits on the two mixed labels
+    assert bool((targets >= 0.001 - 1e-7).all())
+    above = targets > 0.001 + 1e-6
+    assert set(above.nonzero()[:, 1].tolist()) <= set(files["train"][1])
+    assert above.sum(1).tolist() in ([1, 1], [2, 2])  # one class when both labels are equal
+    torch.testing.assert_close((targets - 0.001).clamp(min=0).sum(1), torch.full((2,), 0.9))
+    test_loader = instantiate(cfg.dataloader.test[0], test_batch_size=4)
+    assert next(iter(test_loader))["labels"].tolist() == files["test"][1]
