@@ -146,3 +146,29 @@ def test_libai_cifar100_data_config_builds_mixed_batches(cifar):
     torch.testing.assert_close((targets - 0.001).clamp(min=0).sum(1), torch.full((2,), 0.9))
     test_loader = instantiate(cfg.dataloader.test[0], test_batch_size=4)
     assert next(iter(test_loader))["labels"].tolist() == files["test"][1]
+
+
+def test_mixup_runs_in_the_main_process_with_loader_workers(imagenet):
+    """With DataLoader workers, Mixup still draws from the main process's numpy generator
+    (LiBai applies it in the trainer): batch k mixes at the k-th draw -- not every worker
+    repeating one copy of the generator."""
+    from libai.data import build_image_train_loader
+    from libai.data.mixup import Mixup
+
+    root, _ = imagenet
+    ds = ImageNetDataset(str(root), train=True, transform=Compose([ToTensor()]))
+    plain, _, _ = build_image_train_loader([ds], 2, num_workers=2, seed=5)
+    mix = Mixup(mixup_alpha=0.8, cutmix_alpha=0.0, label_smoothing=0.0, num_classes=2)
+    mixed, _, _ = build_image_train_loader([ds], 2, num_workers=2, seed=5, mixup_func=mix)
+    np.random.seed(11)
+    lams = []
+    for _ in range(2):
+        np.random.rand()
+        lams.append(np.random.beta(0.8, 0.8))
+    np.random.seed(11)
+    for lam, want, got in zip(lams, plain, mixed):
+        x = want["images"]
+        torch.testing.assert_close(got["images"], lam * x + (1 - lam) * x.flip(0))
+        onehot = torch.nn.functional.one_hot(want["labels"], 2).float()
+        torch.testing.assert_close(got["labels"], lam * onehot + (1 - lam) * onehot.flip(0))
+    assert lams[0] != lams[1]
