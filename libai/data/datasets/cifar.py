@@ -69,6 +69,8 @@ class CIFAR10Dataset(torch.utils.data.Dataset):
         seed: augmentation seed (as :class:`~libai.data.datasets.ImageFolderDataset`).
     """
 
+    takes_epoch_index = True
+
     base_folder = "cifar-10-batches-py"
     train_files = tuple(f"data_batch_{i}" for i in range(1, 6))
     test_files = ("test_batch",)
@@ -107,9 +109,12 @@ class CIFAR10Dataset(torch.utils.data.Dataset):
         return len(self.data)
 
     def __getitem__(self, idx: int):
+        epoch = getattr(idx, "epoch", None)  # see ImageFolderDataset
         idx = int(idx)
-        rng = np.random.default_rng([self.seed, idx, self._reads[idx]])
-        self._reads[idx] += 1
+        if epoch is None:
+            epoch = self._reads[idx]
+            self._reads[idx] += 1
+        rng = np.random.default_rng([self.seed, idx, epoch])
         images = apply_transform(self.transform, Image.fromarray(self.data[idx]), rng)
         if not isinstance(images, torch.Tensor):
             images = torch.as_tensor(np.asarray(images))

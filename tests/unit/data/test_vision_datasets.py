@@ -172,3 +172,33 @@ def test_mixup_runs_in_the_main_process_with_loader_workers(imagenet):
         onehot = torch.nn.functional.one_hot(want["labels"], 2).float()
         torch.testing.assert_close(got["labels"], lam * onehot + (1 - lam) * onehot.flip(0))
     assert lams[0] != lams[1]
+
+
+def test_augmentation_is_keyed_by_epoch_in_any_worker_and_after_resume(imagenet):
+    """A random augmentation of sample i in epoch e is default_rng([seed, i, e]): the same
+    with 0 or 2 DataLoader workers (a worker's own read count would repeat epoch 0's crops
+    whenever a sample lands on a worker that has not read it) and when the loader starts
+    mid-run at a resume point."""
+    from libai.data import build_image_train_loader
+    from libai.data.samplers import CyclicSampler, EpochIndex
+    from libai.data.transforms import RandomResizedCrop
+
+    root, _ = imagenet
+    ds = ImageNetDataset(
+        str(root), train=True, transform=Compose([RandomResizedCrop(4), ToTensor()])
+    )
+    sampler = CyclicSampler(ds, 2, shuffle=True, seed=1)
+    order = [b for b, _ in zip(iter(sampler), range(9))]  # 3 batches per epoch: 3 epochs
+    assert [[i.epoch for i in b] for b in order][::3] == [[0, 0], [1, 1], [2, 2]]
+
+    def want(index: EpochIndex) -> torch.Tensor:
+        rng = np.random.default_rng([0, int(index), index.epoch])
+        return ds.transform(ds.load_image(int(index)), rng)
+
+    for workers in (0, 2):
+        loader, _, _ = build_image_train_loader([ds], 2, num_workers=workers, seed=1)
+        for batch_ids, got in zip(order, loader):
+            torch.testing.assert_close(got["images"], torch.stack([want(i) for i in batch_ids]))
+    resumed, _, _ = build_image_train_loader([ds], 2, consumed_samples=8, seed=1)
+    got = next(iter(resumed))["images"]
+    torch.testing.assert_close(got, torch.stack([want(i) for i in order[4]]))
