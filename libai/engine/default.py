@@ -151,8 +151,11 @@ class DefaultTrainer(TrainerBase):
         self.train_loader, self.valid_loader, self.test_loader = self.build_train_loader(
             cfg, self.tokenizer
         )
-        # LiBai evaluates on cfg.dataloader.test too (its vision configs have only those)
-        self.extra_test_loaders = self.build_test_loader(cfg, self.tokenizer)
+        # LiBai evaluates on cfg.dataloader.test too; used here when the train builder gives
+        # no valid loader (LiBai's vision configs: build_image_train_loader has none)
+        self.extra_test_loaders = (
+            self.build_test_loader(cfg, self.tokenizer) if self.valid_loader is None else []
+        )
         samples_per_epoch = self._train_samples_per_epoch()
         iters = resolve_train_iters(train, samples_per_epoch, train.global_batch_size)
         train.train_iter, train.warmup_iter = iters.train_iter, iters.warmup_iter

@@ -96,3 +96,17 @@ def test_resmlp_soft_targets_init_and_errors():
         model(torch.randn(2, 3, 8, 8))
     with pytest.raises(ValueError, match="img_size=16 is not divisible by patch_size=5"):
         ResMLP(**{**CFG, "patch_size": 5})
+
+
+def test_resmlp_config_weight_decay_overrides_reach_affines_and_layer_scales(model_and_weights):
+    """resmlp_imagenet.py's ``optim.params.overrides`` (alpha, beta, gamma_1, gamma_2 without
+    weight decay) name ResMLP's parameters: exactly those get weight_decay 0."""
+    from libai.optim import get_default_optimizer_params
+
+    model, _ = model_and_weights
+    overrides = {k: {"weight_decay": 0.0} for k in ("alpha", "beta", "gamma_1", "gamma_2")}
+    groups = get_default_optimizer_params(model, weight_decay=0.2, overrides=overrides)
+    no_decay = {id(p) for g in groups if g["weight_decay"] == 0.0 for p in g["params"]}
+    for name, param in model.named_parameters():
+        last = name.rsplit(".", 1)[-1]
+        assert (id(param) in no_decay) == (last in overrides or last == "bias"), name
