@@ -6,7 +6,8 @@ CutMix (probability ``switch_prob`` when both alphas are positive) pastes a box 
 reversed batch, Mixup blends ``lam * x + (1 - lam) * x.flip(0)``; ``lam ~ Beta(alpha,
 alpha)``. For CutMix the box is centred uniformly, sides ``sqrt(1 - lam)`` of the image's,
 clipped at the border, and (``correct_lam``) ``lam = 1 - box area / image area``. The target
-is ``lam * smooth(y) + (1 - lam) * smooth(y.flip(0))`` with ``smooth`` = one-hot with
+is ``lam * smooth(y) + (1 - lam) * smooth(y.flip(0))`` (``mode="elem"``: a ``lam`` and
+a mixing decision per image, ``"pair"``: per pair of images ``i`` and ``B - 1 - i``) with ``smooth`` = one-hot with
 ``1 - label_smoothing + label_smoothing / num_classes`` on the class and
 ``label_smoothing / num_classes`` elsewhere.
 
@@ -29,8 +30,9 @@ def one_hot(labels: torch.Tensor, num_classes: int, on_value=1.0, off_value=0.0)
     return out.scatter_(1, labels, on_value)
 
 
-def mixup_target(labels, num_classes: int, lam: float = 1.0, smoothing: float = 0.0):
-    """The smoothed one-hot of ``labels`` mixed with that of ``labels.flip(0)``."""
+def mixup_target(labels, num_classes: int, lam=1.0, smoothing: float = 0.0):
+    """The smoothed one-hot of ``labels`` mixed with that of ``labels.flip(0)`` (``lam`` a
+    number, or ``[B, 1]`` per image)."""
     off = smoothing / num_classes
     on = 1.0 - smoothing + off
     y1 = one_hot(labels, num_classes, on, off)
@@ -61,7 +63,9 @@ class Mixup:
         cutmix_minmax: box size bounds instead of ``lam`` (not supported; must be None).
         prob: probability of mixing a batch at all.
         switch_prob: probability of CutMix instead of Mixup when both are on.
-        mode: ``"batch"`` (one ``lam`` per batch; the only mode supported).
+        mode: ``"batch"`` (one ``lam`` and box for the batch), ``"elem"`` (per image ``i``,
+            mixed with image ``B - 1 - i``) or ``"pair"`` (per pair ``i``, ``B - 1 - i``, both
+            mixed with the same ``lam``).
         correct_lam: CutMix's ``lam`` from the clipped box area.
         label_smoothing: smoothing of the one-hot targets.
         num_classes: classes of the targets.
@@ -79,8 +83,8 @@ class Mixup:
         label_smoothing: float = 0.1,
         num_classes: int = 1000,
     ):
-        if mode != "batch":
-            raise NotImplementedError(f"Mixup mode={mode!r}: only mode='batch' is implemented.")
+        if mode not in ("batch", "elem", "pair"):
+            raise ValueError(f"Mixup mode={mode!r} is not one of 'batch', 'elem', 'pair'.")
         if cutmix_minmax is not None:
             raise NotImplementedError("Mixup cutmix_minmax is not implemented; set it to None.")
         self.mixup_alpha, self.cutmix_alpha = float(mixup_alpha), float(cutmix_alpha)
@@ -102,6 +106,50 @@ class Mixup:
                 use_cutmix, lam = True, float(np.random.beta(self.cutmix_alpha, self.cutmix_alpha))
         return lam, use_cutmix
 
+    def _params_per_elem(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        lam = np.ones(n, dtype=np.float32)
+        use_cutmix = np.zeros(n, dtype=bool)
+        if self.mixup_enabled:
+            if self.mixup_alpha > 0 and self.cutmix_alpha > 0:
+                use_cutmix = np.random.rand(n) < self.switch_prob
+                lam_mix = np.where(
+                    use_cutmix,
+                    np.random.beta(self.cutmix_alpha, self.cutmix_alpha, size=n),
+                    np.random.beta(self.mixup_alpha, self.mixup_alpha, size=n),
+                )
+            elif self.mixup_alpha > 0:
+                lam_mix = np.random.beta(self.mixup_alpha, self.mixup_alpha, size=n)
+            elif self.cutmix_alpha > 0:
+                use_cutmix = np.ones(n, dtype=bool)
+                lam_mix = np.random.beta(self.cutmix_alpha, self.cutmix_alpha, size=n)
+            else:
+                return lam, use_cutmix
+            lam = np.where(np.random.rand(n) < self.mix_prob, lam_mix.astype(np.float32), lam)
+        return lam, use_cutmix
+
+    def _mix_elems(self, x: torch.Tensor, pairs: bool) -> torch.Tensor:
+        """Image ``i`` mixed with image ``B - 1 - i`` at its own ``lam`` (``pairs``: both
+        images of a pair at the pair's); returns ``lam`` per image ``[B, 1]``."""
+        batch = len(x)
+        lam, use_cutmix = self._params_per_elem(batch // 2 if pairs else batch)
+        orig = x.clone()
+        for i in range(len(lam)):
+            j = batch - i - 1
+            if lam[i] == 1.0:
+                continue
+            if use_cutmix[i]:
+                (yl, yh, xl, xh), lam[i] = cutmix_bbox_and_lam(x[i].shape, lam[i], self.correct_lam)
+                x[i][:, yl:yh, xl:xh] = orig[j][:, yl:yh, xl:xh]
+                if pairs:
+                    x[j][:, yl:yh, xl:xh] = orig[i][:, yl:yh, xl:xh]
+            else:
+                x[i] = orig[i] * lam[i] + orig[j] * (1 - lam[i])
+                if pairs:
+                    x[j] = orig[j] * lam[i] + orig[i] * (1 - lam[i])
+        if pairs:
+            lam = np.concatenate((lam, lam[::-1]))
+        return torch.tensor(lam, device=x.device, dtype=x.dtype).unsqueeze(1)
+
     def _mix_batch(self, x: torch.Tensor) -> float:
         lam, use_cutmix = self._params_per_batch()
         if lam == 1.0:
@@ -120,7 +168,10 @@ class Mixup:
                 f"Mixup needs an even batch size per rank, got {len(x)}; set an even "
                 "train.train_micro_batch_size."
             )
-        lam = self._mix_batch(x)
+        if self.mode == "batch":
+            lam = self._mix_batch(x)
+        else:
+            lam = self._mix_elems(x, pairs=self.mode == "pair")
         return x, mixup_target(target, self.num_classes, lam, self.label_smoothing)
 
     def __repr__(self) -> str:

@@ -81,8 +81,27 @@ def test_mixup_prob_zero_only_smooths_and_odd_batch_is_an_error():
     torch.testing.assert_close(target, smoothed(y))
     with pytest.raises(ValueError, match="even batch size"):
         Mixup(num_classes=C)(x[:3].clone(), y[:3])
-    with pytest.raises(NotImplementedError, match="mode='batch'"):
-        Mixup(mode="elem")
+    with pytest.raises(ValueError, match="mode='rows' is not one of"):
+        Mixup(mode="rows")
+
+
+@pytest.mark.parametrize("mode", ["elem", "pair"])
+def test_mixup_elem_and_pair_modes_use_a_lam_per_image_or_pair(mode):
+    x, y = batch()
+    n = 4 if mode == "elem" else 2
+    np.random.seed(5)
+    lam = np.random.beta(0.8, 0.8, size=n).astype(np.float32)
+    assert (np.random.rand(n) < 1.0).all()  # the prob draws
+    if mode == "pair":
+        lam = np.concatenate((lam, lam[::-1]))
+    np.random.seed(5)
+    mixed, target = Mixup(mixup_alpha=0.8, cutmix_alpha=0.0, mode=mode, num_classes=C)(x.clone(), y)
+    lam = torch.from_numpy(lam)
+    for i in range(4):
+        j = 3 - i
+        torch.testing.assert_close(mixed[i], lam[i] * x[i] + (1 - lam[i]) * x[j])
+        want = lam[i] * smoothed(y)[i] + (1 - lam[i]) * smoothed(y)[j]
+        torch.testing.assert_close(target[i], want)
 
 
 def test_soft_target_cross_entropy_formula_and_class_ids():
