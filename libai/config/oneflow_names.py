@@ -6,6 +6,9 @@ top-level ``oneflow`` package is installed or shadowed), ``import oneflow`` insi
 gives the module object built here. Each name resolves to what it means on torch: an
 optimizer is the dotted path of its torch (or libai) class, which ``instantiate`` imports
 when the config is built; a dtype is the torch dtype; ``flow.nn.X`` is ``torch.nn.X``.
+``import flowvision`` (OneFlow's torchvision) works the same way: its transforms, ``Mixup``,
+RandAugment, random erasing and ``SoftTargetCrossEntropy`` are libai's implementations
+(:data:`FLOWVISION_NAMES`), given as the objects themselves.
 A name with no mapping is a one-line ``ImportError`` (:class:`UnmappedNameError`) naming it and listing what is mapped
 (the table is in docs/libai_configs.md).
 """
@@ -53,8 +56,38 @@ ONEFLOW_DTYPES = {
     )
 }
 
+#: ``flowvision.<name>`` (OneFlow's torchvision + timm pieces) -> a dotted path of its libai
+#: implementation. Config files call some of these while loading (``SoftTargetCrossEntropy()``,
+#: ``str_to_interp_mode("bicubic")``), so they resolve to the objects themselves.
+_T, _D = "libai.data.transforms", "libai.data"
+FLOWVISION_NAMES = {
+    **{
+        f"transforms.{n}": f"{_T}.{n}"
+        for n in (
+            "Compose",
+            "RandomResizedCrop",
+            "RandomHorizontalFlip",
+            "Resize",
+            "CenterCrop",
+            "ToTensor",
+            "Normalize",
+            "InterpolationMode",
+        )
+    },
+    "transforms.functional.str_to_interp_mode": f"{_T}.str_to_interp_mode",
+    "data.constants.IMAGENET_DEFAULT_MEAN": f"{_T}.IMAGENET_DEFAULT_MEAN",
+    "data.constants.IMAGENET_DEFAULT_STD": f"{_T}.IMAGENET_DEFAULT_STD",
+    "data.Mixup": f"{_D}.mixup.Mixup",
+    "data.mixup.Mixup": f"{_D}.mixup.Mixup",
+    "data.auto_augment.rand_augment_transform": f"{_D}.auto_augment.rand_augment_transform",
+    "data.random_erasing.RandomErasing": f"{_D}.random_erasing.RandomErasing",
+    "loss.cross_entropy.SoftTargetCrossEntropy": (
+        "libai.layers.soft_target_cross_entropy.SoftTargetCrossEntropy"
+    ),
+}
+
 #: the top-level packages a config file may import by OneFlow's names
-MAPPED_PACKAGES = ("oneflow",)
+MAPPED_PACKAGES = ("oneflow", "flowvision")
 
 
 class _ConfigModule(types.ModuleType):
@@ -62,12 +95,14 @@ class _ConfigModule(types.ModuleType):
 
     def __init__(self, name: str):
         super().__init__(name)
-        self._prefix = name.partition(".")[2]
+        self._root, _, self._prefix = name.partition(".")
 
     def __getattr__(self, attr: str):
         if attr.startswith("__"):
             raise AttributeError(attr)
         key = f"{self._prefix}.{attr}" if self._prefix else attr
+        if self._root == "flowvision":
+            return self._flowvision(key, attr)
         if key in ONEFLOW_NAMES:
             return ONEFLOW_NAMES[key]
         if not self._prefix and attr in ONEFLOW_DTYPES:
@@ -78,8 +113,23 @@ class _ConfigModule(types.ModuleType):
             return _ConfigModule(f"{self.__name__}.{attr}")
         raise UnmappedNameError(_unmapped(f"{self.__name__}.{attr}"))
 
+    def _flowvision(self, key: str, attr: str):
+        if key in FLOWVISION_NAMES:
+            from libai.config.instantiate import locate  # the import instantiate would make
+
+            return locate(FLOWVISION_NAMES[key])
+        if any(name.startswith(key + ".") for name in FLOWVISION_NAMES):
+            return _ConfigModule(f"{self.__name__}.{attr}")
+        raise UnmappedNameError(_unmapped(f"{self.__name__}.{attr}"))
+
 
 def _unmapped(name: str) -> str:
+    if name.startswith("flowvision"):
+        mapped = [f"flowvision.{k}" for k in FLOWVISION_NAMES]
+        return (
+            f"{name} (flowvision, in a config file) has no mapping onto libai here; mapped: "
+            f"{', '.join(mapped)}. Replace it with a libai or torch name in the config."
+        )
     mapped = [f"oneflow.{k}" for k in ONEFLOW_NAMES] + ["oneflow.<dtype>", "oneflow.nn.<module>"]
     return (
         f"{name} (OneFlow, in a config file) has no mapping onto torch here; mapped: "

@@ -399,17 +399,29 @@ def build_nlp_train_val_test_loader(
 
 
 # ---- image classification --------------------------------------------------------------------
-class MixupCollator:
-    """Collate dict samples, then ``batch["images"], batch["labels"] = mixup_func(...)``."""
+class MixupLoader:
+    """A train loader whose batches get ``batch["images"], batch["labels"] =
+    mixup_func(...)`` in the main process, as LiBai's trainer applies ``mixup_func`` in
+    ``get_batch``: in DataLoader worker processes each worker would draw from its own copy of
+    numpy's generator (the same draws in every worker, and none of them in checkpoints).
+    Everything else is the wrapped loader's (``len``, ``dataset``, ...)."""
 
-    def __init__(self, mixup_func, collate_fn=None):
-        self.mixup_func = mixup_func
-        self.collate_fn = trivial_batch_collator if collate_fn is None else collate_fn
+    def __init__(self, loader, mixup_func):
+        self.loader, self.mixup_func = loader, mixup_func
 
-    def __call__(self, samples):
-        batch = self.collate_fn(samples)
-        batch["images"], batch["labels"] = self.mixup_func(batch["images"], batch["labels"])
-        return batch
+    def __iter__(self):
+        for batch in self.loader:
+            batch = dict(batch)
+            batch["images"], batch["labels"] = self.mixup_func(batch["images"], batch["labels"])
+            yield batch
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __getattr__(self, name: str):
+        if name in ("loader", "mixup_func"):  # not set yet (e.g. while unpickling)
+            raise AttributeError(name)
+        return getattr(self.loader, name)
 
 
 def build_image_train_loader(
@@ -432,10 +444,8 @@ def build_image_train_loader(
     dataset(s) of ``{"images", "labels"}`` samples, e.g.
     :class:`~libai.data.datasets.ImageFolderDataset`. ``mixup_func(images, labels) ->
     (images, labels)`` is applied to each training batch when given (e.g. Mixup / CutMix
-    with soft labels). ``valid_dataset`` (optional) gets a :func:`build_image_test_loader`.
+    with soft labels), in the main process (:class:`MixupLoader`). ``valid_dataset`` (optional) gets a :func:`build_image_test_loader`.
     """
-    if mixup_func is not None:
-        collate_fn = MixupCollator(mixup_func, collate_fn)
     train_loader, _, _ = build_nlp_train_loader(
         dataset,
         train_batch_size,
@@ -446,6 +456,8 @@ def build_image_train_loader(
         collate_fn=collate_fn,
         **kwargs,
     )
+    if mixup_func is not None:
+        train_loader = MixupLoader(train_loader, mixup_func)
     valid_loader = None
     if valid_dataset is not None:
         valid_loader = build_image_test_loader(

@@ -10,6 +10,23 @@ from __future__ import annotations
 import torch
 
 
+class EpochIndex(int):
+    """A dataset index that also says which epoch of :class:`CyclicSampler` asks for it,
+    handed to datasets that set ``takes_epoch_index = True`` (e.g. image datasets keying
+    their random augmentation on it, identically in every DataLoader worker and after a
+    resume). It is an ``int`` everywhere else."""
+
+    epoch: int
+
+    def __new__(cls, index: int, epoch: int):
+        obj = super().__new__(cls, index)
+        obj.epoch = int(epoch)
+        return obj
+
+    def __getnewargs__(self):
+        return int(self), self.epoch
+
+
 def _check_rank(data_parallel_rank: int, data_parallel_size: int, micro_batch_size: int) -> None:
     if micro_batch_size < 1:
         raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}.")
@@ -43,6 +60,8 @@ class CyclicSampler(torch.utils.data.Sampler):
         data_parallel_rank, data_parallel_size: this rank's place in the data-parallel group.
         seed: base seed of the shuffles.
 
+    A dataset with ``takes_epoch_index = True`` gets :class:`EpochIndex` indices.
+
     ``consumed_samples`` advances as batches are yielded (a new ``iter()`` continues where the
     last stopped). A ``DataLoader`` with workers draws a few batches ahead, so a trainer
     should checkpoint its own count (iteration x global batch size), not this attribute.
@@ -74,6 +93,7 @@ class CyclicSampler(torch.utils.data.Sampler):
             )
         self.active_data_size = self.data_size - self.data_size % self.actual_batch_size
         self.seed = int(seed)
+        self.epoch_indices = bool(getattr(dataset, "takes_epoch_index", False))
         self.set_consumed_samples(consumed_samples)
 
     def set_consumed_samples(self, consumed_samples: int) -> None:
@@ -103,6 +123,8 @@ class CyclicSampler(torch.utils.data.Sampler):
             for g in range(group, groups_per_epoch):
                 start = g * self.actual_batch_size + offset
                 batch = order[start : start + self.micro_batch_size].tolist()
+                if self.epoch_indices:
+                    batch = [EpochIndex(i, epoch) for i in batch]
                 self.consumed_samples += self.actual_batch_size
                 yield batch
             epoch, group = epoch + 1, 0

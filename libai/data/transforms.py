@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from enum import Enum
 
 import numpy as np
 import torch
@@ -35,10 +36,31 @@ _INTERPOLATION = {
 }
 
 
-def _interpolation(name: str):
+class InterpolationMode(str, Enum):
+    """torchvision's / flowvision's interpolation names (``InterpolationMode.BICUBIC``)."""
+
+    NEAREST = "nearest"
+    BILINEAR = "bilinear"
+    BICUBIC = "bicubic"
+    LANCZOS = "lanczos"
+
+
+def str_to_interp_mode(mode: str) -> InterpolationMode:
+    """``"bicubic"`` -> ``InterpolationMode.BICUBIC`` (flowvision's ``str_to_interp_mode``)."""
+    return InterpolationMode(_interpolation_name(mode))
+
+
+def _interpolation_name(mode) -> str:
+    """The lower-case name of ``mode``: an :class:`InterpolationMode`, its name or value."""
+    name = mode.value if isinstance(mode, InterpolationMode) else str(mode).lower()
     if name not in _INTERPOLATION:
-        raise ValueError(f"interpolation {name!r} is not one of {sorted(_INTERPOLATION)}.")
-    return _INTERPOLATION[name]
+        raise ValueError(f"interpolation {mode!r} is not one of {sorted(_INTERPOLATION)}.")
+    return name
+
+
+def _interpolation(mode):
+    """The PIL resampling filter of ``mode`` (a name or an :class:`InterpolationMode`)."""
+    return _INTERPOLATION[_interpolation_name(mode)]
 
 
 def _pair(size) -> tuple[int, int]:
@@ -99,7 +121,7 @@ class RandomResizedCrop:
         self.size = _pair(size)
         self.scale = (float(scale[0]), float(scale[1]))
         self.ratio = (float(ratio[0]), float(ratio[1]))
-        self.interpolation = interpolation
+        self.interpolation = _interpolation_name(interpolation)
         self._resample = _interpolation(interpolation)
 
     def get_params(self, width: int, height: int, rng) -> tuple[int, int, int, int]:
@@ -158,7 +180,7 @@ class Resize:
 
     def __init__(self, size, interpolation: str = "bicubic"):
         self.size = size if isinstance(size, int) else _pair(size)
-        self.interpolation = interpolation
+        self.interpolation = _interpolation_name(interpolation)
         self._resample = _interpolation(interpolation)
 
     def __call__(self, image: Image.Image) -> Image.Image:

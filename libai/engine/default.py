@@ -188,6 +188,11 @@ class DefaultTrainer(TrainerBase):
         self.train_loader, self.valid_loader, self.test_loader = self.build_train_loader(
             cfg, self.tokenizer
         )
+        # LiBai evaluates on cfg.dataloader.test too; used here when the train builder gives
+        # no valid loader (LiBai's vision configs: build_image_train_loader has none)
+        self.extra_test_loaders = (
+            self.build_test_loader(cfg, self.tokenizer) if self.valid_loader is None else []
+        )
         samples_per_epoch = self._train_samples_per_epoch()
         iters = resolve_train_iters(train, samples_per_epoch, train.global_batch_size)
         train.train_iter, train.warmup_iter = iters.train_iter, iters.warmup_iter
@@ -305,6 +310,19 @@ class DefaultTrainer(TrainerBase):
         )
 
     @classmethod
+    def build_test_loader(cls, cfg, tokenizer=None) -> list:
+        """The loaders of ``cfg.dataloader.test`` (a list of lazy loader configs; none when
+        absent), each with ``train.test_micro_batch_size`` and ``train.seed`` as LiBai's."""
+        tests = try_get_key(cfg, "dataloader.test")
+        if tests is None:
+            return []
+        tests = [tests] if is_lazy_node(tests) else list(tests)
+        return [
+            instantiate(t, test_batch_size=cfg.train.test_micro_batch_size, seed=cfg.train.seed)
+            for t in tests
+        ]
+
+    @classmethod
     def build_evaluator(cls, cfg):
         return instantiate(cfg.train.evaluation.evaluator)
 
@@ -320,7 +338,8 @@ class DefaultTrainer(TrainerBase):
         seq_len = try_get_key(self.cfg, "model.cfg.max_seq_length")
         tokens_per_iter = self.global_batch_size * seq_len if seq_len else None
         writers = build_writers(cfg.output_dir, self.max_iter, tokens_per_iter)
-        evaluate = self.evaluate if self.valid_loader is not None else None
+        loaders = self.valid_loader is not None or self.extra_test_loaders
+        evaluate = self.evaluate if loaders else None
         return build_hooks(self.spec, self.checkpointer, writers, evaluate)
 
     def evaluate(self, loader=None) -> dict:
@@ -329,6 +348,15 @@ class DefaultTrainer(TrainerBase):
         an evaluator with ``needs_predictions`` (accuracy) gets ``{"lm_loss", "logits"}``
         from one forward, on the last pipeline stage only (the evaluators sum their counts
         over stages)."""
+        if loader is None and self.valid_loader is None and self.extra_test_loaders:
+            # LiBai's test(): every cfg.dataloader.test loader, keys prefixed when several
+            if len(self.extra_test_loaders) == 1:
+                return self.evaluate(self.extra_test_loaders[0])
+            return {
+                f"test{i}/{key}": value
+                for i, test_loader in enumerate(self.extra_test_loaders)
+                for key, value in self.evaluate(test_loader).items()
+            }
         loader = loader if loader is not None else self.valid_loader
         evaluator = self.build_evaluator(self.cfg)
         predictions = bool(getattr(evaluator, "needs_predictions", False))

@@ -3,6 +3,7 @@
 from libai.models.bert_model import BertForClassification, BertForPreTraining, BertModel
 from libai.models.gpt_model import GPTForPreTraining, GPTModel
 from libai.models.llama_model import LlamaForCausalLM, LlamaModel
+from libai.models.resmlp import ResMLP
 from libai.models.roberta_model import (
     RobertaForCausalLM,
     RobertaForClassification,
@@ -24,6 +25,7 @@ __all__ = [
     "LlamaModel",
     "MegatronT5ForPreTraining",
     "MegatronT5Model",
+    "ResMLP",
     "RobertaForCausalLM",
     "RobertaForClassification",
     "RobertaForPreTraining",

@@ -1,9 +1,11 @@
 """Task datasets: GPT, BERT, RoBERTa and T5 pretraining over indexed datasets; SFT on JSON
-lines; image classification on a folder per class."""
+lines; image classification on a folder per class (ImageNet) and on CIFAR files."""
 
 from libai.data.datasets.bert_dataset import BertDataset
+from libai.data.datasets.cifar import CIFAR10Dataset, CIFAR100Dataset
 from libai.data.datasets.gpt_dataset import GPT2Dataset
 from libai.data.datasets.image_folder import ImageFolderDataset
+from libai.data.datasets.imagenet import ImageNetDataset
 from libai.data.datasets.roberta_dataset import RobertaDataset
 from libai.data.datasets.sft_dataset import SFTDataset
 from libai.data.datasets.t5_dataset import T5Dataset
@@ -12,9 +14,12 @@ from libai.data.datasets.text_classification import TextClassificationDataset
 
 __all__ = [
     "BertDataset",
+    "CIFAR10Dataset",
+    "CIFAR100Dataset",
     "GPT2Dataset",
     "ImageFolderDataset",
     "LiBaiT5Dataset",
+    "ImageNetDataset",
     "RobertaDataset",
     "SFTDataset",
     "T5Dataset",

@@ -77,15 +77,21 @@ class ImageFolderDataset(torch.utils.data.Dataset):
         transform: ``transform(image[, rng])`` -> tensor; default
             :func:`libai.data.transforms.build_image_transform` ``(train, image_size)``.
         image_size: output side of the default transforms.
-        seed: augmentation seed. The ``k``-th read of sample ``i`` in a process draws from
-            ``default_rng([seed, i, k])``: reproducible, different per epoch, and
-            independent of how samples are spread over DataLoader workers.
+        seed: augmentation seed. Sample ``i`` in epoch ``e`` of the training sampler
+            (:class:`~libai.data.samplers.CyclicSampler` hands the epoch with the index) draws
+            from ``default_rng([seed, i, e])``: reproducible, different per epoch, the same
+            in every DataLoader worker, on every layout and after a resume. Indices without
+            an epoch (evaluation, direct ``dataset[i]``) use the ``k``-th read of ``i`` in
+            this process instead of ``e``.
         extensions: file extensions that count as images.
 
     Raises:
         FileNotFoundError: ``root`` does not exist.
         ValueError: ``root`` has no class folders, or a class folder has no images.
     """
+
+    #: :class:`~libai.data.samplers.CyclicSampler` hands the epoch with each index
+    takes_epoch_index = True
 
     def __init__(
         self,
@@ -116,10 +122,13 @@ class ImageFolderDataset(torch.utils.data.Dataset):
             return Image.open(f).convert("RGB")
 
     def __getitem__(self, idx: int) -> dict[str, torch.Tensor]:
+        epoch = getattr(idx, "epoch", None)
         idx = int(idx)
         image = self.load_image(idx)
-        rng = np.random.default_rng([self.seed, idx, self._reads[idx]])
-        self._reads[idx] += 1
+        if epoch is None:
+            epoch = self._reads[idx]
+            self._reads[idx] += 1
+        rng = np.random.default_rng([self.seed, idx, epoch])
         images = apply_transform(self.transform, image, rng)
         if not isinstance(images, torch.Tensor):
             images = torch.as_tensor(np.asarray(images))
