@@ -1,7 +1,8 @@
 """Export a task module's model to ONNX (verified in onnxruntime) from a YAML config.
 
 python tools/export.py -c CONFIG.yaml -o Engine.save_load.ckpt_dir=output/model_final
-  [-o Inference.model_dir=DIR]   (default: Engine.save_load.output_dir/export)
+  [-o Inference.model_dir=DIR]   (writes DIR/rank_0/model.onnx; default DIR: Engine.save_load.output_dir,
+  where FleetX's inference YAML reads it with Inference.model_dir: ./output)
 """
 
 from __future__ import annotations

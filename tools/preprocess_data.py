@@ -92,6 +92,14 @@ def get_args(argv=None) -> argparse.Namespace:
         help="mmap (Megatron's), or lazy / cached: the older TNTIDX format LiBai reads with "
         "IndexedDataset (int32 values)",
     )
+    group.add_argument(
+        "--output-format",
+        default="megatron",
+        choices=["megatron", "fleetx"],
+        help="megatron: the .bin / .idx pair (--dataset-impl); fleetx: PaddleFleetX's "
+        "PREFIX_{key}_document_ids.npy + _idx.npz instead (GPTDataset's input_dir in a FleetX "
+        "YAML)",
+    )
     group = parser.add_argument_group("runtime")
     group.add_argument("--workers", type=int, default=1, help="tokenizer processes")
     group.add_argument("--chunk-size", type=int, default=64, help="lines per task")
@@ -112,6 +120,8 @@ def get_args(argv=None) -> argparse.Namespace:
             parser.error(f"--{arg.replace('_', '-')} does not apply to {name}")
     if args.workers < 1:
         parser.error("--workers must be >= 1")
+    if args.output_format == "fleetx" and args.dataset_impl != "mmap":
+        parser.error("--output-format fleetx is written from the mmap format: drop --dataset-impl")
     return args
 
 
@@ -140,6 +150,14 @@ def main(argv=None) -> int:
         print(f"preprocess_data.py: error: {e}", file=sys.stderr)
         return 1
     for key, prefix in prefixes.items():
+        if args.output_format == "fleetx":
+            from libai.data.datasets.fleetx_gpt import convert_to_fleetx
+
+            convert_to_fleetx(prefix)
+            for suffix in (".bin", ".idx"):  # this run's own intermediate files
+                os.remove(prefix + suffix)
+            print(f"{key}: {prefix}_ids.npy {prefix}_idx.npz")
+            continue
         print(f"{key}: {prefix}.bin {prefix}.idx")
     return 0
 

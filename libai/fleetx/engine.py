@@ -329,6 +329,7 @@ class Engine:
         """The runtime's evaluation loop with the module's ``step_name`` (not under pp:
         there the pipeline schedule scores) and ``end_name`` every ``logging_freq``."""
         start = time.perf_counter()
+        max_batches = max(int(max_batches or 0), 0)  # FleetX's -1: all of it, as 0
         total_batch = _length(loader, max_batches)
         freq = self.cfg.Engine.logging_freq
         window = []
@@ -390,8 +391,8 @@ class Engine:
 
     # ---- export and inference -----------------------------------------------------------------
     def export(self, output_dir: str | None = None) -> list:
-        """Export the model to ONNX under ``output_dir`` (default ``Inference.model_dir``,
-        else ``output_dir/export``) and verify it with onnxruntime; returns the checks."""
+        """Export the model to ONNX under ``output_dir`` (default :meth:`export_dir`) and
+        verify it with onnxruntime; returns the checks."""
         from libai.fleetx.export import export_module
 
         self._need("export", "export")
@@ -399,8 +400,11 @@ class Engine:
         return export_module(self.module, self.runner.model, output_dir)
 
     def export_dir(self) -> str:
-        model_dir = self.cfg.Inference.model_dir
-        return model_dir or os.path.join(self.cfg.Engine.save_load.output_dir, "export")
+        """FleetX's layout: ``rank_0/`` under ``Inference.model_dir``, else under
+        ``Engine.save_load.output_dir`` (where FleetX's inference YAML reads it back with
+        ``Inference.model_dir: ./output``)."""
+        base = self.cfg.Inference.model_dir or self.cfg.Engine.save_load.output_dir
+        return os.path.join(base, "rank_0")
 
     def inference(self, data):
         """Outputs for ``data`` (a batch): with ``Inference.model_dir`` set, the exported ONNX
@@ -408,10 +412,8 @@ class Engine:
         ``predict_step`` then ``predict_step_end``."""
         self._need("inference", "inference")
         if self.cfg.Inference.model_dir:
-            from libai.fleetx.export import OnnxPredictor
-
             if getattr(self, "_predictor", None) is None:
-                self._predictor = OnnxPredictor(self.cfg.Inference.model_dir)
+                self._predictor = self.module.onnx_predictor(self.cfg.Inference.model_dir)
             return self.module.inference_end(self._predictor(data))
         model = self.runner.model
         model.eval()

@@ -23,7 +23,7 @@ from libai.fleetx.module import BasicModule, InputSpec
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["OnnxPredictor", "export_module", "input_spec_graph"]
+__all__ = ["OnnxPredictor", "export_module", "find_onnx", "input_spec_graph"]
 
 #: example-size key of each dynamic axis position (the exporter's size dictionaries)
 _AXIS_SIZE_KEYS = ("batch", "seq", "enc", "past")
@@ -97,7 +97,9 @@ def export_module(module: BasicModule, model: nn.Module, output_dir: str) -> dic
     output = Path(output_dir) / "model.onnx"
     model.eval()
     try:
-        specs = export_onnx(model, output)
+        specs = export_onnx(
+            model, output, with_past=bool(getattr(module, "export_with_past", False))
+        )
         logger.info("Exported the zoo model's graphs to %s", output_dir)
     except UnsupportedModelError:
         spec = input_spec_graph(model, list(module.input_spec()), output)
@@ -112,25 +114,51 @@ def export_module(module: BasicModule, model: nn.Module, output_dir: str) -> dic
     return checks
 
 
+def find_onnx(model_dir: str, name: str = "model.onnx") -> str:
+    """The exported graph under ``model_dir``: FleetX's layout ``rank_<rank>/model.onnx``
+    (``rank_0`` when this rank has none), else ``model.onnx`` or the only ``*.onnx`` there."""
+    rank = dist.get_rank() if dist.get_world_size() > 1 else 0
+    for sub in (f"rank_{rank}", "rank_0", ""):
+        path = os.path.join(model_dir, sub, name)
+        if os.path.isfile(path):
+            return path
+    found = sorted(glob.glob(os.path.join(model_dir, "*.onnx")))
+    if len(found) == 1:
+        return found[0]
+    raise FileNotFoundError(
+        f"Inference.model_dir={model_dir} holds no rank_0/{name} nor {name} (found "
+        f"{[os.path.basename(f) for f in found]}); run tools/export.py first (it writes "
+        "Engine.save_load.output_dir/rank_0/)"
+    )
+
+
+def _default_inputs(names, feed: dict) -> None:
+    """Fill what a causal-LM graph takes besides ``input_ids`` when a batch lacks it: an
+    all-ones ``attention_mask`` and the positions it implies."""
+    ids = feed.get("input_ids")
+    if ids is None:
+        return
+    if "attention_mask" in names and "attention_mask" not in feed:
+        feed["attention_mask"] = torch.ones_like(torch.as_tensor(ids))
+    if "position_ids" in names and "position_ids" not in feed:
+        mask = torch.as_tensor(feed["attention_mask"]) if "attention_mask" in feed else None
+        if mask is None:
+            mask = torch.ones_like(torch.as_tensor(ids))
+        feed["position_ids"] = (mask.cumsum(-1) - 1).clamp(min=0)
+
+
 class OnnxPredictor:
-    """Run the ONNX graph in ``model_dir`` (``model.onnx``, or the only ``*.onnx`` there) in
-    onnxruntime: ``predictor(data)`` with ``data`` a mapping by input name, a list / tuple in
-    input order, or one tensor; returns ``{output name: numpy array}``."""
+    """Run the ONNX graph in ``model_dir`` (:func:`find_onnx`) in onnxruntime:
+    ``predictor(data)`` with ``data`` a mapping by input name (keys the graph does not take,
+    such as ``labels``, are ignored; a missing ``attention_mask`` / ``position_ids`` of a
+    causal LM is all ones / its positions), a list / tuple in input order, or one tensor;
+    returns ``{output name: numpy array}``."""
 
     def __init__(self, model_dir: str):
         import onnxruntime as ort
 
-        path = os.path.join(model_dir, "model.onnx")
-        if not os.path.isfile(path):
-            found = sorted(glob.glob(os.path.join(model_dir, "*.onnx")))
-            if len(found) != 1:
-                raise FileNotFoundError(
-                    f"Inference.model_dir={model_dir} holds no model.onnx (found {found}); "
-                    "run tools/export.py first"
-                )
-            path = found[0]
-        self.path = path
-        self.session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+        self.path = find_onnx(model_dir)
+        self.session = ort.InferenceSession(self.path, providers=["CPUExecutionProvider"])
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_names = [o.name for o in self.session.get_outputs()]
 
@@ -139,6 +167,8 @@ class OnnxPredictor:
             return value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else value
 
         if isinstance(data, Mapping):
+            data = dict(data)
+            _default_inputs(self.input_names, data)
             missing = [n for n in self.input_names if n not in data]
             if missing:
                 raise KeyError(f"{self.path} needs inputs {missing}; got {sorted(data)}")

@@ -178,6 +178,13 @@ class BasicModule(nn.Module):
             "the zoo: return a list of InputSpec(shape=[None, ...], dtype=..., name=...)"
         )
 
+    def onnx_predictor(self, model_dir: str):
+        """What runs the exported graph for ``Engine.inference``: a callable from a batch to
+        outputs. Default: :class:`~libai.fleetx.export.OnnxPredictor` (one forward)."""
+        from libai.fleetx.export import OnnxPredictor
+
+        return OnnxPredictor(model_dir)
+
     def inference_end(self, outputs):
         """Post-process the exported graph's outputs (``{name: array}``; default unchanged)."""
         return outputs

@@ -303,3 +303,14 @@ def resolve_batch_config(cfg: DictConfig, world_size: int) -> DictConfig:
     if cfg.Engine.test_iters is None:
         cfg.Engine.test_iters = cfg.Engine.eval_iters * 10
     return cfg
+
+
+# ---- FleetX's task sections, read by the task modules that use them ---------------------------
+# Offline_Eval: GPTEvalModule (checks its keys); Generation: GPTGenerationModule (checks its
+# keys). Open here: set only when a module reads them.
+DEFAULTS.setdefault("Offline_Eval", None)
+DEFAULTS.setdefault("Generation", None)
+OPEN_SECTIONS = (
+    *OPEN_SECTIONS,
+    *(s for s in ("Offline_Eval", "Generation") if s not in OPEN_SECTIONS),
+)

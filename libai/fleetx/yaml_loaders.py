@@ -37,6 +37,15 @@ DATASETS = {
     "ImageFolderDataset": "libai.data.datasets.image_folder.ImageFolderDataset",
     "TextClassificationDataset": "libai.data.datasets.text_classification."
     "TextClassificationDataset",
+    # FleetX's offline evaluation sets (GPTEvalModule builds Data.Eval from Offline_Eval)
+    "LM_Eval_Dataset": "libai.data.datasets.fleetx_eval.LMEvalDataset",
+    "Lambada_Eval_Dataset": "libai.data.datasets.fleetx_eval.LambadaEvalDataset",
+    "GeneralClsDataset": "libai.data.datasets.fleetx_cls.GeneralClsDataset",
+    # GLUE by FleetX's names (GPTFinetuneModule)
+    **{
+        task: f"libai.data.datasets.glue.{task}"
+        for task in ("CoLA", "SST2", "MNLI", "QNLI", "RTE", "WNLI", "MRPC", "QQP", "STSB")
+    },
 }
 #: name -> (class for Train, class for Eval / Test)
 SAMPLERS = {
@@ -45,9 +54,16 @@ SAMPLERS = {
     "DistributedBatchSampler": (CyclicSampler, SingleRoundSampler),
     "GPTBatchSampler": (CyclicSampler, SingleRoundSampler),
 }
-COLLATORS = {"default": trivial_batch_collator, "stack": trivial_batch_collator}
+COLLATORS = {
+    "default": trivial_batch_collator,
+    "stack": trivial_batch_collator,
+    "gpt_collate_fn": "libai.data.datasets.fleetx_gpt.gpt_collate_fn",
+}
 #: the arguments a split's loader section may set (the rest is decided by the Engine)
 LOADER_KEYS = ("num_workers", "collate_fn", "pin_memory", "prefetch_factor", "timeout")
+#: FleetX loader keys with no meaning for a torch DataLoader (Paddle's list-or-dict
+#: switch): accepted and dropped
+PADDLE_ONLY_LOADER_KEYS = ("return_list",)
 
 
 def resolve_name(name: str, registry: Mapping[str, Any], key: str):
@@ -150,6 +166,8 @@ def build_split_loader(
         **{"seed": seed, **sampler_args, **extra},
     )
     loader_args = _plain(section.get("loader"))
+    for arg in PADDLE_ONLY_LOADER_KEYS:
+        loader_args.pop(arg, None)
     for arg in loader_args:
         if arg not in LOADER_KEYS:
             close = difflib.get_close_matches(arg, LOADER_KEYS, n=2, cutoff=0.5)

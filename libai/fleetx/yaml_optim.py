@@ -50,7 +50,12 @@ LIBAI_SCHEDULERS = {
         "WarmupExponentialLR",
     )
 }
-FLEETX_SCHEDULERS = ("CosineAnnealingWithWarmupDecay", "LinearDecayWithWarmup", "Constant")
+FLEETX_SCHEDULERS = (
+    "CosineAnnealingWithWarmupDecay",
+    "LinearDecayWithWarmup",
+    "Constant",
+    "ViTLRScheduler",
+)
 
 
 def _plain(node) -> dict:
@@ -156,6 +161,11 @@ def build_yaml_lr_scheduler(opt_cfg, optimizer, train_iter: int):
             learning_rate=base_lr(opt_cfg),
             total_steps=int(args.get("total_steps") or train_iter),
             warmup=args.get("warmup", 0),
+        )
+    if name == "ViTLRScheduler":  # FleetX's epochs x step_each_epoch = the run's steps
+        args = _take(lr, name, ("decay_type", "linear_end", "warmup_steps"))
+        return fleetx_schedulers.ViTLRScheduler(
+            optimizer, learning_rate=base_lr(opt_cfg), total_steps=train_iter, **args
         )
     if name not in LIBAI_SCHEDULERS:
         from libai.fleetx.yaml_loaders import resolve_name

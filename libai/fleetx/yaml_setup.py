@@ -51,6 +51,26 @@ MODULES = {
     "SequenceClassificationModule": "libai.fleetx.modules.classification."
     "SequenceClassificationModule",
     "ImageClassificationModule": "libai.fleetx.modules.vit.ImageClassificationModule",
+    # FleetX's GPT task modules by their names
+    "GPTEvalModule": "libai.fleetx.modules.gpt_eval.GPTEvalModule",
+    "GPTGenerationModule": "libai.fleetx.modules.gpt_generation.GPTGenerationModule",
+    "GPTFinetuneModule": "libai.fleetx.modules.gpt_finetune.GPTFinetuneModule",
+    "GeneralClsModule": "libai.fleetx.modules.general_cls.GeneralClsModule",
+}
+#: FleetX's module names with no implementation here (FleetX's ppfleetx/models/__init__.py)
+#: -> the closest module that exists, if any
+FLEETX_UNIMPLEMENTED = {
+    "MoEModule": None,
+    "MOCOModule": None,
+    "MOCOClsModule": None,
+    "ImagenModule": None,
+    "GPTModuleAuto": "GPTModule",
+    "GPTGenerationModuleAuto": "GPTGenerationModule",
+    "GeneralClsModuleAuto": "GeneralClsModule",
+    "ErnieModule": None,
+    "ErnieModuleAuto": None,
+    "ErnieSeqClsModule": "SequenceClassificationModule (BERT-shaped, as ERNIE)",
+    "ErnieSeqClsModuleAuto": "SequenceClassificationModule (BERT-shaped, as ERNIE)",
 }
 AMP_DTYPES = {"float16": "fp16", "fp16": "fp16", "bfloat16": "bf16", "bf16": "bf16"}
 DEVICES = {"cpu": "cpu", "gpu": "cuda", "cuda": "cuda"}
@@ -63,6 +83,13 @@ def resolve_module_class(name: str):
     import path); it must subclass :class:`~libai.fleetx.module.BasicModule`."""
     from libai.fleetx.module import BasicModule
 
+    if name in FLEETX_UNIMPLEMENTED:
+        closest = FLEETX_UNIMPLEMENTED[name]
+        hint = f"the closest is {closest}; " if closest else ""
+        raise YAMLConfigError(
+            f"Model.module {name} (FleetX) is not implemented here; {hint}the task modules "
+            f"that exist: {', '.join(sorted(MODULES))}, or a dotted path to your own BasicModule"
+        )
     cls = resolve_name(name, MODULES, "Model.module")
     if not (isinstance(cls, type) and issubclass(cls, BasicModule)):
         raise YAMLConfigError(f"Model.module {name!r} is not a libai.engine.BasicModule subclass")

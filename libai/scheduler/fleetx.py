@@ -88,3 +88,48 @@ class LinearDecayWithWarmup(LRScheduler):
         return [self.lr_at(self.last_epoch)] * len(self.optimizer.param_groups)
 
     _get_closed_form_lr = get_lr
+
+
+class ViTLRScheduler(LRScheduler):
+    """FleetX's ViT schedule over ``total_steps``: progress ``p = clip((t - w) / (total_steps
+    - w), 0, 1)``; ``cosine``: ``lr × (1 + cos(π p)) / 2``, ``linear``: ``linear_end + (lr -
+    linear_end) × (1 - p)``; times ``min(1, t / w)`` during the ``w = warmup_steps`` warmup
+    (capped at ``total_steps - 1``)."""
+
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        learning_rate: float,
+        total_steps: int,
+        decay_type: str = "cosine",
+        linear_end: float = 1e-5,
+        warmup_steps: int = 0,
+        last_epoch: int = -1,
+    ):
+        if int(total_steps) < 1:
+            raise ValueError(f"total_steps must be a positive integer, got {total_steps!r}")
+        if decay_type not in ("cosine", "linear"):
+            raise ValueError(f"decay_type must be 'cosine' or 'linear', got {decay_type!r}")
+        self.learning_rate, self.total_steps = float(learning_rate), int(total_steps)
+        self.decay_type, self.linear_end = decay_type, float(linear_end)
+        self.warmup_steps = min(int(warmup_steps), self.total_steps - 1)
+        for group in optimizer.param_groups:
+            group.setdefault("initial_lr", self.learning_rate)
+        super().__init__(optimizer, last_epoch)
+
+    def lr_at(self, t: int) -> float:
+        w = self.warmup_steps
+        progress = min(1.0, max(0.0, (t - w) / float(self.total_steps - w)))
+        if self.decay_type == "linear":
+            lr = self.linear_end + (self.learning_rate - self.linear_end) * (1.0 - progress)
+        else:
+            lr = 0.5 * self.learning_rate * (1.0 + math.cos(math.pi * progress))
+        return lr * min(1.0, t / w) if w else lr
+
+    def get_lr(self) -> list[float]:
+        return [self.lr_at(self.last_epoch)] * len(self.optimizer.param_groups)
+
+    _get_closed_form_lr = get_lr
+
+
+__all__ += ["ViTLRScheduler"]

@@ -18,6 +18,9 @@ def GPTDataset(  # noqa: N802 - FleetX's name for what a YAML config builds
     seed: int = 1234,
     data_impl: str = "mmap",
     name: str = "gpt-2",
+    input_dir: str | None = None,
+    max_seq_len: int | None = None,
+    model_type: str = "GPT",
 ):
     """The ``mode`` split of the corpus at ``data_prefix`` (``.bin`` / ``.idx``), cut into
     ``max_seq_length`` token samples: exactly the dataset that LiBai's
@@ -27,7 +30,26 @@ def GPTDataset(  # noqa: N802 - FleetX's name for what a YAML config builds
     ``data_prefix=None`` (explicitly) uses the built-in sample corpus, built offline on first
     use in our cache directory (see :mod:`libai.data.sample_corpus`); a given ``data_prefix``
     is only read, whatever its name. ``num_samples=None`` is one epoch of the split.
+
+    FleetX's keys: ``input_dir`` (a directory of FleetX's ``_ids.npy`` / ``_idx.npz``
+    corpus, read by :class:`~libai.data.datasets.fleetx_gpt.FleetXGPTDataset`: FleetX's
+    samples for the same ``split``, ``seed`` and ``max_seq_len``), ``max_seq_len`` (=
+    ``max_seq_length``) and ``model_type`` (FleetX's tokenizer family, unused).
     """
+    if max_seq_len is not None:
+        max_seq_length = max_seq_len
+    if input_dir is not None:
+        from libai.data.datasets.fleetx_gpt import FleetXGPTDataset
+
+        if data_prefix is not None:
+            raise ValueError(
+                "GPTDataset: give input_dir (FleetX's _ids.npy / _idx.npz directory) or "
+                f"data_prefix (a .bin / .idx prefix), not both; got {input_dir!r} and "
+                f"{data_prefix!r}"
+            )
+        return FleetXGPTDataset(
+            input_dir, split, max_seq_length, num_samples, mode, seed, model_type
+        )
     from libai.data.build import build_train_valid_test_datasets
     from libai.data.data_utils import get_indexed_dataset
     from libai.data.datasets.gpt_dataset import GPT2Dataset

@@ -45,6 +45,8 @@ class ZooModule(BasicModule):
     head_keys: tuple[str, ...] = ()
     aliases: dict[str, str | tuple[str, ...]] = {}
     defaults: dict = {}
+    #: more ``Model`` keys that configure the subclass, not the model's constructor
+    module_keys: tuple[str, ...] = ()
 
     def model_kwargs(self) -> dict:
         """The model's hyper-parameters from ``Model`` (aliases applied, keys checked)."""
@@ -52,7 +54,7 @@ class ZooModule(BasicModule):
         known = _parameters(self.config_class or self.model_class) | set(self.head_keys)
         kwargs = dict(self.defaults)
         for key, value in model_cfg.items():
-            if key in MODULE_KEYS:
+            if key in MODULE_KEYS or key in self.module_keys:
                 continue
             targets = self.aliases.get(key, key)
             for target in (targets,) if isinstance(targets, str) else targets:

@@ -42,12 +42,24 @@ class GPTModule(ZooModule):
 
     def get_model(self):
         kwargs = self.model_kwargs()
+        pretrained = self.cfg.Model.get("pretrained")
+        if pretrained:  # a Hugging Face GPT-2 directory; the other keys override its config
+            from libai.models.utils import load_huggingface
+
+            return load_huggingface(str(pretrained), GPTForPreTraining, **kwargs)
         if kwargs.get("ffn_hidden_size") is None and kwargs.get("hidden_size"):
             # FleetX's `ffn_hidden_size: null` (its 1.3B .. 175B files): 4 x hidden
             kwargs["ffn_hidden_size"] = 4 * int(kwargs["hidden_size"])
         if kwargs.get("vocab_size") is None:
             kwargs["vocab_size"] = self.tokenizer.padded_vocab_size(self._divisible_by)
         return GPTForPreTraining(**kwargs)
+
+    def pretreating_batch(self, batch):
+        """FleetX's ``gpt_collate_fn`` batches carry a ``loss_mask``: its 0 positions become
+        ignored labels (FleetX's masked mean loss), so the model's own loss applies."""
+        from libai.data.datasets.fleetx_gpt import fold_loss_mask
+
+        return fold_loss_mask(batch)
 
     def input_spec(self):
         vocab = self.model.GPT_model.embeddings.token_embeddings.num_embeddings

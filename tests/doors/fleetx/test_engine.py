@@ -122,7 +122,8 @@ def test_inference_eager_and_from_the_exported_onnx_graph(tmp_path):
     exporter.load()
     checks = exporter.export()
     assert checks["model.onnx"].ok() and checks["model.onnx"].max_abs_diff < 1e-4
-    onnx_dir = tmp_path / "x" / "export"
+    onnx_dir = tmp_path / "x"  # FleetX's layout: x/rank_0/model.onnx
+    assert (onnx_dir / "rank_0" / "model.onnx").is_file()
     eager = make_engine(
         simple_cfg(tmp_path / "e", ckpt), mode="inference", module_cls=RecordingModule
     )
