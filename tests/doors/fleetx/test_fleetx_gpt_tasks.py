@@ -207,6 +207,16 @@ def test_generation_export_then_inference_from_fleetx_yamls(files, tmp_path, sam
     assert torch.equal(torch.as_tensor(got["output_ids"]), expected["output_ids"])
     assert expected["output_ids"].shape == (2, 5)
     assert got["texts"] == expected["texts"]
+    # the same graph as a plain predictor on a training-style batch (labels, no mask or
+    # positions): the causal LM's attention_mask / position_ids are filled in
+    from libai.fleetx.export import OnnxPredictor
+
+    labelled = {"input_ids": batch["input_ids"], "labels": batch["input_ids"]}
+    logits = OnnxPredictor(str(out))(labelled)["logits"]
+    with torch.no_grad():
+        model = eager.runner.model.eval()
+        reference = model(input_ids=batch["input_ids"])["logits"]
+    torch.testing.assert_close(torch.from_numpy(logits), reference, atol=1e-5, rtol=1e-4)
 
 
 def test_fleetx_module_names_without_implementation_are_named():
