@@ -14,6 +14,13 @@ writes ``data/corpus_text_document.bin`` and ``.idx``; use ``data/corpus_text_do
     --tokenizer-name T5Tokenizer --vocab-file spiece.model [--extra-ids 100]
     --tokenizer-name JsonTokenizer --tokenizer-file llama_dir/ (or .../tokenizer.json)
 
+Megatron's flag names work too (``--tokenizer-type BertWordPieceLowerCase`` /
+``BertWordPieceCase`` / ``GPT2BPETokenizer``, ``--vocab``, ``--merge-file``)::
+
+    python tools/preprocess_data.py --input corpus.jsonl --output-prefix gpt_small \
+        --vocab gpt2-vocab.json --dataset-impl mmap --tokenizer-type GPT2BPETokenizer \
+        --merge-file gpt2-merges.txt --append-eod
+
 ``--split-sentences`` (BERT-style datasets) stores each sentence of a document as its own
 item, in ``PREFIX_{key}_sentence.bin/.idx``. Sentences are split by a simple rule-based
 splitter (line breaks, and ``. ! ?`` before a capital letter; see
@@ -39,6 +46,27 @@ from libai.data.preprocess import (  # noqa: E402
 )
 
 _OPTIONS = ("do_lower_case", "extra_ids", "eos_token")
+#: Megatron's ``--tokenizer-type`` -> (``--tokenizer-name``, ``do_lower_case``)
+MEGATRON_TOKENIZERS = {
+    "BertWordPieceLowerCase": ("BertTokenizer", True),
+    "BertWordPieceCase": ("BertTokenizer", False),
+    "GPT2BPETokenizer": ("GPT2Tokenizer", None),
+}
+
+
+def megatron_tokenizer(parser, args) -> None:
+    """``--tokenizer-type`` (Megatron's flag) sets ``--tokenizer-name`` and the case."""
+    if args.tokenizer_type is None:
+        if args.tokenizer_name is None:
+            parser.error("give --tokenizer-name (or Megatron's --tokenizer-type)")
+        return
+    if args.tokenizer_name is not None:
+        parser.error("give --tokenizer-name or --tokenizer-type, not both")
+    args.tokenizer_name, lower = MEGATRON_TOKENIZERS[args.tokenizer_type]
+    if lower is not None:
+        if args.do_lower_case not in (None, lower):
+            parser.error(f"--tokenizer-type {args.tokenizer_type} contradicts --do-lower-case")
+        args.do_lower_case = lower
 
 
 def get_args(argv=None) -> argparse.Namespace:
@@ -54,9 +82,18 @@ def get_args(argv=None) -> argparse.Namespace:
         help="store each sentence of a document as an item (rule-based splitter, for BERT)",
     )
     group = parser.add_argument_group("tokenizer")
-    group.add_argument("--tokenizer-name", required=True, choices=sorted(TOKENIZERS))
-    group.add_argument("--vocab-file", default=None, help="vocab.json / vocab.txt / spiece.model")
-    group.add_argument("--merges-file", default=None, help="merges.txt (BPE tokenizers)")
+    group.add_argument("--tokenizer-name", choices=sorted(TOKENIZERS))
+    group.add_argument(
+        "--tokenizer-type",
+        choices=sorted(MEGATRON_TOKENIZERS),
+        help="Megatron's name: instead of --tokenizer-name (and --do-lower-case)",
+    )
+    group.add_argument(
+        "--vocab-file", "--vocab", default=None, help="vocab.json / vocab.txt / spiece.model"
+    )
+    group.add_argument(
+        "--merges-file", "--merge-file", default=None, help="merges.txt (BPE tokenizers)"
+    )
     group.add_argument(
         "--tokenizer-file",
         default=None,
@@ -111,6 +148,7 @@ def get_args(argv=None) -> argparse.Namespace:
         help="log a progress line every this many documents (LiBai's)",
     )
     args = parser.parse_args(argv)
+    megatron_tokenizer(parser, args)
     name = args.tokenizer_name
     for arg in TOKENIZER_FILES[name]:
         if getattr(args, arg) is None:

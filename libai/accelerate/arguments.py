@@ -2,7 +2,8 @@
 ``train`` namespace (:mod:`libai.runtime.core` builds the runner, hooks and writers from it).
 
 Everything that can be checked without a collective is checked here, before the mesh exists:
-the task, local paths (nothing is downloaded), batch arithmetic against the process count,
+the task, paths (a model's Hub id is resolved to its snapshot in the Hugging Face cache;
+nothing is downloaded unless ``HF_HUB_OFFLINE=0``), batch arithmetic against the process count,
 the layout against the model's architecture, and contradicting switches.
 """
 
@@ -13,6 +14,7 @@ import logging
 import os
 import shlex
 
+from libai.accelerate.pretraining import add_megatron_model_flags, check_pretraining_args
 from libai.accelerate.tasks import TASKS
 from libai.runtime.spec import (
     ActivationCheckpointSpec,
@@ -50,16 +52,24 @@ def build_parser(prog: str = "libai-accelerate") -> argparse.ArgumentParser:
     p.add_argument("--user-script", help="a Python file defining a Finetuner / PreTrainer subclass")
     g = p.add_argument_group("task and data")
     g.add_argument("--task", choices=sorted(TASKS))
-    g.add_argument("--pretrained-model-name-or-path", help="a local Hugging Face model directory")
+    g.add_argument(
+        "--pretrained-model-name-or-path",
+        help="a Hugging Face model directory, or a Hub id (from the Hugging Face cache)",
+    )
     g.add_argument(
         "--data-path",
-        help="training data: CSV, JSON lines, parquet, a "
-        "datasets.save_to_disk directory; pretraining: a .bin/.idx prefix",
+        help="datasets.load_dataset's path: a Hub id, a dataset repository or save_to_disk "
+        "directory, or a CSV / JSON lines / parquet file; pretraining: a .bin/.idx prefix",
     )
+    g.add_argument("--data-name", default=None, help="the dataset's configuration (GLUE: mrpc)")
     g.add_argument("--validation-path", help="evaluation data (same formats)")
     g.add_argument("--data-impl", default="mmap", choices=["mmap"], help="pretraining data")
     g.add_argument("--split", default="980,20", help="pretraining train,valid[,test] split")
-    g.add_argument("--text-columns", default="sentence", help="comma-separated; 1 or 2 columns")
+    g.add_argument(
+        "--text-columns",
+        default=None,
+        help="comma-separated, 1 or 2 columns (default: GLUE / SuperGLUE's, inferred)",
+    )
     g.add_argument("--text-column", default="text", help="masked_lm / causal_lm")
     g.add_argument("--label-column", default=None, help="default: label (ner_tags for tokens)")
     g.add_argument("--tokens-column", default="tokens")
@@ -99,7 +109,11 @@ def build_parser(prog: str = "libai-accelerate") -> argparse.ArgumentParser:
     g.add_argument("--eval-iters", type=int, default=0, help="batches per evaluation; 0: all")
     g.add_argument("--save", default="output/accelerate", help="output and checkpoint directory")
     g.add_argument("--save-interval", type=int, default=None, help="default: only at the end")
-    g.add_argument("--load", default=None, help="resume from this checkpoint directory")
+    g.add_argument(
+        "--load",
+        default=None,
+        help="a checkpoint directory to resume, or a Hugging Face model directory to start from",
+    )
     g = p.add_argument_group("parallelism and acceleration")
     g.add_argument("--tensor-model-parallel-size", type=int, default=1)
     g.add_argument("--pipeline-model-parallel-size", type=int, default=1)
@@ -144,8 +158,9 @@ def build_parser(prog: str = "libai-accelerate") -> argparse.ArgumentParser:
     g.add_argument(
         "--onnx-runtime-training",
         action="store_true",
-        help="alias of --graph-optimization (no ONNX Runtime training here)",
+        help="alias of --graph-optimization: torch.compile, no ONNX Runtime training here",
     )
+    add_megatron_model_flags(p)
     return p
 
 
@@ -173,6 +188,12 @@ def parse_args(argv: list[str] | None = None, parser=None) -> argparse.Namespace
     return check_args(parser.parse_args(argv))
 
 
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", 1))
 
@@ -193,10 +214,16 @@ def check_args(args: argparse.Namespace) -> argparse.Namespace:
     """Checks without any collective (same result on every rank), and derived values:
     ``data_parallel_size``, ``global_batch_size``, ``num_accumulation_steps``,
     ``zero_stage``, ``text_columns`` as a list, ``device``."""
+    from libai.accelerate.hub_data import offline_by_default, resolve_model_dir
+
+    offline_by_default()
     if args.onnx_runtime_training:
         logger.warning(
-            "--onnx-runtime-training: ONNX Runtime training is not used here; it is the alias "
-            "of --graph-optimization (torch.compile of each block)"
+            "--onnx-runtime-training: compiles each block with torch.compile (the alias of "
+            "--graph-optimization; no ONNX Runtime training here)%s",
+            "; on CPU the first, cold compile takes longer than a short run saves"
+            if (args.device or ("cuda" if _cuda() else "cpu")) == "cpu"
+            else "",
         )
         args.graph_optimization = True
     if args.user_script is None and args.task is None:
@@ -205,24 +232,26 @@ def check_args(args: argparse.Namespace) -> argparse.Namespace:
         )
     _local_path(args.user_script, "--user-script")
     if args.task is not None and args.user_script is None:
-        if not args.pretrained_model_name_or_path:
+        if args.task == "pretraining":
+            check_pretraining_args(args)
+        elif not args.pretrained_model_name_or_path:
             raise ValueError(f"--task {args.task} needs --pretrained-model-name-or-path DIR")
         if not args.data_path:
             raise ValueError(f"--task {args.task} needs --data-path")
-    _local_path(args.pretrained_model_name_or_path, "--pretrained-model-name-or-path")
+    if args.pretrained_model_name_or_path:
+        args.pretrained_model_name_or_path = resolve_model_dir(args.pretrained_model_name_or_path)
     if args.task == "pretraining":
         if args.data_path and not os.path.isfile(args.data_path + ".idx"):
             raise FileNotFoundError(
                 f"--data-path {args.data_path!r}: no {args.data_path}.idx (pretraining reads the "
                 ".bin/.idx pair written by tools/preprocess_data.py; give its prefix)"
             )
-    else:
-        _local_path(args.data_path, "--data-path")
     _local_path(args.validation_path, "--validation-path")
     _local_path(args.load, "--load")
-    args.text_columns = [c.strip() for c in str(args.text_columns).split(",") if c.strip()]
-    if not 1 <= len(args.text_columns) <= 2:
-        raise ValueError(f"--text-columns takes 1 or 2 columns, got {args.text_columns}")
+    if args.text_columns is not None:
+        args.text_columns = [c.strip() for c in str(args.text_columns).split(",") if c.strip()]
+        if not 1 <= len(args.text_columns) <= 2:
+            raise ValueError(f"--text-columns takes 1 or 2 columns, got {args.text_columns}")
     if args.label_column is None:
         args.label_column = "ner_tags" if args.task == "token_classification" else "label"
     zero = [name for name in ZERO_FLAGS if getattr(args, name)]
@@ -258,15 +287,14 @@ def check_args(args: argparse.Namespace) -> argparse.Namespace:
         )
     args.data_parallel_size = dp
     args.num_accumulation_steps = args.global_batch_size // per_step
-    if args.zero_stage is not None and dp < 2:
-        raise ValueError(
-            f"--{zero[0].replace('_', '-')} shards over data-parallel ranks and needs at least 2 "
-            f"(this launch has {dp}); launch more processes or drop the switch"
+    if args.zero_stage is not None and dp < 2:  # as DeepSpeed: nothing to shard over
+        logger.warning(
+            "--%s: one data-parallel rank, nothing to shard over; running without ZeRO",
+            zero[0].replace("_", "-"),
         )
+        args.zero_stage = None
     if args.device is None:
-        import torch
-
-        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+        args.device = "cuda" if _cuda() else "cpu"
     return args
 
 

@@ -19,15 +19,24 @@ import torch
 
 from libai import dist
 from libai.accelerate.arguments import parse_args
-from libai.accelerate.data import load_local_dataset, pretraining_datasets
+from libai.accelerate.data import pretraining_datasets
 from libai.accelerate.engine import AccelerateEngine
+from libai.accelerate.hub_data import train_and_eval_splits
 from libai.accelerate.models import (
+    HFTaskModel,
     build_model,
     check_layout,
     hf_pretraining_batch,
     model_type_of,
     save_pretrained,
     zoo_batch,
+)
+from libai.accelerate.pretraining import (
+    bert_black_box_datasets,
+    build_pretraining_model,
+    from_megatron_flags,
+    pretraining_family,
+    pretraining_tokenizer,
 )
 from libai.accelerate.tasks import get_task
 from libai.accelerate.templates import Finetuner, PreTrainer
@@ -47,17 +56,23 @@ BYTE_LEVEL_MODELS = ("roberta", "gpt2", "llama", "qwen2", "bart")
 class TaskFinetuner(Finetuner):
     """The black box's template: ``--task``'s data, model, loss and metric."""
 
-    def __init__(self, engine, prepared, tokenizer, is_pretraining=False):
+    def __init__(self, engine, prepared, tokenizer, is_pretraining=False, family=None):
         super().__init__(engine)
         self.task = get_task(engine.args.task)
         self.prepared, self.tokenizer = prepared, tokenizer
         self.is_pretraining = is_pretraining
+        #: pretraining a transformers model of this family (``"bert"`` / ``"gpt"``) built by
+        #: :func:`build_pretraining_model`; ``None``: :func:`build_model`'s model
+        self.family = family
         self.is_zoo = False
 
     def train_valid_test_datasets_provider(self):
         return self.prepared.train, self.prepared.valid
 
     def model_optimizer_lr_scheduler_provider(self):
+        if self.family is not None:
+            hf = build_pretraining_model(self.args, self.family, self.tokenizer)
+            return HFTaskModel(hf.to(self.engine.util.device)), None, None
         model, self.is_zoo = build_model(
             self.task.name, self.args, self.task.auto_model, self.prepared.model_kwargs
         )
@@ -66,6 +81,8 @@ class TaskFinetuner(Finetuner):
     def batch_transform(self, batch):
         if self.is_zoo:
             return zoo_batch(self.engine.runner.model, batch, self.task.name)
+        if self.family == "bert":  # BertPretrainingSamples: transformers' names already
+            return batch
         return hf_pretraining_batch(batch) if self.is_pretraining else batch
 
     def run_compute_metrics(self, model, eval_dataloader) -> dict:
@@ -137,19 +154,23 @@ def main(argv=None) -> int:
         return 0
     task = get_task(args.task)
     model_type = model_type_of(args.pretrained_model_name_or_path)
+    family = None
+    if task.name == "pretraining":
+        family = pretraining_family(args, model_type)
+        if family == "gpt" and not from_megatron_flags(args):
+            family = None  # the model directory's causal LM (the zoo's GPT-2 on any layout)
+        model_type = None if family is not None else model_type
     check_layout(
         task.name, model_type, args.tensor_model_parallel_size, args.pipeline_model_parallel_size
     )
-    tokenizer = _tokenizer(args, model_type)
+    if task.name == "pretraining" and (family is not None or args.tokenizer_type):
+        tokenizer = pretraining_tokenizer(args)
+    else:
+        tokenizer = _tokenizer(args, model_type)
     if task.name == "pretraining":
         prepared = None  # built on the mesh: the sample counts need the step count
     else:  # data, columns and tokenization before any collective
-        train = load_local_dataset(args.data_path, "--data-path")
-        valid = (
-            load_local_dataset(args.validation_path, "--validation-path")
-            if args.validation_path
-            else None
-        )
+        train, valid = train_and_eval_splits(args.data_path, args.data_name, args.validation_path)
         prepared = task.prepare(train, valid, tokenizer, args)
     engine = AccelerateEngine(args)
     if prepared is None:
@@ -158,9 +179,12 @@ def main(argv=None) -> int:
             raise ValueError("--task pretraining needs --train-iters")
         evals = (steps // (args.eval_interval or steps) + 1) * (args.eval_iters or 1)
         samples = [steps * args.global_batch_size, evals * args.global_batch_size]
-        train, valid = pretraining_datasets(args, samples)
+        if family == "bert":
+            train, valid = bert_black_box_datasets(args, tokenizer, samples)
+        else:
+            train, valid = pretraining_datasets(args, samples)
         prepared = _Prepared(train, valid)
-    runner_model = TaskFinetuner(engine, prepared, tokenizer, task.name == "pretraining")
+    runner_model = TaskFinetuner(engine, prepared, tokenizer, task.name == "pretraining", family)
     model = runner_model.train()
     out = os.path.join(args.save, "hf")
     save_pretrained(model, out, tokenizer)

@@ -4,7 +4,6 @@ for pretraining, and the loaders every way in uses (the core's resumable sampler
 from __future__ import annotations
 
 import os
-import tempfile
 
 import torch
 
@@ -14,51 +13,24 @@ from libai.data.samplers import CyclicSampler, SingleRoundSampler
 
 __all__ = ["build_loader", "load_local_dataset", "pretraining_datasets"]
 
-#: file extension -> the ``datasets`` builder that reads it
-FORMATS = {
-    ".csv": "csv",
-    ".tsv": "csv",
-    ".json": "json",
-    ".jsonl": "json",
-    ".parquet": "parquet",
-    ".arrow": "arrow",
-}
-
 
 def load_local_dataset(path: str, flag: str = "--data-path"):
-    """A ``datasets.Dataset`` from a local CSV / TSV, JSON (lines), parquet or arrow file, or
-    a ``datasets.save_to_disk`` directory. Raises for anything that is not a local path."""
-    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # never reach for the hub
-    import datasets
+    """The ``train`` split of local data: a CSV / TSV, JSON (lines), parquet or arrow file, a
+    ``datasets.save_to_disk`` directory or a dataset repository directory (see
+    :func:`~libai.accelerate.hub_data.load_data`). Raises for anything that is not a local
+    path."""
+    from libai.accelerate.hub_data import load_data, offline_by_default
 
+    offline_by_default()
     if not os.path.exists(path):
         raise FileNotFoundError(
-            f"{flag} {path!r} is not a local file or directory; nothing is downloaded: pass a "
-            "local CSV, JSON lines, parquet file or a datasets.save_to_disk directory"
+            f"{flag} {path!r} is not a local file or directory; pass a local CSV, JSON lines, "
+            "parquet file or a dataset directory"
         )
-    if os.path.isdir(path):
-        loaded = datasets.load_from_disk(path)
-        if isinstance(loaded, datasets.DatasetDict):
-            if "train" not in loaded:
-                raise ValueError(f"{flag} {path}: a DatasetDict without a 'train' split")
-            loaded = loaded["train"]
-        return loaded
-    ext = os.path.splitext(path)[1].lower()
-    if ext not in FORMATS:
-        raise ValueError(
-            f"{flag} {path}: unsupported file type {ext!r}; use {', '.join(sorted(FORMATS))} "
-            "or a datasets.save_to_disk directory"
-        )
-    kwargs = {"delimiter": "\t"} if ext == ".tsv" else {}
-    with tempfile.TemporaryDirectory() as cache:  # a private cache: ranks never share one
-        return datasets.load_dataset(
-            FORMATS[ext],
-            data_files=path,
-            split="train",
-            cache_dir=cache,
-            keep_in_memory=True,
-            **kwargs,
-        )
+    splits = load_data(path, None, flag)
+    if "train" not in splits:
+        raise ValueError(f"{flag} {path}: a DatasetDict without a 'train' split")
+    return splits["train"]
 
 
 def pretraining_datasets(args, num_samples: list[int]):

@@ -31,6 +31,7 @@ from torch import nn
 
 from libai.accelerate.arguments import check_args, parse_args, train_namespace
 from libai.accelerate.data import build_loader
+from libai.accelerate.hf_load import is_hf_model_dir, load_hf_weights
 from libai.optim import get_default_optimizer_params
 from libai.runtime.core import (
     build_checkpointer,
@@ -353,7 +354,8 @@ class AccelerateEngine:
         """Train ``model`` with the core's loop for ``train_iter`` steps: the runner of the
         flags (``loss_fn(batch)`` instead of the model contract when given), ``optimizer``
         / ``lr_scheduler`` (``None``: from the flags; an optimizer is refused under ZeRO-3),
-        checkpoints every ``--save-interval`` under ``--save`` (resume with ``--load``),
+        checkpoints every ``--save-interval`` under ``--save`` (``--load``: a checkpoint
+        resumes; a Hugging Face model directory gives the starting weights, at step 0),
         ``evaluate()`` every ``--eval-interval`` and at the end, console / metrics.json /
         TensorBoard every ``--log-interval``. Returns the trained (runner) model."""
         a = self.args
@@ -362,6 +364,9 @@ class AccelerateEngine:
                 "ZeRO-3 shards the parameters before the optimizer is built: return None for "
                 "the optimizer (AdamW from the flags)"
             )
+        hf_weights = bool(a.load) and is_hf_model_dir(a.load)
+        if hf_weights:  # weights to start from, before the switches shard the model
+            load_hf_weights(model, a.load)
         self.build_runner(model, train_iter, loss_fn=loss_fn)
         optimizer = optimizer if optimizer is not None else self.build_optimizer(self.runner.model)
         optimizer = shard_optimizer_for(self.parts, optimizer)
@@ -372,7 +377,8 @@ class AccelerateEngine:
         )
         checkpointer.resume_hint = f"resume it with --load {a.save}"
         start, consumed = 0, 0
-        if a.load:
+        if a.load and not hf_weights:
+            logger.info("--load %s: a checkpoint: resuming the run it saved", a.load)
             start, consumed = load_to_resume(checkpointer, a.load) or (0, 0)
         else:  # a fresh start: earlier checkpoints in --save are kept
             checkpointer.warn_about_existing_checkpoints()

@@ -69,3 +69,10 @@ def configurable(init_func):
         return out
 
     return wrapped
+
+
+def init_signature(cls: type) -> inspect.Signature:
+    """``cls.__init__``'s signature without ``self``: what ``inspect.signature(cls)`` should
+    show for a class whose ``__new__`` dispatches (``*args, **kwargs``) to a variant."""
+    params = list(inspect.signature(cls.__init__).parameters.values())[1:]
+    return inspect.Signature(params)

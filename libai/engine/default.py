@@ -6,17 +6,23 @@ project may override (detectron2's shape), then runs the eager loop with hooks.
 
 from __future__ import annotations
 
+import copy
+import inspect
 import logging
 import os
+
+from omegaconf import ListConfig
 
 from libai import dist
 from libai.config import (
     LazyConfig,
     instantiate,
+    locate,
     resolve_batch_sizes,
     resolve_train_iters,
     try_get_key,
 )
+from libai.config.instantiate import is_lazy_node
 from libai.optim import build_optimizer
 from libai.runtime.core import (
     build_checkpointer,
@@ -122,6 +128,38 @@ def _save_config(cfg) -> None:
         path = os.path.join(output_dir, "config.yaml")
         LazyConfig.save(cfg, path)
         logger.info("Full config saved to %s", path)
+
+
+def with_tokenizer(loader_cfg, tokenizer):
+    """``loader_cfg`` whose dataset nodes take ``tokenizer`` where they leave theirs unset,
+    as LiBai's trainer hands the run's tokenizer to its datasets (on a copy: the saved config
+    keeps no object). Nodes whose target takes no ``tokenizer`` are left alone."""
+    datasets = try_get_key(loader_cfg, "dataset")
+    if tokenizer is None or datasets is None:
+        return loader_cfg
+    many = isinstance(datasets, (list, ListConfig))
+    wanting = [
+        i for i, node in enumerate(datasets if many else [datasets]) if _wants_tokenizer(node)
+    ]
+    if not wanting:
+        return loader_cfg
+    loader_cfg = copy.deepcopy(loader_cfg)
+    nodes = loader_cfg.dataset if many else [loader_cfg.dataset]
+    for i in wanting:
+        nodes[i].tokenizer = tokenizer
+    return loader_cfg
+
+
+def _wants_tokenizer(node) -> bool:
+    """A LazyCall dataset node whose target takes ``tokenizer`` and which sets none."""
+    if not is_lazy_node(node) or node.get("tokenizer") is not None:
+        return False
+    target = node["_target_"]
+    target = locate(target) if isinstance(target, str) else target
+    try:
+        return "tokenizer" in inspect.signature(target).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 class DefaultTrainer(TrainerBase):
@@ -258,7 +296,7 @@ class DefaultTrainer(TrainerBase):
         eval_samples = train.evaluation.eval_iter * test_batch * dp
         train_samples = train.train_samples or train.train_iter * train.global_batch_size
         return instantiate(
-            cfg.dataloader.train,
+            with_tokenizer(cfg.dataloader.train, tokenizer),
             train_batch_size=per_rank_batch,
             test_batch_size=test_batch,
             train_val_test_num_samples=[train_samples, eval_samples, eval_samples],

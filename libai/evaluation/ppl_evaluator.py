@@ -26,11 +26,12 @@ class PPLEvaluator(DatasetEvaluator):
 
     Args:
         loss_key: key of the scalar mean loss in the model outputs.
-        label_key: key of the labels in the model inputs.
+        label_key: key of the labels in the model inputs; ``None`` (default): ``"labels"``,
+            or LiBai's ``"lm_labels"`` when the batch has no ``"labels"``.
         ignore_index: label value of positions without a loss.
     """
 
-    def __init__(self, loss_key: str = "lm_loss", label_key: str = "labels", ignore_index=-100):
+    def __init__(self, loss_key: str = "lm_loss", label_key: str | None = None, ignore_index=-100):
         self.loss_key, self.label_key, self.ignore_index = loss_key, label_key, ignore_index
         self.reset()
 
@@ -44,9 +45,14 @@ class PPLEvaluator(DatasetEvaluator):
                 f"PPLEvaluator needs outputs[{self.loss_key!r}] (the mean token loss); the "
                 f"model returned {sorted(outputs)}. Evaluate with labels in the batch."
             )
-        if self.label_key not in inputs:
+        label_key = self.label_key
+        if label_key is None:
+            label_key = (
+                "lm_labels" if "labels" not in inputs and "lm_labels" in inputs else "labels"
+            )
+        if label_key not in inputs:
             raise KeyError(
-                f"PPLEvaluator needs inputs[{self.label_key!r}] to count the valid tokens; "
+                f"PPLEvaluator needs inputs[{label_key!r}] to count the valid tokens; "
                 f"the batch has {sorted(inputs)}."
             )
         loss = dist.ttol(outputs[self.loss_key].detach()).double()
@@ -55,7 +61,7 @@ class PPLEvaluator(DatasetEvaluator):
                 f"outputs[{self.loss_key!r}] must be the batch's scalar mean loss, got shape "
                 f"{tuple(loss.shape)}"
             )
-        labels = dist.ttol(inputs[self.label_key])
+        labels = dist.ttol(inputs[label_key])
         tokens = (labels != self.ignore_index).sum().to(loss.device, torch.float64)
         loss_sum = loss.reshape(()) * tokens
         if self._loss_sum is None:

@@ -10,6 +10,7 @@ from libai.models.roberta_model import (
     RobertaModel,
 )
 from libai.models.swin import SwinTransformer, SwinTransformerV2
+from libai.models.t5_megatron import MegatronT5ForPreTraining, MegatronT5Model
 from libai.models.t5_model import T5ForPreTraining, T5Model
 from libai.models.vit import VisionTransformer
 
@@ -21,6 +22,8 @@ __all__ = [
     "GPTModel",
     "LlamaForCausalLM",
     "LlamaModel",
+    "MegatronT5ForPreTraining",
+    "MegatronT5Model",
     "RobertaForCausalLM",
     "RobertaForClassification",
     "RobertaForPreTraining",

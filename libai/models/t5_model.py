@@ -31,6 +31,7 @@ from torch import nn
 
 from libai import dist
 from libai.config import configurable
+from libai.config.configurable import init_signature
 from libai.layers import (
     LMLogits,
     ParallelCrossEntropyLoss,
@@ -42,6 +43,11 @@ from libai.layers import (
 )
 from libai.layers.kv_cache import is_static, layer_past, past_length
 from libai.layers.relative_position import RelativePositionBias
+from libai.models.t5_megatron import (
+    MegatronT5ForPreTraining,
+    MegatronT5Model,
+    is_libai_t5_config,
+)
 from libai.models.utils.hf_kwargs import accepts_hf_keywords
 
 #: activation names of transformers' ``dense_act_fn`` -> libai's
@@ -138,7 +144,16 @@ class T5Model(nn.Module):
     (plus ``"past_key_values"`` with ``use_cache=True``). ``tie_word_embeddings``,
     ``scale_decoder_outputs`` and ``model_type`` (``"t5"`` / ``"mt5"``) only matter to the
     LM head of :class:`T5ForPreTraining` and to the Hugging Face export.
+
+    A ``cfg`` with LiBai's keys (``intermediate_size``, ``max_position_embeddings``, ...:
+    LiBai's ``configs/common/models/t5.py``) builds LiBai's Megatron-style T5 instead,
+    :class:`~libai.models.t5_megatron.MegatronT5Model`.
     """
+
+    def __new__(cls, *args, cfg=None, **kwargs):
+        if cls is T5Model and is_libai_t5_config(cfg, kwargs):
+            return MegatronT5Model(*args, cfg=cfg, **kwargs)
+        return super().__new__(cls)
 
     @configurable
     def __init__(
@@ -346,7 +361,15 @@ class T5ForPreTraining(nn.Module):
     labels that are not -100 and whose ``loss_mask`` is 1; plus ``"logits"`` in eval mode);
     without labels ``{"logits", "encoder_last_hidden_state"}`` (and ``"past_key_values"``
     with ``use_cache=True``, for step-by-step decoding with ``encoder_states``).
+
+    A ``cfg`` with LiBai's keys builds LiBai's Megatron-style T5 and its loss instead,
+    :class:`~libai.models.t5_megatron.MegatronT5ForPreTraining`.
     """
+
+    def __new__(cls, cfg=None, **kwargs):
+        if cls is T5ForPreTraining and is_libai_t5_config(cfg, kwargs):
+            return MegatronT5ForPreTraining(cfg=cfg, **kwargs)
+        return super().__new__(cls)
 
     def __init__(self, cfg=None, **kwargs):
         super().__init__()
@@ -471,3 +494,9 @@ class T5ForPreTraining(nn.Module):
             return hidden, position_bias
         hidden = t5._finish(hidden[:, -1:])
         return self.lm_head.gather(self._logits(hidden))[:, -1]
+
+
+# ``inspect.signature`` of the classes shows ``__init__``'s parameters, not the dispatching
+# ``__new__``'s
+T5Model.__signature__ = init_signature(T5Model)
+T5ForPreTraining.__signature__ = init_signature(T5ForPreTraining)

@@ -7,8 +7,9 @@ cut out. Then, per pipeline stage of this rank:
 
 1. every parameter drops its (replicated) dp dim: a DTensor on the ``tp`` sub-mesh with its
    tp placement (a plain tensor when tp = 1) -- FSDP2 adds the dp dim back as its own;
-2. ``fully_shard`` each block (:func:`~libai.runtime.blocks.model_blocks`), then the stage
-   root, on the dp mesh: ``[S(0)]`` over dp for a plain parameter, ``[S(0), S(k)]`` over
+2. ``fully_shard`` each block (:func:`~libai.runtime.blocks.model_blocks`; a block holding
+   a weight tied to the root's, as a Hugging Face embedding tied to the LM head, is left to
+   the root: :func:`blocks_tied_to_root_merged`), then the stage root, on the dp mesh: ``[S(0)]`` over dp for a plain parameter, ``[S(0), S(k)]`` over
    (dp, tp) for a tp-sharded one (``_StridedShard`` when both split dim 0);
 3. with HSDP (``hsdp_replicate_size = r > 1``) the dp dim is unflattened into
    ``(dp_replicate=r, dp_shard=dp/r)``: parameters are sharded within a group of dp/r ranks
@@ -43,6 +44,7 @@ from torch.distributed.tensor import DTensor
 __all__ = [
     "FullyShardedGrads",
     "apply_fully_shard",
+    "blocks_tied_to_root_merged",
     "check_fsdp_units",
     "fsdp_forward_method",
     "fsdp_mesh",
@@ -100,7 +102,36 @@ def fsdp_mesh(util, replicate_size: int = 1) -> DeviceMesh:
 def _units(roots: Iterable[nn.Module]) -> list[tuple[nn.Module, list[nn.Module]]]:
     from libai.runtime.blocks import model_blocks
 
-    return [(root, model_blocks(root)) for root in roots]
+    return [(root, blocks_tied_to_root_merged(root, model_blocks(root))) for root in roots]
+
+
+def blocks_tied_to_root_merged(model: nn.Module, blocks: list[nn.Module]) -> list[nn.Module]:
+    """``blocks`` without those that share a parameter with the root (tied weights: every
+    Hugging Face LM head ties the word embedding of an embedding block): their parameters
+    join the root's unit, as FSDP2 users wrap tied weights. Repeated until no kept block
+    shares one with the grown root; logs each merged block. Blocks sharing a parameter with
+    each other stay (:func:`check_fsdp_units` names them)."""
+    import logging
+
+    names = {id(m): n for n, m in model.named_modules()}
+    param_names: dict[int, str] = {}
+    for n, p in model.named_parameters(remove_duplicate=False):
+        param_names.setdefault(id(p), n)
+    kept = list(blocks)
+    while True:
+        root = {id(p) for p in _root_parameters(model, kept)}
+        tied = [b for b in kept if any(id(p) in root for p in b.parameters())]
+        if not tied:
+            return kept
+        for block in tied:
+            shared = next(p for p in block.parameters() if id(p) in root)
+            logging.getLogger(__name__).info(
+                "ZeRO-3: block %s shares %s with the model root (tied weights); its parameters "
+                "are sharded in the root's unit",
+                names.get(id(block), type(block).__name__),
+                param_names.get(id(shared), "?"),
+            )
+        kept = [b for b in kept if all(b is not t for t in tied)]
 
 
 def check_fsdp_units(model: nn.Module, blocks: list[nn.Module]) -> None:

@@ -5,6 +5,7 @@
 - :class:`BertTokenizer`: BERT WordPiece (``vocab.txt``)
 - :class:`T5Tokenizer`: T5 sentencepiece (``spiece.model``) with ``<extra_id_*>`` sentinels
 - :class:`JsonTokenizer`: any Hugging Face ``tokenizer.json`` (Llama, Qwen2, ...)
+- :class:`PreTrainedTokenizer`: LiBai's slow base class for tokenizers written in Python
 
 All share :class:`BaseTokenizer`'s API and give the same ids as ``transformers``.
 """
@@ -14,6 +15,7 @@ from libai.tokenizer.tokenization_base import BaseTokenizer
 from libai.tokenizer.tokenization_bert import BertTokenizer
 from libai.tokenizer.tokenization_gpt2 import GPT2Tokenizer
 from libai.tokenizer.tokenization_hf import JsonTokenizer
+from libai.tokenizer.tokenization_pretrained import PreTrainedTokenizer
 from libai.tokenizer.tokenization_roberta import RobertaTokenizer
 from libai.tokenizer.tokenization_t5 import T5Tokenizer
 
@@ -22,6 +24,7 @@ __all__ = [
     "BertTokenizer",
     "GPT2Tokenizer",
     "JsonTokenizer",
+    "PreTrainedTokenizer",
     "RobertaTokenizer",
     "T5Tokenizer",
     "build_tokenizer",

@@ -339,3 +339,7 @@ class BaseTokenizer:
     @property
     def mask(self) -> int | None:
         return self.mask_token_id
+
+
+# LiBai's projects import their base class from this module
+from libai.tokenizer.tokenization_pretrained import PreTrainedTokenizer  # noqa: E402, F401

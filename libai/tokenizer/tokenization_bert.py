@@ -8,9 +8,13 @@ WordPiece with ``##`` continuation pieces, and ``[CLS] x [SEP]`` framing when as
 
 from __future__ import annotations
 
+import logging
+
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
 from libai.tokenizer.tokenization_base import BaseTokenizer, add_special_tokens, check_file
+
+logger = logging.getLogger(__name__)
 
 
 def _read_wordpiece_vocab(vocab_file: str) -> dict[str, int]:
@@ -32,11 +36,18 @@ class BertTokenizer(BaseTokenizer):
             be in the vocab. They are matched whole in raw text (``"[MASK]"``), never split.
         tokenize_chinese_chars: put spaces around CJK characters (one token each).
         strip_accents: strip accents; ``None`` follows ``do_lower_case`` (as in BERT).
+        bos_token, eos_token, additional_special_tokens: LiBai's extra special tokens (its
+            T5 config: ``[BOS]``, ``[EOS]`` and the sentinels ``<extra_id_0..99>``); those
+            not in the vocab are appended to it in that order, as LiBai's T5 dataset
+            appends them, so the model's vocabulary (taken from the tokenizer) covers them.
+        do_chinese_wwm: LiBai's Chinese whole-word-masking marks (``##`` on characters
+            inside a jieba word); not implemented here: accepted, logged, and Chinese
+            characters stay one unmarked token each (as with ``False``).
 
     ``encode(text)`` gives the WordPiece ids alone (what ``tools/preprocess_data.py`` stores);
     ``encode(text, add_special_tokens=True)`` gives ``[CLS] ids [SEP]`` like
     ``transformers.BertTokenizer.encode``. BERT has no end-of-document token: ``eod`` is
-    ``None``; ids are also under Megatron's names ``cls``, ``sep``, ``pad``, ``mask``, ``unk``.
+    ``None`` (the ``eos_token`` when one is given); ids are also under Megatron's names ``cls``, ``sep``, ``pad``, ``mask``, ``unk``.
 
     Raises:
         FileNotFoundError: ``vocab_file`` is missing (the message names it).
@@ -56,6 +67,10 @@ class BertTokenizer(BaseTokenizer):
         mask_token: str = "[MASK]",
         tokenize_chinese_chars: bool = True,
         strip_accents: bool | None = None,
+        bos_token: str | None = None,
+        eos_token: str | None = None,
+        additional_special_tokens=(),
+        do_chinese_wwm: bool = False,
     ):
         self._init_args = {
             "vocab_file": vocab_file,
@@ -67,7 +82,16 @@ class BertTokenizer(BaseTokenizer):
             "mask_token": mask_token,
             "tokenize_chinese_chars": tokenize_chinese_chars,
             "strip_accents": strip_accents,
+            "bos_token": bos_token,
+            "eos_token": eos_token,
+            "additional_special_tokens": list(additional_special_tokens or ()),
+            "do_chinese_wwm": do_chinese_wwm,
         }
+        if do_chinese_wwm:
+            logger.info(
+                "BertTokenizer: do_chinese_wwm=True is not implemented here (LiBai marks "
+                "characters inside a jieba word with ##); Chinese characters stay one token each"
+            )
         self.vocab_file = check_file(
             vocab_file, "vocab_file", "BertTokenizer", "a BERT vocab.txt (one token per line)"
         )
@@ -88,7 +112,12 @@ class BertTokenizer(BaseTokenizer):
         tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
         tokenizer.decoder = decoders.WordPiece(prefix="##")
         self._tokenizer = tokenizer
+        extra = list(additional_special_tokens or ())
+        add_special_tokens(tokenizer, [bos_token, eos_token, *extra])  # appended if new
         self._set_special_tokens(
+            additional_special_tokens=extra,
+            bos_token=bos_token,
+            eos_token=eos_token,
             unk_token=unk_token,
             sep_token=sep_token,
             pad_token=pad_token,

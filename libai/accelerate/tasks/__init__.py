@@ -14,7 +14,7 @@ remainder dropped), run_summarization (target ids padded with -100).
 
 ``args`` is any object; every attribute is read with ``getattr`` and a default, ``None``
 meaning "the default": ``seq_length`` (required), ``seed`` (1234), ``text_columns``
-(``["sentence"]``), ``label_column`` (``"label"``; ``"ner_tags"`` for tokens),
+(GLUE / SuperGLUE's, inferred from the columns), ``label_column`` (``"label"``; ``"ner_tags"`` for tokens),
 ``tokens_column`` (``"tokens"``), ``question_column`` / ``context_column`` /
 ``answers_column`` (``"question"`` / ``"context"`` / ``"answers"``), ``max_answer_length``
 (30), ``text_column`` (``"text"``), ``mlm_probability`` (0.15), ``source_column`` /

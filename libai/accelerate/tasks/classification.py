@@ -3,8 +3,11 @@ entities)."""
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
+from libai.accelerate.hub_data import infer_text_columns
 from libai.accelerate.tasks.common import (
     CHUNK,
     IGNORE_INDEX,
@@ -30,6 +33,8 @@ from libai.accelerate.tasks.common import (
     task_setting,
 )
 
+logger = logging.getLogger(__name__)
+
 
 class SequenceClassification(Task):
     """1 or 2 text columns -> one label. ``accuracy``; ``f1``: of class 1 with two labels,
@@ -42,7 +47,10 @@ class SequenceClassification(Task):
 
     def prepare(self, train, valid, tokenizer, args) -> Prepared:
         seq_length = seq_length_setting(args)
-        columns = task_setting(args, "text_columns", ["sentence"])
+        columns = task_setting(args, "text_columns", None)
+        if columns is None:  # GLUE / SuperGLUE's columns
+            columns = infer_text_columns(train.column_names)
+            logger.info("text columns %s (inferred; --text-columns to choose)", columns)
         if isinstance(columns, str):
             columns = [c.strip() for c in columns.split(",") if c.strip()]
         columns = list(columns)

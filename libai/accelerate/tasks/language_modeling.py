@@ -177,12 +177,37 @@ class Seq2SeqLM(_LanguageModeling):
 
 
 class PreTraining(_LanguageModeling):
-    """GPT pretraining on Megatron ``.bin/.idx`` data: the caller builds the datasets (items
-    ``input_ids`` and next-token ``labels``, every token predicted), so there is nothing to
-    prepare here. Perplexity over the labelled tokens."""
+    """Pretraining on Megatron ``.bin/.idx`` data: the caller builds the datasets, so there is
+    nothing to prepare here. GPT (items ``input_ids`` and next-token ``labels``, every token
+    predicted): perplexity over the labelled tokens. BERT (``BertForPreTraining``'s outputs):
+    the masked-LM perplexity over the masked tokens and the next-sentence accuracy."""
 
     name = "pretraining"
     auto_model = "AutoModelForCausalLM"
+
+    def update(self, sums: dict, batch: dict, outputs) -> None:
+        if "prediction_logits" not in outputs:
+            return super().update(sums, batch, outputs)
+        logits = outputs["prediction_logits"].detach().float()
+        labels = batch["labels"].to(logits.device)
+        loss_sum = torch.nn.functional.cross_entropy(
+            logits.flatten(0, -2), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
+        )
+        add_to_sums(sums, "loss_sum", loss_sum.item())
+        add_to_sums(sums, "tokens", self._predicted_tokens(labels))
+        if "seq_relationship_logits" in outputs and "next_sentence_label" in batch:
+            pred = outputs["seq_relationship_logits"].detach().argmax(-1)
+            gold = batch["next_sentence_label"].to(pred.device)
+            add_to_sums(sums, "next_sentence_correct", (pred == gold).sum().item())
+            add_to_sums(sums, "next_sentence_count", gold.numel())
+
+    def compute(self, sums: dict) -> dict[str, float]:
+        out = super().compute(sums)
+        if sums.get("next_sentence_count"):
+            out["next_sentence_accuracy"] = (
+                sums["next_sentence_correct"] / sums["next_sentence_count"]
+            )
+        return out
 
     def prepare(self, train, valid, tokenizer, args) -> Prepared:
         raise NotImplementedError(

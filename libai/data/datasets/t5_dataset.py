@@ -25,6 +25,7 @@ import re
 import numpy as np
 import torch
 
+from libai.config.configurable import init_signature
 from libai.data.datasets.gpt_dataset import build_index_mappings
 from libai.data.datasets.lm_utils import (
     IGNORE_INDEX,
@@ -169,7 +170,19 @@ class T5Dataset(IndexedDocumentDataset):
     ``decoder_attn_mask``, ``lm_labels`` (-100 at padding) and ``loss_mask``
     (``[max_seq_length_dec]``). The masks are 1 at tokens and 0 at padding; the decoder's
     causal mask is the model's job.
+
+    Given LiBai's keywords ``masked_lm_prob`` / ``short_seq_prob`` (LiBai's
+    ``configs/common/data/t5_dataset.py``), ``T5Dataset(...)`` builds LiBai's dataset
+    instead, :class:`~libai.data.datasets.t5_libai_dataset.LiBaiT5Dataset` (whole-word
+    span masking, ``[BOS]``/``[EOS]``, extended masks), which LiBai's T5 model reads.
     """
+
+    def __new__(cls, *args, **kwargs):
+        if cls is T5Dataset and ("masked_lm_prob" in kwargs or "short_seq_prob" in kwargs):
+            from libai.data.datasets.t5_libai_dataset import LiBaiT5Dataset  # imports this
+
+            return LiBaiT5Dataset(*args, **kwargs)
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -312,3 +325,8 @@ class T5Dataset(IndexedDocumentDataset):
             "lm_labels": pad_to(labels, s_dec, IGNORE_INDEX),
             "loss_mask": pad_to(np.ones(n_dec, np.int64), s_dec, 0),
         }
+
+
+# ``inspect.signature(T5Dataset)`` (instantiate, config tools) shows ``__init__``'s
+# parameters, not the dispatching ``__new__``'s ``*args, **kwargs``
+T5Dataset.__signature__ = init_signature(T5Dataset)

@@ -37,6 +37,7 @@ def generate(
     *,
     tokenizer=None,
     streamer: Callable[[torch.Tensor], None] | None = None,
+    extra_processors=(),
     **settings,
 ) -> torch.Tensor:
     """Generate continuations of ``input_ids`` (``[batch, seq]``, left-padded, with
@@ -45,7 +46,8 @@ def generate(
     ``settings`` override ``generation_config`` (:class:`GenerationConfig` field names; an
     unknown name raises ``ValueError``). ``tokenizer`` is needed for ``stop_strings``;
     ``streamer(tokens)`` is called after every step with the new token of each row
-    (``[rows]``; greedy and sampling only).
+    (``[rows]``; greedy and sampling only). ``extra_processors``: a caller's own
+    ``(ids, scores) -> scores`` processors, applied after the config's.
 
     Returns, on every rank, ``[batch * num_return_sequences, len]``: decoder-only models the
     prompt followed by the new tokens, encoder-decoder models the decoder sequence starting
@@ -82,7 +84,9 @@ def generate(
         )
     stepper.start(input_ids, attention_mask, expand, max_length, **cache_settings)
     if config.num_beams > 1:
-        return beam_search(stepper, sequences, mask, config, tokenizer=tokenizer)
+        return beam_search(
+            stepper, sequences, mask, config, tokenizer=tokenizer, extra_processors=extra_processors
+        )
     generators = None
     if config.do_sample and config.seed is not None:
         generators = row_generators(config.seed, input_ids, attention_mask, expand)
@@ -94,6 +98,7 @@ def generate(
         generators=generators,
         tokenizer=tokenizer,
         streamer=streamer,
+        extra_processors=extra_processors,
     )
 
 

@@ -66,13 +66,17 @@ def sample_search(
     generators: list[torch.Generator] | None = None,
     tokenizer=None,
     streamer: Callable[[torch.Tensor], None] | None = None,
+    extra_processors=(),
 ) -> torch.Tensor:
     """Greedy (``do_sample=False``) or multinomial decoding; returns ``[B, prompt + new]``.
-    ``generators``: one random generator per row (seeded sampling), else the global RNG."""
+    ``generators``: one random generator per row (seeded sampling), else the global RNG.
+    ``extra_processors``: ``(ids, scores) -> scores`` callables applied after the config's
+    (a caller's own logits processors)."""
     prompt_len = sequences.shape[1]
     eos = config.eos_token_ids
     pad = config.pad_token_id if config.pad_token_id is not None else (eos[0] if eos else 0)
     processors = build_processors(config, prompt_len, _left_pad_counts(attention_mask))
+    processors += list(extra_processors)
     stop = _StopStrings(config.stop_string_list, tokenizer, prompt_len)
     unfinished = torch.ones(sequences.shape[0], dtype=torch.bool, device=sequences.device)
     for _ in range(config.max_new_tokens):
@@ -110,9 +114,11 @@ def beam_search(
     config: GenerationConfig,
     *,
     tokenizer=None,
+    extra_processors=(),
 ) -> torch.Tensor:
     """Beam search over ``sequences`` already expanded to ``[B * num_beams, len]`` (rows of
-    one input adjacent). Returns ``[B * num_return_sequences, len + generated]``."""
+    one input adjacent). Returns ``[B * num_return_sequences, len + generated]``.
+    ``extra_processors`` as :func:`sample_search`'s."""
     k, device = config.num_beams, sequences.device
     total, prompt_len = sequences.shape
     batch = total // k
@@ -121,6 +127,7 @@ def beam_search(
     keep = max(2, 1 + len(eos)) * k
     fill = config.pad_token_id if config.pad_token_id else (eos[0] if eos else -1)
     processors = build_processors(config, prompt_len, _left_pad_counts(attention_mask))
+    processors += list(extra_processors)
     stop = _StopStrings(config.stop_string_list, tokenizer, prompt_len)
     top_rank = torch.arange(keep, device=device) < k  # only the top k candidates may finish
 

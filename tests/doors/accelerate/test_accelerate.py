@@ -214,13 +214,20 @@ def run_main(argv, monkeypatch):
 def test_bad_input_is_refused_before_any_collective(accelerate_files, tmp_path, monkeypatch):
     f = accelerate_files
     base = task_argv(f, "sequence_classification", tmp_path)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # Hub ids: only what the cache holds
     with pytest.raises(
         FileNotFoundError,
-        match="'bert-base-uncased' is not a local file or directory. Nothing is downloaded",
+        match="'bert-base-uncased' is neither a local model directory nor a Hub model in the "
+        "Hugging Face cache",
     ):
         run_main([*base, "--pretrained-model-name-or-path", "bert-base-uncased"], monkeypatch)
-    with pytest.raises(FileNotFoundError, match="--data-path 'glue'"):
-        run_main([*base, "--data-path", "glue"], monkeypatch)
+    with pytest.raises(FileNotFoundError, match="--data-path 'missing/train.csv': no such"):
+        run_main([*base, "--data-path", "missing/train.csv"], monkeypatch)
+    hub_id = ["--data-path", "no-such-org/glue", "--data-name", "mrpc"]  # not in any cache
+    with pytest.raises(
+        ValueError, match="--data-path no-such-org/glue --data-name mrpc: datasets.load_dataset"
+    ):
+        run_main([*base, *hub_id], monkeypatch)
     with pytest.raises(ValueError, match="column 'sentence3' not found.*columns found"):
         run_main([*base, "--text-columns", "sentence1,sentence3"], monkeypatch)
     with pytest.raises(ValueError, match="contradict each other"):
