@@ -47,8 +47,10 @@ train = dict(
     # and gradients in dtype, fp32 master weights in the optimizer
     amp=dict(enabled=False, dtype="bf16", init_scale=65536.0, level="O1"),
     # Recompute each TransformerLayer in backward instead of storing its activations;
-    # mode "full", or "selective": keep matmul / attention outputs, recompute the rest (ours)
-    activation_checkpoint=dict(enabled=False, mode="full"),
+    # mode "full", or "selective": keep matmul / attention outputs, recompute the rest (ours);
+    # "full_attn" / "core_attn" (FleetX's): only the attention sub-layer / attention core.
+    # no_recompute_layers: layer indices that keep their activations (FleetX's)
+    activation_checkpoint=dict(enabled=False, mode="full", no_recompute_layers=[]),
     # ZeRO: stage 1 shards optimizer states, 2 also gradients, 3 also parameters (FSDP2,
     # any dp x tp x pp layout); hsdp_replicate_size > 1 (stage 3, ours): HSDP, parameters
     # sharded within dp / hsdp_replicate_size ranks and replicated across the groups

@@ -24,6 +24,7 @@ import torch
 from libai import dist
 from libai.fleetx.module import BasicModule
 from libai.fleetx.module_hooks import ModuleCallbacks, overridden
+from libai.fleetx.profiler import profiler_hook
 from libai.fleetx.yaml_setup import amp_settings, train_namespace
 from libai.runtime.core import (
     build_checkpointer,
@@ -219,7 +220,12 @@ class Engine:
             )
         optimizer = shard_optimizer_for(self.parts, optimizer)
         if scheduler is None:
-            scheduler = build_yaml_lr_scheduler(self.cfg.Optimizer, optimizer, self.max_iter)
+            scheduler = build_yaml_lr_scheduler(
+                self.cfg.Optimizer,
+                optimizer,
+                self.max_iter,
+                samples_per_step=self.cfg.Global.global_batch_size,
+            )
         return optimizer, scheduler
 
     def _need(self, mode: str, what: str) -> None:
@@ -282,7 +288,7 @@ class Engine:
             evaluate=evaluate,
             consumed_train_samples=self.consumed_train_samples,
             batch_transform=self.module.pretreating_batch,
-            extra_hooks=[callbacks],
+            extra_hooks=[callbacks, *filter(None, [profiler_hook(self.cfg)])],
         )
         return self.trainer
 

@@ -42,6 +42,9 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from libai.config.overrides import apply_overrides
+from libai.fleetx.fleetx_keys import OPEN_SECTIONS as FLEETX_OPEN_SECTIONS
+from libai.fleetx.fleetx_keys import SCHEMA as FLEETX_SCHEMA
+from libai.fleetx.fleetx_keys import SPLIT_KEYS, literal_values
 
 __all__ = [
     "DEFAULTS",
@@ -135,7 +138,7 @@ def _read(path: str, chain: tuple[str, ...]) -> dict:
         raise FileNotFoundError(f"config file {path} does not exist{where}")
     try:
         with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f) or {}
+            data = literal_values(yaml.safe_load(f) or {})  # FleetX literal_evals strings
     except yaml.YAMLError as exc:
         raise YAMLConfigError(f"{path} is not valid YAML: {exc}") from exc
     if not isinstance(data, dict):
@@ -198,7 +201,7 @@ def _check(cfg: DictConfig) -> None:
             for split in ("Train", "Eval", "Test"):
                 node = cfg.Data.get(split)
                 if node is not None:
-                    check_keys(node, dict.fromkeys(DATA_SPLIT_KEYS), f"Data.{split}")
+                    check_keys(node, dict.fromkeys(DATA_SPLIT_KEYS + SPLIT_KEYS), f"Data.{split}")
                     if node.get("dataset") is None or node.dataset.get("name") is None:
                         raise YAMLConfigError(f"Data.{split}.dataset.name is required")
             continue
@@ -314,3 +317,18 @@ OPEN_SECTIONS = (
     *OPEN_SECTIONS,
     *(s for s in ("Offline_Eval", "Generation") if s not in OPEN_SECTIONS),
 )
+
+
+# ---- FleetX's own keys (libai.fleetx.fleetx_keys says what each does here) -------------------
+def _merge_schema(into: dict, extra: dict) -> None:
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge_schema(into[key], value)
+        else:
+            into.setdefault(key, copy.deepcopy(value))
+
+
+_merge_schema(DEFAULTS, FLEETX_SCHEMA)
+for _section in FLEETX_OPEN_SECTIONS:
+    DEFAULTS.setdefault(_section, None)
+OPEN_SECTIONS = (*OPEN_SECTIONS, *(s for s in FLEETX_OPEN_SECTIONS if s not in OPEN_SECTIONS))

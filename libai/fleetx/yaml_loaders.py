@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -28,6 +29,8 @@ from libai import dist
 from libai.config.instantiate import locate
 from libai.data.build import loader_generator, trivial_batch_collator
 from libai.data.samplers import CyclicSampler, SingleRoundSampler
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["COLLATORS", "DATASETS", "SAMPLERS", "build_split_loader", "resolve_name"]
 
@@ -63,7 +66,7 @@ COLLATORS = {
 LOADER_KEYS = ("num_workers", "collate_fn", "pin_memory", "prefetch_factor", "timeout")
 #: FleetX loader keys with no meaning for a torch DataLoader (Paddle's list-or-dict
 #: switch): accepted and dropped
-PADDLE_ONLY_LOADER_KEYS = ("return_list",)
+PADDLE_ONLY_LOADER_KEYS = ("return_list", "use_shared_memory")
 
 
 def resolve_name(name: str, registry: Mapping[str, Any], key: str):
@@ -147,6 +150,15 @@ def build_split_loader(
         section, split, seed=seed, num_samples=num_samples, tokenizer=tokenizer
     )
     sampler_args = _plain(section.get("sampler"))
+    given = sampler_args.pop("batch_size", None)  # FleetX's: Global's sizes decide here
+    if given is not None and int(given) != batch_size:
+        logger.warning(
+            "Data.%s.sampler.batch_size=%s differs from the batch this rank loads from the "
+            "Global sizes (%d); the Global sizes are used",
+            split,
+            given,
+            batch_size,
+        )
     train = split == "Train"
     name = sampler_args.pop("name", "CyclicSampler" if train else "SingleRoundSampler")
     sampler_cls = resolve_name(name, SAMPLERS, f"Data.{split}.sampler.name")
@@ -176,7 +188,8 @@ def build_split_loader(
                 f"unknown config key Data.{split}.loader.{arg}{hint} (known: "
                 f"{', '.join(LOADER_KEYS)}; batch size and order come from Global and the sampler)"
             )
-    collate = loader_args.pop("collate_fn", None) or "default"
+    # FleetX's auto-parallel files put collate_fn beside the loader, on the split
+    collate = loader_args.pop("collate_fn", None) or section.get("collate_fn") or "default"
     collate_fn = resolve_name(collate, COLLATORS, f"Data.{split}.loader.collate_fn")
     workers = int(loader_args.pop("num_workers", 0))
     return DataLoader(

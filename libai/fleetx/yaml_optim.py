@@ -17,7 +17,8 @@ parameter groups (:func:`~libai.optim.get_default_optimizer_params`) and schedul
         # warmup_iter or warmup_ratio; max_iter defaults to the run's step count
       grad_clip: {name: ClipGradByGlobalNorm, clip_norm: 1.0}
 
-Schedules count optimizer steps (FleetX's ``use_increments`` counted samples).
+Schedules count optimizer steps; with FleetX's ``use_increments: True`` the cosine schedule
+counts samples (the global batch size per step), as FleetX does.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ from libai.scheduler import lr_scheduler as schedulers
 
 __all__ = ["build_yaml_lr_scheduler", "build_yaml_optimizer", "base_lr"]
 
+#: FleetX ``Optimizer`` keys for Paddle machinery (their log line says why they do nothing)
+PADDLE_ONLY_KEYS = ("tensor_fusion", "multi_precision")
 #: FleetX's names for torch's optimizer arguments
 RENAMES = {"epsilon": "eps", "momentum_rate": "momentum"}
 GROUP_KEYS = ("weight_decay_norm", "weight_decay_bias")
@@ -86,6 +89,8 @@ def build_yaml_optimizer(opt_cfg, model: torch.nn.Module, device_type: str = "cp
     opt = _plain(opt_cfg)
     name = opt.pop("name", "AdamW")
     opt.pop("lr", None)
+    for key in PADDLE_ONLY_KEYS:  # named by libai.fleetx.fleetx_keys as having no effect
+        opt.pop(key, None)
     clip = opt.pop("grad_clip", None) or {}
     group_args = {k: opt.pop(k) for k in GROUP_KEYS if k in opt}
     fused = False
@@ -136,11 +141,27 @@ def _torch_optimizers() -> list[str]:
     ]
 
 
-def build_yaml_lr_scheduler(opt_cfg, optimizer, train_iter: int):
-    """The LR schedule of ``Optimizer.lr`` over ``train_iter`` optimizer steps."""
+def build_yaml_lr_scheduler(
+    opt_cfg, optimizer, train_iter: int, samples_per_step: int | None = None
+):
+    """The LR schedule of ``Optimizer.lr`` over ``train_iter`` optimizer steps.
+
+    ``use_increments: True`` (FleetX's pretraining files) counts the cosine schedule's
+    ``decay_steps`` and warmup in samples: each step advances it by ``samples_per_step``
+    (the global batch size), as FleetX's engine steps its schedule by the global batch."""
     lr = _lr_section(_plain(opt_cfg))
     name = lr.pop("name")
     lr.pop("learning_rate", None)
+    increments = bool(lr.pop("use_increments", False))
+    if increments and name != "CosineAnnealingWithWarmupDecay":
+        raise YAMLConfigError(
+            f"Optimizer.lr.use_increments=True counts samples in FleetX's "
+            f"CosineAnnealingWithWarmupDecay only, not in {name}; remove it"
+        )
+    if increments and not samples_per_step:
+        raise YAMLConfigError(
+            "Optimizer.lr.use_increments=True needs the global batch size (samples per step)"
+        )
     if name == "Constant":
         if lr:
             raise YAMLConfigError(f"unknown config key(s) Optimizer.lr.{sorted(lr)} (Constant)")
@@ -153,6 +174,7 @@ def build_yaml_lr_scheduler(opt_cfg, optimizer, train_iter: int):
             min_lr=float(args.get("min_lr", 0.0)),
             warmup_rate=float(args.get("warmup_rate", 0.0)),
             decay_steps=int(args.get("decay_steps") or train_iter),
+            increment=int(samples_per_step) if increments else 1,
         )
     if name == "LinearDecayWithWarmup":
         args = _take(lr, name, ("warmup", "total_steps"))

@@ -19,6 +19,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from libai import dist
+from libai.fleetx.fleetx_keys import announce_no_effect_keys, check_unsupported
 from libai.fleetx.yaml_config import YAMLConfigError, resolve_batch_config
 from libai.fleetx.yaml_loaders import resolve_name
 from libai.runtime.core import seed_all
@@ -72,6 +73,14 @@ FLEETX_UNIMPLEMENTED = {
     "ErnieSeqClsModule": "SequenceClassificationModule (BERT-shaped, as ERNIE)",
     "ErnieSeqClsModuleAuto": "SequenceClassificationModule (BERT-shaped, as ERNIE)",
 }
+DEFAULT_SCHEDULE = "1F1B"
+#: FleetX's recompute_granularity -> libai's activation checkpointing mode
+RECOMPUTE_GRANULARITY = {
+    "full": "full",
+    "full_attn": "full_attn",
+    "core_attn": "core_attn",
+    "selective": "selective",
+}
 AMP_DTYPES = {"float16": "fp16", "fp16": "fp16", "bfloat16": "bf16", "bf16": "bf16"}
 DEVICES = {"cpu": "cpu", "gpu": "cuda", "cuda": "cuda"}
 #: ``Model`` keys holding the layer count that pipeline stages are cut from
@@ -124,13 +133,21 @@ def dist_config(cfg: DictConfig) -> dict:
                 f"Distributed.pipeline_num_layers or one of Model.{', Model.'.join(LAYER_COUNT_KEYS)}"
             )
         layers = int(found[0]) + int(cfg.Model.get("num_decoder_layers") or 0)
+    # FleetX's Model.virtual_pp_degree: model chunks per pipeline rank, run interleaved
+    vpp = int(cfg.Model.get("virtual_pp_degree") or 1)
+    schedule = d.pipeline_schedule
+    if vpp > 1 and schedule == DEFAULT_SCHEDULE:
+        schedule = "Interleaved1F1B"
     return {
         "data_parallel_size": (d.dp_degree or 1) * sharding,
         "tensor_parallel_size": d.mp_degree,
         "pipeline_parallel_size": pp,
         "pipeline_num_layers": layers,
         "device_type": DEVICES[device],
-        "pipeline_schedule": d.pipeline_schedule,
+        "pipeline_schedule": schedule,
+        "virtual_pipeline_size": vpp if pp > 1 else 1,
+        # FleetX's Model.sequence_parallel: Megatron-style, over the mp group (needs mp > 1)
+        "sequence_parallel": bool(cfg.Model.get("sequence_parallel")) and d.mp_degree > 1,
     }
 
 
@@ -194,10 +211,7 @@ def train_namespace(
             init_scale=engine.mix_precision.scale_loss,
             level=str(engine.mix_precision.level).upper(),
         ),
-        activation_checkpoint=ActivationCheckpointSpec(
-            enabled=bool(cfg.Model.get("use_recompute", False)),
-            mode=cfg.Model.get("recompute_granularity") or "full",
-        ),
+        activation_checkpoint=recompute_spec(cfg),
         zero_optimization=ZeroSpec(
             enabled=mode == "train" and sharding.sharding_degree > 1,
             stage=sharding.sharding_stage,
@@ -214,11 +228,35 @@ def train_namespace(
     )
 
 
+def recompute_spec(cfg: DictConfig) -> ActivationCheckpointSpec:
+    """``Model.use_recompute`` / ``recompute_granularity`` / ``no_recompute_layers`` as
+    activation checkpointing: FleetX's full (the block), full_attn (the attention sub-layer),
+    core_attn (the attention core), and libai's selective; the listed layers are not
+    recomputed."""
+    granularity = cfg.Model.get("recompute_granularity") or "full"
+    if granularity not in RECOMPUTE_GRANULARITY:
+        raise YAMLConfigError(
+            f"Model.recompute_granularity={granularity!r}: use one of "
+            f"{', '.join(RECOMPUTE_GRANULARITY)}"
+        )
+    skip = cfg.Model.get("no_recompute_layers") or []
+    if not all(isinstance(i, int) and i >= 0 for i in skip):
+        raise YAMLConfigError(
+            f"Model.no_recompute_layers must be a list of layer indices >= 0, got {list(skip)}"
+        )
+    return ActivationCheckpointSpec(
+        enabled=bool(cfg.Model.get("use_recompute", False)),
+        mode=RECOMPUTE_GRANULARITY[granularity],
+        no_recompute_layers=sorted(set(skip)),
+    )
+
+
 def setup_yaml_run(cfg: DictConfig, mode: str = "train") -> None:
     """Everything before the module: batch arithmetic and layout checks (no collective),
     the mesh, the output directory, the logger, the resolved ``config.yaml`` (rank 0), and
     the seed the model is built with."""
     world = int(os.environ.get("WORLD_SIZE", 1))
+    check_unsupported(cfg, mode)
     resolve_batch_config(cfg, world)
     dist_cfg = dist_config(cfg)
     dist.resolve_layout(dist_cfg, world)  # raises before any collective
@@ -247,6 +285,13 @@ def setup_yaml_run(cfg: DictConfig, mode: str = "train") -> None:
             logger.info("Full config saved to %s", path)
 
     setup_run(dist_cfg, output_dir, seed=cfg.Global.seed, save_config=save_config)
+    if dist.get_rank() == 0:
+        announce_no_effect_keys(cfg)
+        if cfg.Model.get("sequence_parallel") and cfg.Distributed.mp_degree == 1:
+            logger.info(
+                "FleetX key Model.sequence_parallel=True has no effect with mp_degree=1: "
+                "sequence parallelism splits over the tensor-parallel group"
+            )
 
 
 def build_module(cfg: DictConfig):

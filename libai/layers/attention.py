@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from libai import dist
 from libai.layers.kv_cache import LayerKVCache, StaticLayerKVCache
@@ -96,6 +99,9 @@ class MultiheadAttention(nn.Module):
         self.num_heads, self.num_kv_heads = num_attention_heads, num_key_value_heads
         self.local_kv_heads = num_key_value_heads // tp
         self.group_size = num_attention_heads // num_key_value_heads
+        #: recompute the attention core (softmax(q k^T) v) in backward instead of keeping
+        #: what it saves (FleetX's recompute_granularity: core_attn; set by TransformerLayer)
+        self.checkpoint_core = False
         self.is_cross_attention, self.causal = is_cross_attention, attn_mask_type == "causal"
         self.attention_dropout_prob = attention_dropout_prob
         self.scale = head_size**-0.5 if scale_attention else 1.0
@@ -199,16 +205,18 @@ class MultiheadAttention(nn.Module):
         present = (k, v) if use_cache else None
         mask, is_causal = self._attention_bias(q, k, attention_mask, position_bias, static_keep)
         # [S(0), S(heads)] per rank: attention is local to this rank's heads
-        context = F.scaled_dot_product_attention(
-            q,
-            k,
-            v,
+        core = functools.partial(
+            F.scaled_dot_product_attention,
             attn_mask=mask,
             dropout_p=self.attention_dropout_prob if self.training else 0.0,
             is_causal=is_causal,
             scale=self.scale,
             enable_gqa=self.group_size > 1,  # kv heads shared by query groups, no copies
         )
+        if self.checkpoint_core and self.training and torch.is_grad_enabled():
+            context = checkpoint(core, q, k, v, use_reentrant=False)
+        else:
+            context = core(q, k, v)
         b, _, s, _ = context.shape
         context = context.transpose(1, 2).reshape(b, s, -1)
         # [S(0), S(-1)] x [B, S(1)]^T -> [S(0), P] -> all-reduce -> [S(0), B]

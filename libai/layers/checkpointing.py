@@ -1,5 +1,7 @@
 """Activation checkpointing of one block: ``"full"`` recomputes everything in backward,
-``"selective"`` keeps the outputs of the expensive ops and recomputes the cheap ones.
+``"selective"`` keeps the outputs of the expensive ops and recomputes the cheap ones;
+``"full_attn"`` / ``"core_attn"`` (FleetX's granularities, libai's TransformerLayer only)
+recompute just the attention sub-layer / the attention core.
 
 The selective policy is torchtitan's op-level idea: matrix multiplies and attention are what
 cost time to recompute, elementwise ops, norms and activations are what cost memory to keep.
@@ -22,7 +24,10 @@ from torch.utils.checkpoint import (
 
 __all__ = ["MODES", "checkpointed", "resolve_mode"]
 
-MODES = ("full", "selective")
+MODES = ("full", "selective", "full_attn", "core_attn")
+#: modes that recompute a part of a libai TransformerLayer (FleetX's granularities): the
+#: attention sub-layer, or the attention core (softmax(q k^T) v)
+LAYER_PART_MODES = ("full_attn", "core_attn")
 _aten = torch.ops.aten
 _MATMULS = {_aten.mm.default, _aten.addmm.default, _aten.bmm.default, _aten.baddbmm.default}
 _ATTENTION = {
@@ -38,7 +43,7 @@ _ATTENTION = {
 
 
 def resolve_mode(value) -> str | None:
-    """``True`` / ``"full"`` -> "full", ``"selective"`` -> "selective", falsy -> None."""
+    """``True`` / ``"full"`` -> "full", another of :data:`MODES` -> itself, falsy -> None."""
     if value is None or value is False:
         return None
     if value is True:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
@@ -82,9 +84,9 @@ class TransformerLayer(nn.Module):
         #: LiBai's option (pre-norm): the residual branch starts after the norm,
         #: ``norm(x) + fn(norm(x))``, instead of ``x + fn(norm(x))``
         self.apply_residual_post_layernorm = bool(apply_residual_post_layernorm)
-        #: recompute this block in backward instead of keeping its activations: False,
-        #: "full" or "selective" (set by ``train.activation_checkpoint``; see
-        #: libai.layers.checkpointing)
+        #: recompute in backward instead of keeping activations: False, "full" or "selective"
+        #: (the block), "full_attn" (the attention sub-layer) or "core_attn" (the attention
+        #: core); set by ``train.activation_checkpoint``, see libai.layers.checkpointing
         self.activation_checkpointing = False
         attn_kwargs = dict(
             num_key_value_heads=num_key_value_heads,
@@ -142,12 +144,27 @@ class TransformerLayer(nn.Module):
         out, present = out if isinstance(out, tuple) else (out, None)
         return (normed if self.apply_residual_post_layernorm else x) + out, present
 
+    @property
+    def activation_checkpointing(self):
+        return self._activation_checkpointing
+
+    @activation_checkpointing.setter
+    def activation_checkpointing(self, mode) -> None:
+        mode = "full" if mode is True else mode
+        self.__dict__["_activation_checkpointing"] = mode
+        for name in ("self_attention", "cross_attention"):
+            attention = self._modules.get(name) if "_modules" in self.__dict__ else None
+            if attention is not None:
+                attention.checkpoint_core = mode == "core_attn"
+
+    def _recomputing(self) -> bool:
+        return self.training and torch.is_grad_enabled()
+
     def forward(self, hidden_states: torch.Tensor, *args, **kwargs):
-        """See :meth:`_forward`; with activation checkpointing the block is recomputed."""
-        if self.activation_checkpointing and self.training and torch.is_grad_enabled():
-            mode = (
-                "full" if self.activation_checkpointing is True else self.activation_checkpointing
-            )
+        """See :meth:`_forward`; with activation checkpointing of the block ("full" /
+        "selective") it is recomputed in backward."""
+        mode = self.activation_checkpointing
+        if mode in ("full", "selective") and self._recomputing():
             return checkpointed(self._forward, mode, hidden_states, *args, **kwargs)
         return self._forward(hidden_states, *args, **kwargs)
 
@@ -167,18 +184,20 @@ class TransformerLayer(nn.Module):
             self_past = cross_past = past_key_value
         else:
             self_past, cross_past = past_key_value if past_key_value is not None else (None, None)
-        h, self_present = self._residual(
-            hidden_states,
-            self.input_layernorm,
-            lambda x: self.self_attention(
+
+        def attend(x):
+            return self.self_attention(
                 x,
                 attention_mask=attention_mask,
                 past_key_value=self_past,
                 use_cache=use_cache,
                 rotary_pos_emb=rotary_pos_emb,
                 position_bias=position_bias,
-            ),
-        )
+            )
+
+        if self.activation_checkpointing == "full_attn" and self._recomputing():
+            attend = functools.partial(checkpointed, attend, "full")  # the attention sub-layer
+        h, self_present = self._residual(hidden_states, self.input_layernorm, attend)
         cross_present = None
         if self.is_decoder:
             h, cross_present = self._residual(

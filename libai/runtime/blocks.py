@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from libai.layers.checkpointing import checkpointed, resolve_mode
+from libai.layers.checkpointing import LAYER_PART_MODES, checkpointed, resolve_mode
 
 
 def model_blocks(model: nn.Module) -> list[nn.Module]:
@@ -102,10 +102,17 @@ def _checkpoint_forward(block: nn.Module, mode: str) -> None:
 
 
 def enable_activation_checkpointing(
-    model: nn.Module, mode: str | bool = "full", *, switch: str = "train.activation_checkpoint"
+    model: nn.Module,
+    mode: str | bool = "full",
+    *,
+    switch: str = "train.activation_checkpoint",
+    no_recompute_layers=(),
 ) -> int:
     """Recompute every block of ``model`` in backward instead of storing its activations:
-    ``mode`` "full" (or True) or "selective" (:mod:`libai.layers.checkpointing`).
+    ``mode`` "full" (or True), "selective", or for libai's TransformerLayer "full_attn" /
+    "core_attn" (:mod:`libai.layers.checkpointing`); the blocks whose layer index (a
+    TransformerLayer's ``layer_idx``, else the block's position) is in
+    ``no_recompute_layers`` keep their activations.
 
     Returns the number of blocks switched; raises if the model has none (the switch must
     never silently do nothing).
@@ -116,15 +123,27 @@ def enable_activation_checkpointing(
     blocks = model_blocks(model)
     if not blocks:
         raise _no_blocks_error(model, switch)
-    for block in blocks:
+    skip = set(no_recompute_layers)
+    switched = 0
+    for index, block in enumerate(blocks):
+        if getattr(block, "layer_idx", index) in skip:
+            continue  # FleetX's no_recompute_layers: keep this layer's activations
         if isinstance(block, TransformerLayer):
             block.activation_checkpointing = mode
+        elif mode in LAYER_PART_MODES:
+            raise ValueError(
+                f"{switch}.mode={mode!r} recomputes a part of libai's TransformerLayer; "
+                f"{type(block).__name__} is not one: use 'full' or 'selective'"
+            )
         else:
             _checkpoint_forward(block, mode)
-    return len(blocks)
+        switched += 1
+    return switched
 
 
-def apply_block_switches(models, *, checkpointing: str | bool = False, compile: bool = False):
+def apply_block_switches(
+    models, *, checkpointing: str | bool = False, compile: bool = False, no_recompute_layers=()
+):
     """Activation checkpointing, then ``torch.compile``, on the blocks of each of ``models``
     (a rank's model and its pipeline stage copies, after the split: each switches its own
     blocks, so no copy calls another's). A model without blocks (a stage holding only an
@@ -133,7 +152,9 @@ def apply_block_switches(models, *, checkpointing: str | bool = False, compile: 
     if checkpointing:
         _each_with_blocks(
             models,
-            lambda m: enable_activation_checkpointing(m, checkpointing),
+            lambda m: enable_activation_checkpointing(
+                m, checkpointing, no_recompute_layers=no_recompute_layers
+            ),
             "train.activation_checkpoint",
         )
     if compile:

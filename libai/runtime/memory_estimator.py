@@ -49,6 +49,8 @@ AMP; the residual stream and norm inputs stay fp32) of a pre-norm block, per tok
   low-precision copies of the block's matmul weights (``2 * W_local`` bytes);
 - full checkpointing: ``4h / q`` (the block input) plus the RNG state the checkpoint keeps
   (:data:`RNG_STATE_BYTES` per block);
+- "full_attn" / "core_attn" (FleetX's granularities) are not modelled: the estimate is
+  the no-checkpointing bound above them;
 - selective (every attention output and every second matmul output kept):
   ``4h / q + e * (w_qkv + h_attn + w_fc1) / t + 4a / t`` plus the RNG state.
 
@@ -281,6 +283,8 @@ def block_activation_bytes(
         lse = 3 * e * geo["heads"] / tp * settings.seq_length
     kept = e * (geo["qkv"] + geo["attn_out"] + geo["up"]) / tp
     mode = settings.checkpointing
+    if mode in ("full_attn", "core_attn"):
+        mode = None  # FleetX's partial granularities: bounded above by no checkpointing
     if mode == "full":
         return int(tokens * block_input) + RNG_STATE_BYTES
     if mode == "selective":

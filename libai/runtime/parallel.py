@@ -138,6 +138,8 @@ class ModelRunner:
         overlap_grad_reduce: all-reduce the gradients over dp in buckets while backward
             runs (:class:`~libai.runtime.grad_overlap.OverlappedGradReducer`; the same sums as
             reducing after it). Used without pipeline parallel and without ZeRO 2/3.
+        no_recompute_layers: with activation checkpointing, the layer indices whose
+            activations are kept (FleetX's ``Model.no_recompute_layers``).
     """
 
     def __init__(
@@ -154,6 +156,7 @@ class ModelRunner:
         backward_fn=None,
         autocast_op_lists=None,
         overlap_grad_reduce: bool = True,
+        no_recompute_layers=(),
     ):
         util = dist.get_dist_util()
         layout = util.layout
@@ -196,7 +199,10 @@ class ModelRunner:
                 f"parameters of other pipeline stages were not pruned: {leftover[:5]}"
             )
         apply_block_switches(
-            self.local_models, checkpointing=activation_checkpointing, compile=compile
+            self.local_models,
+            checkpointing=activation_checkpointing,
+            compile=compile,
+            no_recompute_layers=no_recompute_layers,
         )
         self.tied_parameters = [
             p for p in model.parameters() if getattr(p, "libai_tied_group", None) is not None

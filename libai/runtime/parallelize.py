@@ -89,6 +89,7 @@ def parallelize(
         amp_dtype=amp_dtype,
         loss_scaler=grad_scaler,
         activation_checkpointing=spec.checkpointing() or False,
+        no_recompute_layers=tuple(spec.activation_checkpoint.no_recompute_layers or ()),
         compile=bool(compile),
         loss_fn=loss_fn,
         backward_fn=backward_fn,

@@ -81,10 +81,13 @@ class AmpSpec:
 
 @dataclass
 class ActivationCheckpointSpec:
-    """Recompute each Transformer layer in backward: ``mode`` "full" or "selective"."""
+    """Recompute each Transformer layer in backward: ``mode`` "full", "selective", or
+    (FleetX's granularities) "full_attn" / "core_attn"; ``no_recompute_layers``: layer
+    indices left out."""
 
     enabled: bool = False
     mode: str = "full"
+    no_recompute_layers: list[int] = field(default_factory=list)
 
     def resolved(self) -> str | None:
         """``None`` when off, else the checked mode."""

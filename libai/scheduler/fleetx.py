@@ -21,7 +21,8 @@ __all__ = ["CosineAnnealingWithWarmupDecay", "LinearDecayWithWarmup"]
 class CosineAnnealingWithWarmupDecay(LRScheduler):
     """``max_lr × t / w`` while ``t <= w`` (``w = warmup_rate × decay_steps``, if > 0); then
     ``min_lr + (max_lr - min_lr) × (1 + cos(π (t - w) / (decay_steps - w))) / 2`` up to
-    ``decay_steps``; ``min_lr`` after it."""
+    ``decay_steps``; ``min_lr`` after it. ``t`` is the step count times ``increment`` (1, or
+    the global batch size for FleetX's ``use_increments``: ``t`` then counts samples)."""
 
     def __init__(
         self,
@@ -31,9 +32,15 @@ class CosineAnnealingWithWarmupDecay(LRScheduler):
         warmup_rate: float,
         decay_steps: int,
         last_epoch: int = -1,
+        increment: int = 1,
     ):
         if int(decay_steps) < 1:
             raise ValueError(f"decay_steps must be a positive integer, got {decay_steps!r}")
+        if int(increment) < 1:
+            raise ValueError(f"increment must be a positive integer, got {increment!r}")
+        #: how far one optimizer step advances the schedule (FleetX's use_increments: the
+        #: global batch size, so decay_steps and the warmup count samples)
+        self.increment = int(increment)
         if not 0 <= float(warmup_rate) < 1:
             raise ValueError(f"warmup_rate must be in [0, 1), got {warmup_rate!r}")
         self.max_lr, self.min_lr = float(max_lr), float(min_lr)
@@ -52,7 +59,7 @@ class CosineAnnealingWithWarmupDecay(LRScheduler):
         return self.min_lr + 0.5 * (math.cos(math.pi * ratio) + 1.0) * (self.max_lr - self.min_lr)
 
     def get_lr(self) -> list[float]:
-        return [self.lr_at(self.last_epoch)] * len(self.optimizer.param_groups)
+        return [self.lr_at(self.last_epoch * self.increment)] * len(self.optimizer.param_groups)
 
     _get_closed_form_lr = get_lr
 

@@ -26,26 +26,6 @@ TINY = [
     "Model.attention_probs_dropout_prob=0.0",
     "Engine.mix_precision.enable=false",
 ]
-#: keys of FleetX's files that the YAML key schema does not accept yet (it is being taught
-#: them; deleting a key it accepts is harmless)
-NOT_YET_ACCEPTED = [
-    "~Profiler",
-    "~Distributed.fuse_sequence_parallel_allreduce",
-    "~Distributed.sharding.reduce_overlap",
-    "~Distributed.sharding.broadcast_overlap",
-    "~Model.name",
-    "~Model.vocab_size_divisible_unit",
-    "~Model.fused_linear",
-    "~Model.fuse_attn_qkv",
-    "~Model.scale_qk_by_layer_num",
-    "~Model.sequence_parallel",
-    "~Model.use_flash_attn",
-    "~Model.fused_softmax_with_triangular",
-    "~Model.type_vocab_size",
-    "~Model.no_recompute_layers",
-]
-#: ... and of the inference file
-NOT_YET_ACCEPTED_INFERENCE = [*NOT_YET_ACCEPTED, "~Inference.mp_degree"]
 
 
 def tokenizer_overrides(tokenizer_dir: Path) -> list[str]:
@@ -98,29 +78,6 @@ def eval_layout_config(base: list[str], out_dir, overrides: list[str]):
         GPT_CONFIGS / "pretrain_gpt_345M_single_card.yaml",
         [*base, f"Engine.save_load.output_dir={out_dir}", *overrides],
     )
-
-
-#: ... and of the GLUE fine-tuning files
-NOT_YET_ACCEPTED_FINETUNE = [
-    "~Profiler",
-    "~Model.name",
-    "~Model.fuse_attn_qkv",
-    "~Model.fused_linear",
-    "~Model.type_vocab_size",
-    "~Model.use_flash_attn",
-    "~Distributed.sharding.reduce_overlap",
-    "~Distributed.sharding.broadcast_overlap",
-    "~Optimizer.tensor_fusion",
-    "~Optimizer.multi_precision",
-    "~Data.Train.sampler.batch_size",
-    "~Data.Eval.sampler.batch_size",
-    # FleetX reads `1e-6` / `2e-5` as numbers (its loader literal_evals strings); YAML 1.1
-    # and this loader read them as strings
-    "~Optimizer.epsilon",
-    "+Optimizer.epsilon=1.0e-6",
-    "~Optimizer.lr.learning_rate",
-    "+Optimizer.lr.learning_rate=2.0e-5",
-]
 
 
 def write_sst2(root: Path, rows: list[tuple[str, int]]) -> Path:

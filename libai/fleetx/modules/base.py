@@ -13,14 +13,25 @@ from libai.models.contract import total_loss
 
 __all__ = ["AccuracyModule", "ZooModule", "tokenizer_from"]
 
-#: ``Model`` keys that configure the module, not the model's constructor
+#: ``Model`` keys that configure the module or the run, not the model's constructor
+#: (FleetX's switches: libai.fleetx.fleetx_keys says what each does here)
 MODULE_KEYS = (
     "module",
     "use_recompute",
     "recompute_granularity",
+    "no_recompute_layers",
     "pretrained",
     "tokenizer",
     "name",
+    "sequence_parallel",
+    "virtual_pp_degree",
+    "vocab_size_divisible_unit",
+    "fused_linear",
+    "fuse_attn_qkv",
+    "use_flash_attn",
+    "fused_softmax_with_triangular",
+    "scale_qk_by_layer_num",
+    "type_vocab_size",
 )
 
 

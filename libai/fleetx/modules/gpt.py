@@ -21,7 +21,8 @@ class GPTModule(ZooModule):
     merges_file, make_vocab_size_divisible_by}`` (files default to the built-in sample
     corpus'). ``vocab_size`` unset = the tokenizer's, padded to a multiple of
     ``make_vocab_size_divisible_by`` on every layout (as ``tools/train_net.py`` does);
-    ``ffn_hidden_size`` unset or null = 4 x ``hidden_size``, as FleetX.
+    ``ffn_hidden_size`` unset or null = 4 x ``hidden_size``, as FleetX;
+    ``vocab_size_divisible_unit`` pads the vocabulary to a multiple of it x ``mp_degree``.
     """
 
     model_class = GPTForPreTraining
@@ -52,6 +53,13 @@ class GPTModule(ZooModule):
             kwargs["ffn_hidden_size"] = 4 * int(kwargs["hidden_size"])
         if kwargs.get("vocab_size") is None:
             kwargs["vocab_size"] = self.tokenizer.padded_vocab_size(self._divisible_by)
+        unit = self.cfg.Model.get("vocab_size_divisible_unit")
+        if unit:  # FleetX pads any vocab to a multiple of unit x mp_degree
+            from libai.fleetx.fleetx_keys import padded_vocab_size
+
+            kwargs["vocab_size"] = padded_vocab_size(
+                kwargs["vocab_size"], unit, self.cfg.Distributed.mp_degree
+            )
         return GPTForPreTraining(**kwargs)
 
     def pretreating_batch(self, batch):

@@ -76,8 +76,8 @@ def test_overrides_change_add_and_name_the_closest_key(tmp_path):
         YAMLConfigError, match=r"Engine.save_load.save_step; did you mean .*save_steps"
     ):
         load_yaml_config(SIMPLE_NET, ["+Engine.save_load.save_step=3"])
-    with pytest.raises(YAMLConfigError, match=r"unknown config key <top level>.Profiler"):
-        load_yaml_config(SIMPLE_NET, ["+Profiler.enable=true"])
+    with pytest.raises(YAMLConfigError, match=r"<top level>.Profilerr; did you mean .*Profiler"):
+        load_yaml_config(SIMPLE_NET, ["+Profilerr.enable=true"])
     with pytest.raises(YAMLConfigError, match="Data.Train.loaderr; did you mean"):
         load_yaml_config(SIMPLE_NET, ["+Data.Train.loaderr.num_workers=1"])
 
@@ -202,14 +202,14 @@ def test_the_tool_reports_bad_input_in_one_line_before_training(tmp_path):
 
 
 def test_overrides_apply_before_the_key_check_and_tilde_deletes(tmp_path):
-    """FleetX applies ``-o`` before checking keys: ``-o ~Profiler`` removes a section this
+    """FleetX applies ``-o`` before checking keys: ``-o ~Section`` removes a section this
     door does not know; without it the key is an error naming it."""
-    cfg_file = tmp_path / "with_profiler.yaml"
-    cfg_file.write_text(f"_base_: {SIMPLE_NET}\nProfiler:\n  enable: false\n  scheduler: [1, 5]\n")
-    with pytest.raises(YAMLConfigError, match=r"unknown config key <top level>\.Profiler"):
+    cfg_file = tmp_path / "with_custom.yaml"
+    cfg_file.write_text(f"_base_: {SIMPLE_NET}\nCustom:\n  enable: false\n  scheduler: [1, 5]\n")
+    with pytest.raises(YAMLConfigError, match=r"unknown config key <top level>\.Custom"):
         load_yaml_config(str(cfg_file))
-    cfg = load_yaml_config(str(cfg_file), ["~Profiler", "Engine.max_steps=3"])
-    assert "Profiler" not in cfg and cfg.Engine.max_steps == 3
+    cfg = load_yaml_config(str(cfg_file), ["~Custom", "Engine.max_steps=3"])
+    assert "Custom" not in cfg and cfg.Engine.max_steps == 3
 
 
 def test_fleetx_module_conventions(tmp_path):

@@ -10,7 +10,6 @@ import json
 import pytest
 from engine_helpers import make_engine
 from fleetx_files import (
-    NOT_YET_ACCEPTED,
     TINY,
     eval_layout_config,
     fleetx_corpus,
@@ -30,7 +29,6 @@ def test_engine_evaluate_on_every_layout_equals_one_process(tmp_path):
     data = fleetx_corpus(tmp_path / "data", num_docs=200)
     base = [
         *TINY,
-        *NOT_YET_ACCEPTED,
         *tokenizer_overrides(tmp_path / "tok"),
         f"Data.Eval.dataset.input_dir={data}",
         "Data.Eval.dataset.max_seq_len=16",

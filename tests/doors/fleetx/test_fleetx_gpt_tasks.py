@@ -16,8 +16,6 @@ import torch.nn.functional as F
 from engine_helpers import make_engine, run_tool
 from fleetx_files import (
     GPT_CONFIGS,
-    NOT_YET_ACCEPTED,
-    NOT_YET_ACCEPTED_INFERENCE,
     TINY,
     fleetx_corpus,
     tiny_hf_gpt2,
@@ -47,7 +45,6 @@ def offline_eval(files, tmp_path, *overrides):
         GPT_CONFIGS / "eval_gpt_345M_single_card.yaml",
         [
             *TINY,
-            *NOT_YET_ACCEPTED,
             *files["tok"],
             files["pretrained"],
             f"Engine.save_load.output_dir={tmp_path / 'out'}",
@@ -147,7 +144,6 @@ def test_gpt_eval_module_lambada_accuracy_equals_transformers_greedy(files, tmp_
         "eval",
         GPT_CONFIGS / "eval_gpt_345M_single_card.yaml",
         *TINY,
-        *NOT_YET_ACCEPTED,
         *files["tok"],
         files["pretrained"],
         f"Engine.save_load.output_dir={tmp_path / 'out'}",
@@ -174,7 +170,6 @@ def test_generation_export_then_inference_from_fleetx_yamls(files, tmp_path, sam
         "export",
         GPT_CONFIGS / "generation_gpt_345M_single_card.yaml",
         *sizes,
-        *NOT_YET_ACCEPTED,
         f"Engine.save_load.output_dir={out}",
         env=sample_env,
     )
@@ -182,7 +177,6 @@ def test_generation_export_then_inference_from_fleetx_yamls(files, tmp_path, sam
     assert (out / "rank_0" / "model_with_past.onnx").is_file()
     inference = [
         *sizes,
-        *NOT_YET_ACCEPTED_INFERENCE,
         f"Data.Test.dataset.input_dir={data}",
         "Data.Test.dataset.max_seq_len=8",
     ]
@@ -242,14 +236,13 @@ def test_gpt_finetune_module_on_sst2_from_the_fleetx_yaml(files, tmp_path):
     before training, Engine.evaluate's loss and accuracy equal the formula on transformers'
     GPT-2 hidden states with the module's score head (cross entropy of the logits at each
     row's last real token); then one epoch trains through the Engine."""
-    from fleetx_files import NOT_YET_ACCEPTED_FINETUNE, write_sst2
+    from fleetx_files import write_sst2
 
     sst = write_sst2(tmp_path / "SST-2", SST2_ROWS)
     cfg = load_yaml_config(
         GPT_CONFIGS / "finetune_gpt_345M_single_card_glue.yaml",
         [
             *TINY,
-            *NOT_YET_ACCEPTED_FINETUNE,
             *files["tok"],
             f"Model.pretrained={files['root'] / 'hf'}",
             "Global.local_batch_size=3",
