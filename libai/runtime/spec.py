@@ -52,6 +52,9 @@ NO_EFFECT_KEYS = {
     "nccl_fusion_max_ops": "OneFlow's NCCL fusion; gradients are bucketed by the runtime",
     "input_placement_device": "batches are moved to each rank's device by the runtime",
     "rdma_enabled": "OneFlow's RDMA switch; torch.distributed picks the transport",
+    # LiBai's swin / vit ImageNet configs set it; LiBai's trainer reads only
+    # train.evaluation.eval_period, so it does nothing there either
+    "eval_period": "LiBai reads train.evaluation.eval_period; set that one",
 }
 
 

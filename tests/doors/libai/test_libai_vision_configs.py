@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import re
 
-import numpy as np
 import pytest
 import yaml
-from PIL import Image
 from train_net_helpers import ROOT, read_metrics, run_train_net
+from vision_files import write_imagenet
 
 CONFIGS = ROOT / "tests" / "fixtures" / "libai" / "configs"
 TRAIN_T = "dataloader.train.dataset.0.transform.transforms"
@@ -25,16 +24,7 @@ NUM_CLASSES = 8
 def imagenet(tmp_path_factory):
     """root/train (16 images) and root/val (4 images) of 2 classes, random RGB of a few
     sizes around 32 pixels (so the crops and resizes have work to do)."""
-    root = tmp_path_factory.mktemp("imagenet")
-    rng = np.random.default_rng(0)
-    for split, per_class in (("train", 8), ("val", 2)):
-        for cls in ("n01", "n02"):
-            (root / split / cls).mkdir(parents=True)
-            for i in range(per_class):
-                h, w = int(rng.integers(32, 44)), int(rng.integers(32, 44))
-                pixels = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
-                Image.fromarray(pixels).save(root / split / cls / f"{i}.png")
-    return root
+    return write_imagenet(tmp_path_factory.mktemp("imagenet"))
 
 
 def overrides(root, out_dir, micro: int, model: dict, **extra) -> list[str]:

@@ -11,6 +11,7 @@ import pytest
 import torch
 from PIL import Image
 from train_net_helpers import ROOT
+from vision_files import cifar100_entry
 
 from libai.config import LazyConfig, instantiate
 from libai.data import build_image_test_loader
@@ -54,23 +55,13 @@ def test_imagenet_dataset_reads_split_folders_as_instances(imagenet):
         ImageNetDataset(str(root / "train"), train=True)
 
 
-def write_cifar100(folder, n, seed, keys_as_bytes=True):
-    """A CIFAR-100 pickle as the real one: data uint8 [N, 3072] (R, G, B planes of 32x32)."""
-    rng = np.random.default_rng(seed)
-    data = rng.integers(0, 256, (n, 3072), dtype=np.uint8)
-    labels = [int(v) for v in rng.integers(0, 100, n)]
-    k = (lambda s: s.encode()) if keys_as_bytes else (lambda s: s)
-    entry = {k("data"): data, k("fine_labels"): labels, k("coarse_labels"): [0] * n}
-    folder.mkdir(parents=True, exist_ok=True)
-    return entry, data, labels
-
-
 @pytest.fixture(scope="module")
 def cifar(tmp_path_factory):
     root = tmp_path_factory.mktemp("cifar")
     out = {}
     for name, n, seed, as_bytes in (("train", 6, 1, True), ("test", 4, 2, False)):
-        entry, data, labels = write_cifar100(root / "cifar-100-python", n, seed, as_bytes)
+        entry, data, labels = cifar100_entry(n, seed, as_bytes)
+        (root / "cifar-100-python").mkdir(parents=True, exist_ok=True)
         with open(root / "cifar-100-python" / name, "wb") as f:
             pickle.dump(entry, f)
         out[name] = (data, labels)
