@@ -92,7 +92,7 @@ def create_parameter(
         seed: reuse another parameter's seed (a tied copy on another stage).
     """
     if seed is None:
-        seed = int(torch.randint(0, 2**62, (1,)).item())
+        seed = int(torch.randint(0, 2**62, (1,), device="cpu").item())  # the CPU stream
     padded_shape = tuple(padded_shape or shape)
     util = dist.get_dist_util()
     tp = util.layout.tensor_parallel_size
@@ -130,10 +130,12 @@ def init_deferred(param: nn.Parameter) -> None:
 
 
 def _full_value(shape, padded_shape, init_method, seed, dtype) -> torch.Tensor:
+    # on the CPU, with its CPU generator, whatever the default device (a FleetX module is
+    # built under ``torch.device("cuda")``): the same values on every device and layout
     generator = torch.Generator().manual_seed(seed)
-    full = init_method(torch.empty(tuple(shape), dtype=dtype), generator=generator)
+    full = init_method(torch.empty(tuple(shape), dtype=dtype, device="cpu"), generator=generator)
     if tuple(padded_shape) != tuple(shape):
-        padded = torch.zeros(padded_shape, dtype=dtype)
+        padded = torch.zeros(padded_shape, dtype=dtype, device="cpu")
         padded[tuple(slice(0, s) for s in shape)] = full
         full = padded
     return full.to(dist.get_dist_util().device)

@@ -350,3 +350,19 @@ def test_row_linear_with_wrong_input_size_names_the_layer():
     assert "this rank's share of in_features, 16 (= 16 / tp 1), got 8;" in msg
     assert "pair it with a column-parallel Linear (parallel='col')" in msg
     assert "split the input over tp (scatter_to_tp)" in msg
+
+
+def test_parameters_start_equal_under_any_default_device():
+    """Initial values come from a CPU generator on CPU tensors whatever the default device
+    (FleetX's door builds its module under ``torch.device(<run device>)``: on a GPU the
+    init drew on a CUDA tensor with the CPU generator and raised). Here the default device
+    is ``meta``: the parameters still get the values of a plain build."""
+    from libai.layers import Linear
+
+    torch.manual_seed(0)
+    plain = Linear(8, 4)
+    torch.manual_seed(0)
+    with torch.device("meta"):
+        under_meta = Linear(8, 4)
+    assert under_meta.weight.device.type == "cpu"
+    assert torch.equal(under_meta.weight, plain.weight)
