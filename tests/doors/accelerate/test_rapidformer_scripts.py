@@ -14,6 +14,7 @@ import json
 import runpy
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,7 @@ from rapidformer_stand_ins import bert_base_cased, bert_vocab, corpus_jsonl, glu
 from train_net_helpers import ROOT
 
 from libai import dist
-from libai.accelerate import cli, get_args
+from libai.accelerate import cli, get_args, get_timers
 from libai.accelerate.data import build_loader
 from libai.accelerate.pretraining import bert_pretraining_datasets
 from libai.accelerate.rapidformer_api import RapidformerEngine
@@ -538,6 +539,13 @@ def test_rapidformer_names_and_megatron_args(in_here, tmp_path):
     assert (args.dataset_path, args.data_path, args.dataset_name) == ("glue", "glue", "mrpc")
     assert args.mmap_warmup and args.short_seq_prob == 0.1 and args.local_rank == 0
     assert (args.data_impl, args.split) == ("mmap", "980,20")
+    timers, start = get_timers(), time.perf_counter()
+    timers("step").start()
+    time.sleep(0.02)
+    timers("step").stop()
+    outer = time.perf_counter() - start
+    assert 0.02 <= timers("step").elapsed(reset=False) <= outer
+    assert timers.log(["step"]).startswith("time (ms) | step: ")
     not_importable()
     script = tmp_path / "probe.py"
     script.write_text(
