@@ -11,10 +11,35 @@ checkpoints and writers of :mod:`libai.engine`):
    and call ``train()``, or pass the file with ``--user-script``.
 3. **compose**: ``AccelerateEngine(...).compose(model, ...)`` for a loop of your own.
 
+Rapidformer's names (``RapidformerEngine``, ``get_args``, ``Pretrainer``,
+``build_train_valid_test_datasets_for_huggingface``, ...) are here too, and importable as
+``rapidformer`` / ``megatron.mpu`` inside ``--user-script`` files
+(:mod:`libai.accelerate.user_script`).
+
 ``transformers`` and ``datasets`` are needed here (``pip install -e ".[accelerate]"``).
 """
 
 from libai.accelerate.engine import AccelerateEngine
+from libai.accelerate.rapidformer_api import (
+    Pretrainer,
+    RapidformerEngine,
+    build_train_valid_test_datasets_for_huggingface,
+    get_args,
+    get_logger,
+    get_timers,
+    get_tokenizer,
+)
 from libai.accelerate.templates import Finetuner, PreTrainer
 
-__all__ = ["AccelerateEngine", "Finetuner", "PreTrainer"]
+__all__ = [
+    "AccelerateEngine",
+    "Finetuner",
+    "PreTrainer",
+    "Pretrainer",
+    "RapidformerEngine",
+    "build_train_valid_test_datasets_for_huggingface",
+    "get_args",
+    "get_logger",
+    "get_timers",
+    "get_tokenizer",
+]

@@ -14,6 +14,7 @@ import logging
 import os
 import shlex
 
+from libai.accelerate.megatron_args import add_megatron_names, set_megatron_names
 from libai.accelerate.pretraining import add_megatron_model_flags, check_pretraining_args
 from libai.accelerate.tasks import TASKS
 from libai.runtime.spec import (
@@ -27,7 +28,14 @@ from libai.runtime.spec import (
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["build_parser", "check_args", "parse_args", "train_namespace", "world_size"]
+__all__ = [
+    "build_parser",
+    "check_args",
+    "check_black_box_args",
+    "parse_args",
+    "train_namespace",
+    "world_size",
+]
 
 DECAY_STYLES = ("constant", "linear", "cosine")
 ZERO_FLAGS = {
@@ -161,6 +169,7 @@ def build_parser(prog: str = "libai-accelerate") -> argparse.ArgumentParser:
         help="alias of --graph-optimization: torch.compile, no ONNX Runtime training here",
     )
     add_megatron_model_flags(p)
+    add_megatron_names(p)
     return p
 
 
@@ -226,10 +235,6 @@ def check_args(args: argparse.Namespace) -> argparse.Namespace:
             else "",
         )
         args.graph_optimization = True
-    if args.user_script is None and args.task is None:
-        raise ValueError(
-            "--task is required (or --user-script); tasks: " + ", ".join(sorted(TASKS))
-        )
     _local_path(args.user_script, "--user-script")
     if args.task is not None and args.user_script is None:
         if args.task == "pretraining":
@@ -261,8 +266,6 @@ def check_args(args: argparse.Namespace) -> argparse.Namespace:
     args.zero_stage = ZERO_FLAGS[zero[0]] if zero else None
     if args.lr_warmup_iters is not None and args.lr_warmup_fraction is not None:
         raise ValueError("give --lr-warmup-iters or --lr-warmup-fraction, not both")
-    if args.train_iters is None and args.epochs is None:
-        raise ValueError("give --train-iters or --epochs")
     for flag in (
         "micro_batch_size",
         "seq_length",
@@ -295,7 +298,18 @@ def check_args(args: argparse.Namespace) -> argparse.Namespace:
         args.zero_stage = None
     if args.device is None:
         args.device = "cuda" if _cuda() else "cpu"
-    return args
+    return set_megatron_names(args)
+
+
+def check_black_box_args(args: argparse.Namespace) -> None:
+    """What the black box (``--task``) needs beyond :func:`check_args`: an engine for
+    templates or compose needs neither a task nor a run length."""
+    if args.task is None:
+        raise ValueError(
+            "--task is required (or --user-script); tasks: " + ", ".join(sorted(TASKS))
+        )
+    if args.train_iters is None and args.epochs is None:
+        raise ValueError("give --train-iters or --epochs")
 
 
 def train_namespace(args, *, train_iter: int, dist_cfg: dict) -> RunSpec:

@@ -10,7 +10,6 @@ checked before the mesh is created.
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
 import sys
@@ -18,7 +17,7 @@ import sys
 import torch
 
 from libai import dist
-from libai.accelerate.arguments import parse_args
+from libai.accelerate.arguments import check_black_box_args, parse_args
 from libai.accelerate.data import pretraining_datasets
 from libai.accelerate.engine import AccelerateEngine
 from libai.accelerate.hub_data import train_and_eval_splits
@@ -39,7 +38,8 @@ from libai.accelerate.pretraining import (
     pretraining_tokenizer,
 )
 from libai.accelerate.tasks import get_task
-from libai.accelerate.templates import Finetuner, PreTrainer
+from libai.accelerate.templates import Finetuner
+from libai.accelerate.user_script import run_user_script, user_script_of
 from libai.dist.cli import run_cli
 from libai.models.contract import total_loss
 from libai.runtime.evaluate import evaluate as run_evaluation
@@ -47,7 +47,7 @@ from libai.runtime.evaluate import sum_over_ranks
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["TaskFinetuner", "load_user_template", "main"]
+__all__ = ["TaskFinetuner", "main"]
 
 #: model types whose tokenizers are byte-level BPE (words need a prefix space)
 BYTE_LEVEL_MODELS = ("roberta", "gpt2", "llama", "qwen2", "bart")
@@ -125,33 +125,14 @@ class _Prepared:
         self.train, self.valid, self.model_kwargs = train, valid, model_kwargs or {}
 
 
-def load_user_template(path: str) -> type:
-    """The one :class:`Finetuner` / :class:`PreTrainer` subclass defined in ``path``."""
-    spec = importlib.util.spec_from_file_location("libai_user_script", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    found = [
-        v
-        for v in vars(module).values()
-        if isinstance(v, type)
-        and issubclass(v, Finetuner)
-        and v not in (Finetuner, PreTrainer)
-        and v.__module__ == module.__name__
-    ]
-    if len(found) != 1:
-        raise ValueError(
-            f"--user-script {path} must define exactly one Finetuner or PreTrainer subclass; "
-            f"found {[c.__name__ for c in found]}"
-        )
-    return found[0]
-
-
 def main(argv=None) -> int:
-    args = parse_args(argv)
-    if args.user_script:
-        template = load_user_template(args.user_script)
-        template(AccelerateEngine(args)).train()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    script = user_script_of(argv)
+    if script:  # the script is the run (its flags may include its own: extra_args_provider)
+        run_user_script(script, argv)
         return 0
+    args = parse_args(argv)
+    check_black_box_args(args)
     task = get_task(args.task)
     model_type = model_type_of(args.pretrained_model_name_or_path)
     family = None

@@ -30,6 +30,7 @@ import torch.distributed as torch_dist
 from torch import nn
 
 from libai.accelerate.arguments import check_args, parse_args, train_namespace
+from libai.accelerate.collate import PaddingCollator
 from libai.accelerate.data import build_loader
 from libai.accelerate.hf_load import is_hf_model_dir, load_hf_weights
 from libai.optim import get_default_optimizer_params
@@ -47,7 +48,23 @@ from libai.scheduler import WarmupCosineLR, WarmupLinearLR
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["AccelerateEngine", "EpochLoader"]
+__all__ = ["AccelerateEngine", "EpochLoader", "current_engine"]
+
+#: the engine created last in this process (Megatron's global args: ``get_args()``)
+_CURRENT: list = [None]
+
+#: ``datasets`` split names that build_data_loader reads as evaluation data by default
+EVAL_SPLITS = ("validation", "valid", "dev", "test", "eval", "evaluation")
+
+
+def current_engine():
+    """The :class:`AccelerateEngine` created last in this process (``None`` before)."""
+    return _CURRENT[0]
+
+
+def _is_eval_split(dataset) -> bool:
+    split = getattr(dataset, "split", None)
+    return split is not None and str(split).split("[")[0].lower() in EVAL_SPLITS
 
 
 def _layer_count(path: str | None) -> int | None:
@@ -70,8 +87,8 @@ class EpochLoader:
     """One epoch of an endless cyclic loader per ``iter()`` (``len`` batches), continuing
     where the previous epoch stopped: a loop of your own sees the black box's data order."""
 
-    def __init__(self, loader, steps_per_epoch: int):
-        self.loader, self.steps = loader, steps_per_epoch
+    def __init__(self, loader, steps_per_epoch: int, device=None):
+        self.loader, self.steps, self.device = loader, steps_per_epoch, device
         self.dataset = loader.dataset
         self._it = None
 
@@ -82,7 +99,25 @@ class EpochLoader:
         if self._it is None:
             self._it = iter(self.loader)
         for _ in range(self.steps):
-            yield next(self._it)
+            batch = next(self._it)
+            yield batch if self.device is None else to_device(batch, self.device)
+
+
+class _EvalLoader:
+    """One pass of ``loader`` with the batches on ``device`` (other attributes: the loader's)."""
+
+    def __init__(self, loader, device):
+        self.loader, self.device = loader, device
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self):
+        for batch in self.loader:
+            yield to_device(batch, self.device)
+
+    def __getattr__(self, name):
+        return getattr(self.__dict__["loader"], name)
 
 
 class _ComposedModel(nn.Module):
@@ -176,7 +211,11 @@ class AccelerateEngine:
             "pipeline_schedule": a.pipeline_schedule,
         }
         self.util = setup_run(self.dist_cfg, a.save, seed=a.seed)
-        self.parts = self.runner = None
+        self.parts = self.runner = self.model = None
+        #: the tokenizer build_data_loader pads with (default: --pretrained-model-name-or-path's,
+        #: else the composed model directory's)
+        self.tokenizer = None
+        _CURRENT[0] = self
 
     # ---- pieces ---------------------------------------------------------------------------
     def train_namespace(self, train_iter: int):
@@ -235,14 +274,26 @@ class AccelerateEngine:
         dataset,
         batch_size: int | None = None,
         *,
-        train: bool = True,
+        train: bool | None = None,
         collate_fn=None,
         steps_per_epoch: int | None = None,
+        tokenizer=None,
     ):
-        """This rank's loader of ``dataset``: for training one epoch per ``iter()`` (batches
-        of ``--micro-batch-size`` x accumulation, reshuffled every epoch), for evaluation one
-        sharded pass (over the first ``--eval-iters`` global batches when it is set)."""
+        """This rank's loader of ``dataset``, its batches on the run's device: for training
+        one epoch per ``iter()`` (batches of ``--micro-batch-size`` x accumulation,
+        reshuffled every epoch), for evaluation one sharded pass in order (over the first
+        ``--eval-iters`` global batches when it is set). ``train=None``: evaluation for a
+        ``datasets`` split named validation / test / dev, training otherwise.
+
+        Without ``collate_fn``, token lists and ragged samples are padded by the tokenizer's
+        ``DataCollatorWithPadding`` (``tokenizer``, else :attr:`tokenizer`, else
+        ``--pretrained-model-name-or-path``'s, else the composed model directory's), or
+        to the longest with zeros when none is known (:mod:`libai.accelerate.collate`)."""
         a = self.args
+        if train is None:
+            train = not _is_eval_split(dataset)
+        if collate_fn is None:
+            collate_fn = PaddingCollator(lambda: tokenizer or self.find_tokenizer())
         size = batch_size or a.micro_batch_size * a.num_accumulation_steps
         if not train and a.eval_iters:
             # --eval-iters counts global batches, as in Megatron: the first eval_iters x
@@ -259,8 +310,30 @@ class AccelerateEngine:
             num_workers=a.num_workers,
         )
         if not train:
-            return loader
-        return EpochLoader(loader, steps_per_epoch or len(dataset) // a.global_batch_size)
+            return _EvalLoader(loader, self.util.device)
+        steps = steps_per_epoch or len(dataset) // a.global_batch_size
+        if steps < 1:
+            raise ValueError(
+                f"build_data_loader: {len(dataset)} samples are fewer than one global batch "
+                f"(--global-batch-size {a.global_batch_size})"
+            )
+        return EpochLoader(loader, steps, self.util.device)
+
+    def find_tokenizer(self):
+        """:attr:`tokenizer`, else the tokenizer saved in ``--pretrained-model-name-or-path``
+        or in the composed model's directory (``None`` when there is none)."""
+        if self.tokenizer is not None:
+            return self.tokenizer
+        candidates = [self.args.pretrained_model_name_or_path]
+        if self.model is not None:
+            candidates.append(getattr(getattr(self.model, "config", None), "_name_or_path", None))
+        for path in candidates:
+            if path and os.path.isfile(os.path.join(path, "tokenizer_config.json")):
+                from transformers import AutoTokenizer
+
+                self.tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+                return self.tokenizer
+        return None
 
     def gather(self, tensor: torch.Tensor) -> torch.Tensor:
         """``tensor`` of every data-parallel rank, concatenated along dim 0 (rank order)."""
@@ -274,21 +347,27 @@ class AccelerateEngine:
     # ---- compose ----------------------------------------------------------------------------
     def compose(
         self,
-        model: nn.Module,
+        model: nn.Module | None = None,
         train_dataloader=None,
         eval_dataloader=None,
         optimizer=None,
         lr_scheduler_fn=None,
         train_iters: int | None = None,
+        *,
+        model_obj: nn.Module | None = None,
     ):
-        """Put ``model`` on the run's switches; returns ``(model, optimizer, lr_scheduler)``
-        (plus the two loaders, rebuilt on this rank's share, when given).
+        """Put ``model`` (Rapidformer's keyword: ``model_obj``) on the run's switches;
+        returns ``(model, optimizer, lr_scheduler)`` (plus the two loaders, rebuilt on this
+        rank's share, when given).
 
         ``optimizer=None`` builds AdamW from the flags (required under ZeRO-3, which shards
         the parameters first); ``lr_scheduler_fn(optimizer)`` builds the schedule (default:
         the flags'). The model comes back in training mode and its forward runs under
         autocast; see the module doc for the loop."""
         a = self.args
+        if (model is None) == (model_obj is None):
+            raise TypeError("compose takes the model once: compose(model) or compose(model_obj=)")
+        model = model if model is not None else model_obj
         if self.util.layout.pipeline_parallel_size > 1:
             raise ValueError("compose runs your own forward: no pipeline parallel (use fit)")
         if optimizer is not None and a.zero_stage == 3:
@@ -297,7 +376,7 @@ class AccelerateEngine:
                 "hold the old ones: pass optimizer=None (AdamW from the flags)"
             )
         steps = train_iters or a.train_iters
-        if steps is None and train_dataloader is not None:
+        if steps is None and train_dataloader is not None and a.epochs:
             steps = a.epochs * (len(train_dataloader.dataset) // a.global_batch_size)
         if not steps and lr_scheduler_fn is None:
             raise ValueError(

@@ -38,7 +38,28 @@ from libai.runtime.trainer import to_device
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Finetuner", "PreTrainer", "model_loss"]
+__all__ = ["Finetuner", "ModelChunks", "PreTrainer", "model_loss", "trainings"]
+
+#: how many times a template's ``train()`` ran in this process (``--user-script`` trains a
+#: script's template class only when the script did not train it itself)
+_TRAININGS = [0]
+
+
+def trainings() -> int:
+    """How many times a template's ``train()`` started in this process."""
+    return _TRAININGS[0]
+
+
+class ModelChunks(list):
+    """The model as Rapidformer / Megatron hand it to ``run_compute_metrics``: a list of
+    model chunks (one here: ``model[0]``), itself callable as that model, so templates that
+    call ``model(**batch)`` directly work too."""
+
+    def __call__(self, *args, **kwargs):
+        return self[0](*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self[0], name)
 
 
 def model_loss(out) -> torch.Tensor:
@@ -96,8 +117,10 @@ class Finetuner:
         return model_loss(model(**batch))
 
     def run_compute_metrics(self, model, eval_dataloader) -> dict:
-        """Metrics on the evaluation set (default: the mean loss over all data ranks, by the
-        runtime's evaluation loop with ``run_forward_step``)."""
+        """Metrics on the evaluation set; ``model`` is Rapidformer's list of model chunks
+        (:class:`ModelChunks`: ``model[0]`` is the model). Default: the mean loss over all
+        data ranks, by the runtime's evaluation loop with ``run_forward_step``."""
+        model = model[0] if isinstance(model, list) else model
         run = run_evaluation(
             self.engine.runner, eval_dataloader, step=lambda b: self.run_forward_step(b, model)
         )
@@ -108,9 +131,10 @@ class Finetuner:
         """``tensor`` of every data-parallel rank, concatenated along dim 0."""
         return self.engine.gather(tensor)
 
-    def build_data_loader(self, dataset, *, train: bool = False, collate_fn=None):
-        """This rank's loader of ``dataset`` (evaluation: one sharded pass in batches of the
-        training step's size)."""
+    def build_data_loader(self, dataset, *, train: bool | None = None, collate_fn=None):
+        """This rank's loader of ``dataset``, batches on the device (see
+        :meth:`AccelerateEngine.build_data_loader`: shuffled epochs for training; one pass in
+        order for evaluation, the default for a ``datasets`` validation / test split)."""
         return self.engine.build_data_loader(dataset, train=train, collate_fn=collate_fn)
 
     def batch_transform(self, batch):
@@ -133,6 +157,8 @@ class Finetuner:
         a = self.args
         if a.train_iters:
             return int(a.train_iters)
+        if not a.epochs:
+            raise ValueError("give --train-iters or --epochs (the length of the run)")
         steps = len(train_dataset) // a.global_batch_size
         if steps < 1:
             raise ValueError(
@@ -166,7 +192,7 @@ class Finetuner:
         else:
             loader = _DeviceLoader(valid_loader, self.engine.util.device, self.args.eval_iters)
             with eval_mode(runner.model), runner.autocast():
-                results = self.run_compute_metrics(runner.model, loader)
+                results = self.run_compute_metrics(ModelChunks([runner.model]), loader)
         logger.info("Evaluation: %s", results)
         return {f"eval_{k}": float(v) for k, v in (results or {}).items()}
 
@@ -177,6 +203,7 @@ class Finetuner:
     def train(self):
         """Build the datasets, model, optimizer and schedule from the providers (and the
         flags), then run the core's loop; returns the trained model."""
+        _TRAININGS[0] += 1
         train, valid, collate = self._datasets()
         train_iter = self._train_iters(train)
         model, optimizer, scheduler = self.model_optimizer_lr_scheduler_provider()
