@@ -17,6 +17,7 @@ from libai.config import (
     resolve_train_iters,
     try_get_key,
 )
+from libai.engine.tokenizer_handoff import datasets_with_tokenizer
 from libai.optim import build_optimizer
 from libai.runtime.core import (
     build_checkpointer,
@@ -257,8 +258,12 @@ class DefaultTrainer(TrainerBase):
             test_batch = per_rank_batch
         eval_samples = train.evaluation.eval_iter * test_batch * dp
         train_samples = train.train_samples or train.train_iter * train.global_batch_size
+        # LiBai hands the trainer's tokenizer to datasets whose config has none
+        datasets = datasets_with_tokenizer(cfg.dataloader.train.get("dataset"), tokenizer)
+        extra = {} if datasets is None else {"dataset": datasets}
         return instantiate(
             cfg.dataloader.train,
+            **extra,
             train_batch_size=per_rank_batch,
             test_batch_size=test_batch,
             train_val_test_num_samples=[train_samples, eval_samples, eval_samples],
