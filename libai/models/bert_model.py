@@ -5,23 +5,20 @@ Two layouts, picked by the config:
 - **Hugging Face / Google BERT** (default): LayerNorm after the embeddings, post-LN blocks
   ``norm(x + f(x))``, every weight initialised with ``normal(initializer_range)``.
 - **LiBai's (Megatron's) BERT**, when the config gives ``apply_residual_post_layernorm``
-  (``False`` or ``True``; LiBai's configs always carry it): no LayerNorm after the embeddings,
-  pre-LN blocks ``x + f(norm(x))`` (``norm(x) + f(norm(x))`` with ``True``), a final
-  LayerNorm after the last block, output projections initialised with
-  ``normal(initializer_range / sqrt(2 * hidden_layers))``; the masked-LM head's LayerNorm
-  has LiBai's fixed eps 1e-5. transformers' ``MegatronBertForPreTraining`` is this model with
-  ``apply_residual_post_layernorm=False``.
+  (``False`` or ``True``; LiBai's configs always carry it): no embedding LayerNorm, pre-LN
+  blocks ``x + f(norm(x))`` (``norm(x) + f(norm(x))`` with ``True``), a final LayerNorm,
+  output projections initialised with ``normal(initializer_range / sqrt(2 * layers))``, the
+  masked-LM head's LayerNorm with LiBai's fixed eps 1e-5 (transformers'
+  ``MegatronBertForPreTraining`` with ``apply_residual_post_layernorm=False``).
 
-Hyper-parameters keep LiBai's names (``hidden_layers``, ``intermediate_size``,
-``num_tokentypes``, ``layernorm_eps``, ...). Outputs use transformers' key names where they
-exist (``last_hidden_state``, ``pooler_output``, ``prediction_logits``,
-``seq_relationship_logits``, ``logits``); training losses keep LiBai's names: ``lm_loss`` and
-``sop_loss`` (the sentence-pair loss; with LiBai's and Hugging Face's datasets it is the
+Hyper-parameters keep LiBai's names (``hidden_layers``, ``num_tokentypes``, ...). Outputs use
+transformers' key names (``last_hidden_state``, ``pooler_output``, ``prediction_logits``,
+``seq_relationship_logits``, ``logits``); losses LiBai's: ``lm_loss`` and ``sop_loss`` (the
 next-sentence task, ``ns_labels = 0`` meaning "B follows A").
 
-Masked-LM loss is the mean over the masked positions: those where ``lm_labels != -100`` and,
-when given, ``loss_mask == 1`` -- the semantics of transformers' ``CrossEntropyLoss`` with
-``ignore_index=-100``.
+Masked-LM loss is the mean over the positions where ``lm_labels != -100`` and, when given,
+``loss_mask == 1`` (LiBai's ``-1`` labels off the mask are fine); in training the mean is over
+the whole data-parallel batch, as LiBai's global loss (``data_parallel_token_mean``).
 
 Pipeline contract (``libai.runtime.parallel``): the first stage takes ``input_ids``; every
 stage reads ``attention_mask`` and ``tokentype_ids`` from its own batch (stage keyword
@@ -167,9 +164,7 @@ class BertModel(nn.Module):
 
     ``attn_mask_type="causal"`` makes the self-attention causal (transformers'
     ``is_decoder=True`` without cross-attention, used by ``RobertaForCausalLM``).
-
-    ``apply_residual_post_layernorm`` (``None``: Hugging Face's layout; ``False`` / ``True``:
-    LiBai's Megatron layout, see the module doc).
+    ``apply_residual_post_layernorm`` other than None selects LiBai's layout (module doc).
     """
 
     #: the embedding module (RoBERTa swaps in its padding-aware positions)
