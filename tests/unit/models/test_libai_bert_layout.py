@@ -214,3 +214,13 @@ def test_libai_config_keys_build_the_libai_layout(caplog):
     assert not hf_layout.bert.libai_layout and hf_layout.bert.final_layernorm is None
     assert not hf_layout.bert.encoders["0"].pre_norm
     assert hf_layout.bert.embeddings.layernorm is not None
+
+
+def test_libai_layout_is_not_exported_as_a_hugging_face_bert(tmp_path):
+    """Hugging Face's BERT / RoBERTa have no final LayerNorm: exporting LiBai's layout is a
+    clear error, not a checkpoint that loads wrong."""
+    from libai.models.utils import save_huggingface
+
+    for cls in (BertForPreTraining, RobertaForPreTraining):
+        with pytest.raises(NotImplementedError, match="apply_residual_post_layernorm"):
+            save_huggingface(cls(**TINY), str(tmp_path / cls.__name__))
