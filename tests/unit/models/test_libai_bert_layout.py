@@ -205,6 +205,10 @@ def test_libai_config_keys_build_the_libai_layout(caplog):
     assert model.bert.libai_layout and model.bert.final_layernorm is not None
     assert model.cls_head.seq_relationship is None  # add_binary_head=False: no NSP head
     assert model.bert.encoders["0"].pre_norm
+    assert not model.bert.encoders["0"].apply_residual_post_layernorm
+    simcse = BertForPreTraining(cfg={**small, "apply_residual_post_layernorm": True})
+    assert simcse.bert.encoders["0"].apply_residual_post_layernorm  # SimCSE's configs
+    assert simcse.bert.libai_layout and simcse.bert.final_layernorm is not None
     assert "bias_gelu_fusion" in caplog.text and "amp_enabled" in caplog.text
     out = model(torch.randint(0, 100, (2, 8)), lm_labels=torch.randint(0, 100, (2, 8)))
     assert set(out) == {"lm_loss"}
