@@ -10,6 +10,7 @@ writes ``data/corpus_text_document.bin`` and ``.idx``; use ``data/corpus_text_do
 ``data_prefix`` in ``configs/common/data/gpt_dataset.py``. Other tokenizers::
 
     --tokenizer-name BertTokenizer --vocab-file vocab.txt [--no-do-lower-case] --split-sentences
+        [--do-chinese-wwm]  (LiBai's Chinese whole-word segmentation; needs jieba)
     --tokenizer-name RobertaTokenizer --vocab-file vocab.json --merges-file merges.txt
     --tokenizer-name T5Tokenizer --vocab-file spiece.model [--extra-ids 100]
     --tokenizer-name JsonTokenizer --tokenizer-file llama_dir/ (or .../tokenizer.json)
@@ -44,8 +45,9 @@ from libai.data.preprocess import (  # noqa: E402
     TOKENIZERS,
     preprocess_jsonl,
 )
+from libai.tokenizer.chinese_wwm import jieba_segmenter  # noqa: E402
 
-_OPTIONS = ("do_lower_case", "extra_ids", "eos_token")
+_OPTIONS = ("do_lower_case", "do_chinese_wwm", "extra_ids", "eos_token")
 #: Megatron's ``--tokenizer-type`` -> (``--tokenizer-name``, ``do_lower_case``)
 MEGATRON_TOKENIZERS = {
     "BertWordPieceLowerCase": ("BertTokenizer", True),
@@ -105,6 +107,14 @@ def get_args(argv=None) -> argparse.Namespace:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="lower-case the text (BertTokenizer; default: lower-case)",
+    )
+    group.add_argument(
+        "--do-chinese-wwm",
+        action="store_const",
+        const=True,
+        default=None,
+        help="LiBai's Chinese whole-word segmentation with jieba: a word's later characters "
+        "are ## pieces, for masking_style='bert-cn-wwm' (BertTokenizer; needs pip install jieba)",
     )
     group.add_argument(
         "--extra-ids", type=int, default=None, help="sentinel tokens (T5Tokenizer; default 100)"
@@ -167,6 +177,8 @@ def main(argv=None) -> int:
     args = get_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
+        if args.do_chinese_wwm:
+            jieba_segmenter()  # an error before any work, naming `pip install jieba`
         prefixes = preprocess_jsonl(
             args.input,
             args.output_prefix,
@@ -184,7 +196,7 @@ def main(argv=None) -> int:
             dataset_impl=args.dataset_impl,
             log_interval=args.log_interval,
         )
-    except (FileNotFoundError, ValueError) as e:
+    except (FileNotFoundError, ValueError, ImportError) as e:
         print(f"preprocess_data.py: error: {e}", file=sys.stderr)
         return 1
     for key, prefix in prefixes.items():

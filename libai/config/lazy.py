@@ -24,6 +24,7 @@ import importlib.util
 import inspect
 import logging
 import os
+import sys
 import threading
 import uuid
 from collections.abc import Callable, Mapping
@@ -163,19 +164,16 @@ def _patch_import():
         if in_config and level == 0 and name.partition(".")[0] in MAPPED_PACKAGES:
             # LiBai's `import oneflow as flow`: OneFlow's names mapped onto torch
             return config_module(name if fromlist else name.partition(".")[0])
+        if in_config and level == 0 and fromlist and name.startswith("configs."):
+            # LiBai's projects: `from configs.common.optim import optim` (its checkout's
+            # config tree on sys.path) loads that file as a config file too
+            found = _absolute_config_file(name)
+            if found is not None:
+                return _load_config_module(found, fromlist)
         if level == 0 or not in_config:
             return old_import(name, globals, locals, fromlist=fromlist, level=level)
         cur_file = _relative_config_file(globals["__file__"], name, level)
-        spec = importlib.util.spec_from_loader(_random_package_name(cur_file), loader=None)
-        module = importlib.util.module_from_spec(spec)
-        module.__file__ = cur_file
-        module.__package__ = spec.name
-        _exec_config_file(cur_file, module.__dict__)
-        for attr in fromlist or ():
-            if attr not in module.__dict__:
-                raise ImportError(f"cannot import name {attr!r} from config file {cur_file}")
-            module.__dict__[attr] = _cast_to_config(module.__dict__[attr])
-        return module
+        return _load_config_module(cur_file, fromlist)
 
     with _IMPORT_LOCK:
         builtins.__import__ = new_import
@@ -183,6 +181,29 @@ def _patch_import():
             yield
         finally:
             builtins.__import__ = old_import
+
+
+def _absolute_config_file(name: str) -> str | None:
+    """The file of config module ``configs.x.y`` in the first ``sys.path`` entry holding it."""
+    for entry in sys.path:
+        path = os.path.join(entry or os.getcwd(), *name.split(".")) + ".py"
+        if os.path.isfile(path):
+            return path
+    return None
+
+
+def _load_config_module(cur_file: str, fromlist):
+    """Execute config file ``cur_file`` as a module (its imports patched as well)."""
+    spec = importlib.util.spec_from_loader(_random_package_name(cur_file), loader=None)
+    module = importlib.util.module_from_spec(spec)
+    module.__file__ = cur_file
+    module.__package__ = spec.name
+    _exec_config_file(cur_file, module.__dict__)
+    for attr in fromlist or ():
+        if attr not in module.__dict__:
+            raise ImportError(f"cannot import name {attr!r} from config file {cur_file}")
+        module.__dict__[attr] = _cast_to_config(module.__dict__[attr])
+    return module
 
 
 def _select(module_dict: dict, keys, filename: str):

@@ -51,7 +51,7 @@ TOKENIZER_FILES = {
 }
 #: the optional constructor arguments each tokenizer takes from the command line
 TOKENIZER_OPTIONS = {
-    "BertTokenizer": ("do_lower_case",),
+    "BertTokenizer": ("do_lower_case", "do_chinese_wwm"),
     "JsonTokenizer": ("eos_token",),
     "T5Tokenizer": ("extra_ids",),
 }
@@ -253,6 +253,8 @@ def preprocess_jsonl(
 
     Raises:
         FileNotFoundError: the input or a tokenizer file is missing.
+        ImportError: ``do_chinese_wwm`` without jieba installed, at the first Chinese text
+            (names ``pip install jieba``; ``tools/preprocess_data.py`` checks it up front).
         ValueError: a file the tokenizer needs is not given; ``append_eod`` with a tokenizer
             that has no end-of-document token; a line is not a JSON object, lacks a key or
             holds a non-string there (the message gives ``file:line``).

@@ -16,7 +16,8 @@ class AccEvaluator(DatasetEvaluator):
 
     Scores come from ``outputs["logits"]`` or ``outputs["prediction_scores"]`` (the first
     present, or ``logits_key``), shaped ``[..., num_classes]``; targets from
-    ``inputs["labels"]`` shaped ``[...]`` (so per-token prediction ``[B, S, V]`` / ``[B, S]``
+    ``inputs["labels"]`` (LiBai's ``ns_labels`` when a sentence-pair batch has no ``labels``)
+    shaped ``[...]`` (so per-token prediction ``[B, S, V]`` / ``[B, S]``
     and classification ``[B, C]`` / ``[B]`` both work). Targets equal to ``ignore_index`` are
     not counted. ``k`` above the number of classes is capped (every target is then in the
     top-k). Counts are summed over data-parallel ranks; every rank returns the same dict,
@@ -52,9 +53,12 @@ class AccEvaluator(DatasetEvaluator):
 
     def process(self, inputs, outputs) -> None:
         scores = self._scores(outputs)
-        if self.label_key not in inputs:
+        key = self.label_key
+        if key == "labels" and key not in inputs and "ns_labels" in inputs:
+            key = "ns_labels"  # LiBai's sentence-pair batch (its BertForClassification's labels)
+        if key not in inputs:
             raise KeyError(f"AccEvaluator needs inputs[{self.label_key!r}]; got {sorted(inputs)}")
-        labels = dist.ttol(inputs[self.label_key]).to(scores.device)
+        labels = dist.ttol(inputs[key]).to(scores.device)
         if scores.shape[:-1] != labels.shape:
             raise ValueError(
                 f"scores {tuple(scores.shape)} do not match labels {tuple(labels.shape)}: "

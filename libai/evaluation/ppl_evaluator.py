@@ -18,7 +18,8 @@ class PPLEvaluator(DatasetEvaluator):
 
     ``process(inputs, outputs)`` needs only ``outputs[loss_key]`` -- the batch's mean loss
     over its valid tokens (a scalar, as the model's loss returns it) -- and
-    ``inputs[label_key]`` to count those tokens (labels ``!= ignore_index``). Each batch is
+    ``inputs[label_key]`` to count those tokens (labels ``!= ignore_index``; LiBai's BERT /
+    RoBERTa batches count ``loss_mask``, or ``lm_labels``, when ``labels`` is absent). Each batch is
     weighted by its token count, so unequal batches (a short last batch, padding) give the
     exact corpus-level value, not a mean of per-batch perplexities. Token counts and loss
     sums are summed over data-parallel ranks (and pipeline stages: stages that never call
@@ -45,30 +46,35 @@ class PPLEvaluator(DatasetEvaluator):
                 f"PPLEvaluator needs outputs[{self.loss_key!r}] (the mean token loss); the "
                 f"model returned {sorted(outputs)}. Evaluate with labels in the batch."
             )
-        label_key = self.label_key
-        if label_key is None:
-            label_key = (
-                "lm_labels" if "labels" not in inputs and "lm_labels" in inputs else "labels"
-            )
-        if label_key not in inputs:
-            raise KeyError(
-                f"PPLEvaluator needs inputs[{label_key!r}] to count the valid tokens; "
-                f"the batch has {sorted(inputs)}."
-            )
+        mask = self._valid_tokens(inputs)
         loss = dist.ttol(outputs[self.loss_key].detach()).double()
         if loss.numel() != 1:
             raise ValueError(
                 f"outputs[{self.loss_key!r}] must be the batch's scalar mean loss, got shape "
                 f"{tuple(loss.shape)}"
             )
-        labels = dist.ttol(inputs[label_key])
-        tokens = (labels != self.ignore_index).sum().to(loss.device, torch.float64)
+        tokens = mask.sum().to(loss.device, torch.float64)
         loss_sum = loss.reshape(()) * tokens
         if self._loss_sum is None:
             self._loss_sum, self._tokens = loss_sum, tokens
         else:
             self._loss_sum = self._loss_sum + loss_sum
             self._tokens = self._tokens + tokens
+
+    def _valid_tokens(self, inputs) -> torch.Tensor:
+        """Where the loss counts: ``inputs[label_key] != ignore_index``; for LiBai's masked-LM
+        batches (no ``labels``) ``loss_mask != 0``, else ``lm_labels != ignore_index``."""
+        key = self.label_key or "labels"  # None: "labels", or LiBai's names without it
+        if key in inputs:
+            return dist.ttol(inputs[key]) != self.ignore_index
+        if key == "labels" and "loss_mask" in inputs:
+            return dist.ttol(inputs["loss_mask"]) != 0
+        if key == "labels" and "lm_labels" in inputs:
+            return dist.ttol(inputs["lm_labels"]) != self.ignore_index
+        raise KeyError(
+            f"PPLEvaluator needs inputs[{key!r}] (or LiBai's loss_mask / lm_labels) "
+            f"to count the valid tokens; the batch has {sorted(inputs)}."
+        )
 
     def evaluate(self) -> dict:
         local = torch.zeros(2, dtype=torch.float64)

@@ -97,8 +97,17 @@ class ParallelCrossEntropyLoss(nn.Module):
             losses = _VocabParallelCrossEntropy.apply(flat_logits, flat_target, self.ignore_index)
         return losses.view_as(target)
 
-    def forward(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        count = (target != self.ignore_index).sum().clamp(min=1)
+    def forward(
+        self, logits: torch.Tensor, target: torch.Tensor, over_data_parallel: bool = False
+    ) -> torch.Tensor:
+        """The mean token loss; with ``over_data_parallel`` the mean over the valid tokens of
+        the whole data-parallel batch (see :func:`data_parallel_token_mean`)."""
+        count = (target != self.ignore_index).sum()
+        if over_data_parallel:
+            return data_parallel_token_mean(self._total(logits, target), count)
+        return self._total(logits, target) / count.clamp(min=1)
+
+    def _total(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         if dist.get_tensor_parallel_size() == 1:
             # whole vocab here: the kernel sums (same gradients as summing token losses, two
             # autograd nodes fewer)
@@ -110,4 +119,24 @@ class ParallelCrossEntropyLoss(nn.Module):
             )
         else:
             total = self.token_losses(logits, target).sum()
-        return total / count
+        return total
+
+
+def data_parallel_token_mean(total: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+    """This rank's share of a token mean over the whole data-parallel batch.
+
+    ``total`` / ``count`` are this rank's loss sum and valid-token count. The runtime averages
+    the ranks' losses (and gradients) over data parallel, so rank ``r`` returns
+    ``total_r * dp / sum(count)``: the average is ``sum(total) / sum(count)``, the token mean
+    of the global batch -- what LiBai's global tensors compute (its BERT / RoBERTa loss), and
+    equal to one process on the same global batch when the ranks hold unequal counts (masked
+    LM). One scalar all-reduce over the dp group; none with dp = 1.
+    """
+    group = getattr(dist.current_dist_util(), "dp_group", None)
+    if group is None:
+        return total / count.clamp(min=1)
+    # [P(dp)] count -> [B] global count (a detached scalar: no gradient flows through it)
+    global_count = count.detach().to(torch.float32).clone()
+    torch_dist.all_reduce(global_count, group=group)
+    dp = torch_dist.get_world_size(group)
+    return total * dp / global_count.clamp(min=1)

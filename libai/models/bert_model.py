@@ -1,15 +1,24 @@
-"""BERT: word + position + token-type embeddings, post-LN encoder blocks, pooler, heads.
+"""BERT: word + position + token-type embeddings, encoder blocks, pooler, heads.
 
-Hyper-parameters keep LiBai's names (``hidden_layers``, ``intermediate_size``,
-``num_tokentypes``, ``layernorm_eps``, ...). Outputs use transformers' key names where they
-exist (``last_hidden_state``, ``pooler_output``, ``prediction_logits``,
-``seq_relationship_logits``, ``logits``); training losses keep LiBai's names: ``lm_loss`` and
-``sop_loss`` (the sentence-pair loss; with LiBai's and Hugging Face's datasets it is the
+Two layouts, picked by the config:
+
+- **Hugging Face / Google BERT** (default): LayerNorm after the embeddings, post-LN blocks
+  ``norm(x + f(x))``, every weight initialised with ``normal(initializer_range)``.
+- **LiBai's (Megatron's) BERT**, when the config gives ``apply_residual_post_layernorm``
+  (``False`` or ``True``; LiBai's configs always carry it): no embedding LayerNorm, pre-LN
+  blocks ``x + f(norm(x))`` (``norm(x) + f(norm(x))`` with ``True``), a final LayerNorm,
+  output projections initialised with ``normal(initializer_range / sqrt(2 * layers))``, the
+  masked-LM head's LayerNorm with LiBai's fixed eps 1e-5 (transformers'
+  ``MegatronBertForPreTraining`` with ``apply_residual_post_layernorm=False``).
+
+Hyper-parameters keep LiBai's names (``hidden_layers``, ``num_tokentypes``, ...). Outputs use
+transformers' key names (``last_hidden_state``, ``pooler_output``, ``prediction_logits``,
+``seq_relationship_logits``, ``logits``); losses LiBai's: ``lm_loss`` and ``sop_loss`` (the
 next-sentence task, ``ns_labels = 0`` meaning "B follows A").
 
-Masked-LM loss is the mean over the masked positions: those where ``lm_labels != -100`` and,
-when given, ``loss_mask == 1`` -- the semantics of transformers' ``CrossEntropyLoss`` with
-``ignore_index=-100``.
+Masked-LM loss is the mean over the positions where ``lm_labels != -100`` and, when given,
+``loss_mask == 1`` (LiBai's ``-1`` labels off the mask are fine); in training the mean is over
+the whole data-parallel batch, as LiBai's global loss (``data_parallel_token_mean``).
 
 Pipeline contract (``libai.runtime.parallel``): the first stage takes ``input_ids``; every
 stage reads ``attention_mask`` and ``tokentype_ids`` from its own batch (stage keyword
@@ -34,8 +43,10 @@ from libai.layers import (
     TransformerLayer,
     VocabEmbedding,
     init_method_normal,
+    scaled_init_method_normal,
 )
 from libai.layers.mlp import ACTIVATIONS
+from libai.models.libai_options import LIBAI_NO_EFFECT_MODEL_KEYS
 from libai.models.utils.hf_kwargs import accepts_hf_keywords
 
 IGNORE_INDEX = -100
@@ -62,6 +73,7 @@ class BertEmbeddings(nn.Module):
         dropout_prob: float,
         layernorm_eps: float,
         pad_token_id: int | None,
+        layernorm: bool = True,
     ):
         super().__init__()
         self.layer_idx = 0
@@ -76,7 +88,10 @@ class BertEmbeddings(nn.Module):
             if num_tokentypes > 0
             else None
         )
-        self.layernorm = LayerNorm(hidden_size, eps=layernorm_eps, layer_idx=0)
+        # LiBai's layout has no LayerNorm here (its blocks normalise their inputs)
+        self.layernorm = (
+            LayerNorm(hidden_size, eps=layernorm_eps, layer_idx=0) if layernorm else None
+        )
         self.dropout = nn.Dropout(dropout_prob)
 
     #: row of the position table that gets no gradient (RoBERTa's padding position)
@@ -106,7 +121,8 @@ class BertEmbeddings(nn.Module):
             if tokentype_ids is None:
                 tokentype_ids = torch.zeros_like(input_ids)
             hidden = hidden + self.tokentype_embeddings(tokentype_ids)
-        hidden = self.layernorm(hidden)
+        if self.layernorm is not None:
+            hidden = self.layernorm(hidden)
         return self.dropout(hidden) if self.dropout.p > 0 else hidden
 
 
@@ -148,10 +164,16 @@ class BertModel(nn.Module):
 
     ``attn_mask_type="causal"`` makes the self-attention causal (transformers'
     ``is_decoder=True`` without cross-attention, used by ``RobertaForCausalLM``).
+    ``apply_residual_post_layernorm`` other than None selects LiBai's layout (module doc).
     """
 
     #: the embedding module (RoBERTa swaps in its padding-aware positions)
     embeddings_class = BertEmbeddings
+    #: LiBai's model keys that change nothing here (accepted, named in one log line)
+    libai_no_effect_keys = {
+        **LIBAI_NO_EFFECT_MODEL_KEYS,
+        "add_binary_head": "a BertForPreTraining option; the bare encoder has no heads",
+    }
 
     @configurable
     def __init__(
@@ -171,12 +193,18 @@ class BertModel(nn.Module):
         activation: str = "gelu",
         pad_token_id: int | None = 0,
         attn_mask_type: str = "padding",
+        apply_residual_post_layernorm: bool | None = None,
     ):
         super().__init__()
         dist.check_model_num_layers(hidden_layers, f"hidden_layers={hidden_layers}")
+        #: LiBai's Megatron layout (pre-LN blocks, final LayerNorm; see the module doc)
+        self.libai_layout = apply_residual_post_layernorm is not None
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
         init_method = init_method_normal(initializer_range)
+        output_init = init_method
+        if self.libai_layout:  # std / sqrt(2 x layers) for the output projections, as LiBai
+            output_init = scaled_init_method_normal(initializer_range, hidden_layers)
         self.num_layers = hidden_layers
         self.embeddings = self.embeddings_class(
             vocab_size,
@@ -187,6 +215,7 @@ class BertModel(nn.Module):
             hidden_dropout_prob,
             layernorm_eps,
             pad_token_id,
+            layernorm=not self.libai_layout,
         )
         # a ModuleDict keyed by layer index: a pipeline stage drops the others, names stay
         self.encoders = nn.ModuleDict(
@@ -198,14 +227,19 @@ class BertModel(nn.Module):
                     attention_dropout_prob=attention_probs_dropout_prob,
                     output_dropout_prob=hidden_dropout_prob,
                     layernorm_epsilon=layernorm_eps,
-                    pre_norm=False,
+                    pre_norm=self.libai_layout,
                     activation=activation,
                     init_method=init_method,
+                    output_layer_init_method=output_init,
                     attn_mask_type=attn_mask_type,
                     layer_idx=i,
+                    apply_residual_post_layernorm=bool(apply_residual_post_layernorm),
                 )
                 for i in range(hidden_layers)
             }
+        )
+        self.final_layernorm = (
+            LayerNorm(hidden_size, eps=layernorm_eps, layer_idx=-1) if self.libai_layout else None
         )
         self.pooler = BertPooler(hidden_size, init_method) if add_pooling_layer else None
 
@@ -216,6 +250,8 @@ class BertModel(nn.Module):
         mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
         for layer in self.encoders.values():
             hidden = layer(hidden, attention_mask=mask)
+        if self.final_layernorm is not None:  # LiBai's layout, on the last stage
+            hidden = self.final_layernorm(hidden)
         return hidden
 
     @accepts_hf_keywords
@@ -269,19 +305,25 @@ def masked_lm_labels(lm_labels: torch.Tensor, loss_mask: torch.Tensor | None) ->
 
 
 class BertPreTrainingHeads(nn.Module):
-    """Masked-LM head (``predictions``) + sentence-pair head (``seq_relationship``)."""
+    """Masked-LM head (``predictions``) + sentence-pair head (``seq_relationship``; ``None``
+    without ``binary_head``, LiBai's ``add_binary_head=False``)."""
 
-    def __init__(self, word_embeddings, hidden_size, init_method, activation, layernorm_eps):
+    def __init__(
+        self, word_embeddings, hidden_size, init_method, activation, layernorm_eps, binary_head
+    ):
         super().__init__()
         self.layer_idx = -1
         self.predictions = BertLMHead(
             word_embeddings, hidden_size, init_method, activation, layernorm_eps
         )
         # [S(0), B] x [B, B]^T -> [S(0), B]  (replicated, no comm)
-        self.seq_relationship = Linear(hidden_size, 2, True, "data", init_method, layer_idx=-1)
+        self.seq_relationship = (
+            Linear(hidden_size, 2, True, "data", init_method, layer_idx=-1) if binary_head else None
+        )
 
     def forward(self, hidden_states, pooled):
-        return self.predictions(hidden_states), self.seq_relationship(pooled)
+        seq = None if self.seq_relationship is None else self.seq_relationship(pooled)
+        return self.predictions(hidden_states), seq
 
 
 class BertForPreTraining(BertPipelineMixin, nn.Module):
@@ -290,22 +332,34 @@ class BertForPreTraining(BertPipelineMixin, nn.Module):
     ``forward(input_ids, attention_mask, tokentype_ids, ns_labels, lm_labels, loss_mask)``:
     in training ``{"lm_loss", "sop_loss"}`` (``sop_loss`` only with ``ns_labels``); in eval
     also ``prediction_logits`` and ``seq_relationship_logits``; without labels only those.
+
+    ``add_binary_head`` (LiBai's key, default True): ``False`` drops the sentence-pair head
+    and its loss (for data built with ``binary_head=False``).
     """
 
     head_name = "cls_head"
 
     def __init__(self, cfg=None, **kwargs):
         super().__init__()
-        self.bert = BertModel(cfg=cfg, **{**kwargs, "add_pooling_layer": True})
+        cfg = {**(cfg or {}), **kwargs}
+        self.add_binary_head = bool(cfg.pop("add_binary_head", True))
+        self.bert = BertModel(cfg={**cfg, "add_pooling_layer": True})
         cfg = self.bert.libai_cfg
         self.cls_head = BertPreTrainingHeads(
             self.bert.embeddings.vocab_embeddings,
             cfg["hidden_size"],
             init_method_normal(cfg["initializer_range"]),
             cfg["activation"],
-            cfg["layernorm_eps"],
+            # LiBai's BERT head LayerNorm keeps its default eps
+            1e-5 if self.bert.libai_layout else cfg["layernorm_eps"],
+            self.add_binary_head,
         )
         self.loss_func = ParallelCrossEntropyLoss()
+
+    @property
+    def libai_cfg(self) -> dict:
+        """The backbone's hyper-parameters plus ``add_binary_head``."""
+        return {**self.bert.libai_cfg, "add_binary_head": self.add_binary_head}
 
     @property
     def backbone(self) -> BertModel:
@@ -315,7 +369,10 @@ class BertForPreTraining(BertPipelineMixin, nn.Module):
         return self.cls_head(hidden, self.bert.pooler(hidden))
 
     def losses(self, prediction_scores, seq_relationship_score, lm_labels, ns_labels):
-        out = {"lm_loss": self.loss_func(prediction_scores, lm_labels)}
+        # training: the token mean over the whole data-parallel batch, as LiBai's global loss
+        out = {"lm_loss": self.loss_func(prediction_scores, lm_labels, self.training)}
+        if seq_relationship_score is None:
+            return out
         if ns_labels is not None and not bool((ns_labels == IGNORE_INDEX).all()):
             out["sop_loss"] = F.cross_entropy(
                 seq_relationship_score.float(), ns_labels, ignore_index=IGNORE_INDEX
@@ -340,7 +397,8 @@ class BertForPreTraining(BertPipelineMixin, nn.Module):
             out.update(self.losses(scores, seq_score, labels, ns_labels))
         if lm_labels is None or not self.training:
             out["prediction_logits"] = self.cls_head.predictions.lm_logits.gather(scores)
-            out["seq_relationship_logits"] = seq_score
+            if seq_score is not None:
+                out["seq_relationship_logits"] = seq_score
         return out
 
     def pipeline_target(self, batch) -> torch.Tensor:
@@ -361,7 +419,8 @@ class BertForClassification(BertPipelineMixin, nn.Module):
 
     ``forward(input_ids, attention_mask, tokentype_ids, labels)`` returns ``{"logits"}``, and
     ``{"loss"}`` with labels (cross entropy; mean squared error when ``num_labels == 1``,
-    transformers' regression). ``num_labels`` and ``classifier_dropout`` (``None`` = the
+    transformers' regression). As LiBai's, it also takes a pretraining batch: ``ns_labels``
+    are the labels when ``labels`` is not given, ``lm_labels`` / ``loss_mask`` are ignored. ``num_labels`` and ``classifier_dropout`` (``None`` = the
     hidden dropout) are head options next to the backbone's hyper-parameters.
     """
 
@@ -414,7 +473,17 @@ class BertForClassification(BertPipelineMixin, nn.Module):
         return F.cross_entropy(logits.float(), labels, ignore_index=IGNORE_INDEX)
 
     @accepts_hf_keywords
-    def forward(self, input_ids, attention_mask=None, tokentype_ids=None, labels=None):
+    def forward(
+        self,
+        input_ids,
+        attention_mask=None,
+        tokentype_ids=None,
+        labels=None,
+        ns_labels=None,
+        lm_labels=None,
+        loss_mask=None,
+    ):
+        labels = ns_labels if labels is None else labels
         hidden = self.backbone(input_ids, attention_mask, tokentype_ids)["last_hidden_state"]
         logits = self.head_forward(hidden)
         if labels is None:
@@ -425,7 +494,7 @@ class BertForClassification(BertPipelineMixin, nn.Module):
         return out
 
     def pipeline_target(self, batch) -> torch.Tensor:
-        return batch["labels"]
+        return batch["labels"] if "labels" in batch else batch["ns_labels"]
 
     def pipeline_loss(self, logits, labels) -> torch.Tensor:
         return self.loss(logits, labels)

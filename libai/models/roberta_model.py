@@ -93,8 +93,9 @@ class RobertaForPreTraining(BertPipelineMixin, nn.Module):
         return self.lm_head(hidden)
 
     def lm_loss(self, logits, labels):
-        """Mean cross entropy over the positions whose label is not -100."""
-        return self.loss_func(logits, labels)
+        """Mean cross entropy over the positions whose label is not -100 (in training, over the
+        whole data-parallel batch, as LiBai's global loss)."""
+        return self.loss_func(logits, labels, self.training)
 
     def _outputs(self, input_ids, attention_mask, tokentype_ids, labels):
         hidden = self.roberta(input_ids, attention_mask, tokentype_ids)["last_hidden_state"]

@@ -12,6 +12,7 @@ import logging
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
+from libai.tokenizer.chinese_wwm import CJK_RUN, jieba_segmenter, wwm_encode
 from libai.tokenizer.tokenization_base import BaseTokenizer, add_special_tokens, check_file
 
 logger = logging.getLogger(__name__)
@@ -36,13 +37,14 @@ class BertTokenizer(BaseTokenizer):
             be in the vocab. They are matched whole in raw text (``"[MASK]"``), never split.
         tokenize_chinese_chars: put spaces around CJK characters (one token each).
         strip_accents: strip accents; ``None`` follows ``do_lower_case`` (as in BERT).
-        bos_token, eos_token, additional_special_tokens: LiBai's extra special tokens (its
-            T5 config: ``[BOS]``, ``[EOS]`` and the sentinels ``<extra_id_0..99>``); those
-            not in the vocab are appended to it in that order, as LiBai's T5 dataset
-            appends them, so the model's vocabulary (taken from the tokenizer) covers them.
-        do_chinese_wwm: LiBai's Chinese whole-word-masking marks (``##`` on characters
-            inside a jieba word); not implemented here: accepted, logged, and Chinese
-            characters stay one unmarked token each (as with ``False``).
+        do_chinese_wwm: LiBai's Chinese whole-word segmentation (jieba; see
+            :mod:`libai.tokenizer.chinese_wwm`): a Chinese word's later characters are
+            ``##`` pieces, for ``masking_style="bert-cn-wwm"``. jieba is imported when
+            Chinese text is encoded (an ImportError naming ``pip install jieba`` if missing).
+        bos_token, eos_token, additional_special_tokens: LiBai's extra special tokens (its T5
+            config's ``[BOS]``, ``[EOS]``, ``<extra_id_i>``); those missing from the vocab are
+            appended to it, as LiBai's ``add_special_tokens`` does. With an ``eos_token`` it
+            is also ``eod``.
 
     ``encode(text)`` gives the WordPiece ids alone (what ``tools/preprocess_data.py`` stores);
     ``encode(text, add_special_tokens=True)`` gives ``[CLS] ids [SEP]`` like
@@ -67,11 +69,12 @@ class BertTokenizer(BaseTokenizer):
         mask_token: str = "[MASK]",
         tokenize_chinese_chars: bool = True,
         strip_accents: bool | None = None,
+        do_chinese_wwm: bool = False,
         bos_token: str | None = None,
         eos_token: str | None = None,
         additional_special_tokens=(),
-        do_chinese_wwm: bool = False,
     ):
+        additional_special_tokens = list(additional_special_tokens or ())
         self._init_args = {
             "vocab_file": vocab_file,
             "do_lower_case": do_lower_case,
@@ -82,20 +85,17 @@ class BertTokenizer(BaseTokenizer):
             "mask_token": mask_token,
             "tokenize_chinese_chars": tokenize_chinese_chars,
             "strip_accents": strip_accents,
+            "do_chinese_wwm": do_chinese_wwm,
             "bos_token": bos_token,
             "eos_token": eos_token,
-            "additional_special_tokens": list(additional_special_tokens or ()),
-            "do_chinese_wwm": do_chinese_wwm,
+            "additional_special_tokens": additional_special_tokens,
         }
-        if do_chinese_wwm:
-            logger.info(
-                "BertTokenizer: do_chinese_wwm=True is not implemented here (LiBai marks "
-                "characters inside a jieba word with ##); Chinese characters stay one token each"
-            )
         self.vocab_file = check_file(
             vocab_file, "vocab_file", "BertTokenizer", "a BERT vocab.txt (one token per line)"
         )
         self.do_lower_case = do_lower_case
+        self.do_chinese_wwm = bool(do_chinese_wwm)
+        self._segment = None  # jieba, imported on the first Chinese text
         vocab = _read_wordpiece_vocab(self.vocab_file)
         if unk_token not in vocab:
             raise ValueError(
@@ -112,10 +112,10 @@ class BertTokenizer(BaseTokenizer):
         tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
         tokenizer.decoder = decoders.WordPiece(prefix="##")
         self._tokenizer = tokenizer
-        extra = list(additional_special_tokens or ())
-        add_special_tokens(tokenizer, [bos_token, eos_token, *extra])  # appended if new
+        # LiBai's extra special tokens: appended to the vocab when missing
+        add_special_tokens(tokenizer, [bos_token, eos_token, *additional_special_tokens])
         self._set_special_tokens(
-            additional_special_tokens=extra,
+            additional_special_tokens,
             bos_token=bos_token,
             eos_token=eos_token,
             unk_token=unk_token,
@@ -131,3 +131,27 @@ class BertTokenizer(BaseTokenizer):
             pair=f"{cls_token}:0 $A:0 {sep_token}:0 $B:1 {sep_token}:1",
             special_tokens=[(cls_token, cls_id), (sep_token, sep_id)],
         )
+
+    def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        if not (self.do_chinese_wwm and CJK_RUN.search(text)):
+            return super()._encode(text, add_special_tokens)
+        if self._segment is None:
+            self._segment = jieba_segmenter()
+        ids = wwm_encode(
+            text,
+            self._segment,
+            lambda part: super(BertTokenizer, self)._encode(part, False),
+            self._tokenizer.get_vocab(with_added_tokens=True),
+            self.unk_token,
+        )
+        return [self.cls_token_id, *ids, self.sep_token_id] if add_special_tokens else ids
+
+    def _encode_batch(self, texts: list[str], add_special_tokens: bool) -> list[list[int]]:
+        if not self.do_chinese_wwm:
+            return super()._encode_batch(texts, add_special_tokens)
+        return [self._encode(t, add_special_tokens) for t in texts]
+
+    def _tokenize(self, text: str) -> list[str]:
+        if not (self.do_chinese_wwm and CJK_RUN.search(text)):
+            return super()._tokenize(text)
+        return self.convert_ids_to_tokens(self._encode(text, False))

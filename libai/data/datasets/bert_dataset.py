@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from libai.data.datasets.lm_masking import WholeWordMasking
 from libai.data.datasets.lm_utils import (
     IndexedDocumentDataset,
     check_mask_lm_prob,
@@ -49,6 +50,8 @@ class BertDataset(IndexedDocumentDataset):
         seed: seed of the index and of every sample's random choices.
         binary_head: build sentence pairs and ``ns_labels``; ``False`` = one segment
             ``[CLS] text [SEP]``, no ``ns_labels`` key.
+        masking_style: LiBai's ``"bert"``, ``"bert-cn-wwm"`` or ``"t5"``: whole-word n-gram
+            masking (:mod:`libai.data.datasets.lm_masking`); ``None`` = single tokens.
         documents: document indices (rows of ``doc_idx``) of this split; ``None`` = all.
         num_samples: alias of ``max_num_samples``.
 
@@ -71,6 +74,7 @@ class BertDataset(IndexedDocumentDataset):
         short_seq_prob: float = 0.1,
         seed: int = 1234,
         binary_head: bool = True,
+        masking_style: str | None = None,
         *,
         documents=None,
         num_samples: int | None = None,
@@ -102,6 +106,12 @@ class BertDataset(IndexedDocumentDataset):
         self.mask_lm_prob = float(mask_lm_prob)
         self.short_seq_prob = float(short_seq_prob)
         set_masked_lm_token_ids(self, tokenizer)
+        self.masking_style = masking_style
+        self.masker = None
+        if masking_style is not None:
+            self.masker = WholeWordMasking(
+                self.owner, masking_style, tokenizer, self.mask_id, self.vocab_size
+            )
 
     def _init_kwargs(self) -> dict:
         return dict(
@@ -112,6 +122,7 @@ class BertDataset(IndexedDocumentDataset):
             short_seq_prob=self.short_seq_prob,
             seed=self.seed,
             binary_head=self.binary_head,
+            masking_style=self.masking_style,
         )
 
     def _build_mapping(self) -> np.ndarray:
@@ -182,6 +193,8 @@ class BertDataset(IndexedDocumentDataset):
             self.vocab_size,
             self.mask_lm_prob,
             rng,
+            self.masker,
+            target,
         )
         if self.binary_head:
             sample["ns_labels"] = torch.tensor(int(is_random), dtype=torch.long)

@@ -172,9 +172,20 @@ def masked_lm_sample(
     vocab_size: int,
     mask_prob: float,
     rng: np.random.Generator,
+    masker=None,
+    target_length: int | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Mask ``tokens`` and pad everything to ``max_seq_length``: the BERT / RoBERTa sample."""
-    input_ids, labels = mask_tokens(tokens, candidates, mask_prob, mask_id, vocab_size, rng)
+    """Mask ``tokens`` and pad everything to ``max_seq_length``: the BERT / RoBERTa sample.
+
+    ``masker`` (a :class:`~libai.data.datasets.lm_masking.WholeWordMasking`, LiBai's
+    ``masking_style``) replaces the single-token masking; ``target_length`` is the sample's
+    target length, which bounds its number of predictions.
+    """
+    if masker is None:
+        input_ids, labels = mask_tokens(tokens, candidates, mask_prob, mask_id, vocab_size, rng)
+    else:
+        length = len(tokens) if target_length is None else target_length
+        input_ids, labels = masker(tokens, candidates, length, mask_prob, rng)
     n = len(input_ids)
     return {
         "input_ids": pad_to(input_ids, max_seq_length, pad_id),

@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from libai.data.datasets.lm_masking import WholeWordMasking
 from libai.data.datasets.lm_utils import (
     IndexedDocumentDataset,
     check_mask_lm_prob,
@@ -44,6 +45,10 @@ class RobertaDataset(IndexedDocumentDataset):
         max_seq_length: length of every sample (padded).
         mask_lm_prob: fraction of real tokens to predict.
         seed: seed of the packing order and of every sample's mask.
+        short_seq_prob: probability that a sample is packed to a random shorter length in
+            ``[2, max_seq_length - 1]`` tokens (LiBai's option; 0 = always full).
+        masking_style: LiBai's ``"bert"``, ``"bert-cn-wwm"`` or ``"t5"``: whole-word n-gram
+            masking (:mod:`libai.data.datasets.lm_masking`); ``None`` = single tokens.
         documents: document indices (rows of ``doc_idx``) of this split; ``None`` = all.
         num_samples: alias of ``max_num_samples``.
 
@@ -62,6 +67,8 @@ class RobertaDataset(IndexedDocumentDataset):
         max_seq_length: int = 512,
         mask_lm_prob: float = 0.15,
         seed: int = 1234,
+        short_seq_prob: float = 0.0,
+        masking_style: str | None = None,
         *,
         documents=None,
         num_samples: int | None = None,
@@ -81,7 +88,18 @@ class RobertaDataset(IndexedDocumentDataset):
         mask_lm_prob = check_mask_lm_prob(self.owner, mask_lm_prob)
         self.max_seq_length = int(max_seq_length)
         self.mask_lm_prob = float(mask_lm_prob)
+        if not 0.0 <= float(short_seq_prob) <= 1.0:
+            raise ValueError(
+                f"{self.owner}: short_seq_prob must be in [0, 1], got {short_seq_prob}."
+            )
+        self.short_seq_prob = float(short_seq_prob)
         set_masked_lm_token_ids(self, tokenizer)
+        self.masking_style = masking_style
+        self.masker = None
+        if masking_style is not None:
+            self.masker = WholeWordMasking(
+                self.owner, masking_style, tokenizer, self.mask_id, self.vocab_size
+            )
         self._stream = self._stream_new_doc = None
 
     def _init_kwargs(self) -> dict:
@@ -91,6 +109,8 @@ class RobertaDataset(IndexedDocumentDataset):
             max_seq_length=self.max_seq_length,
             mask_lm_prob=self.mask_lm_prob,
             seed=self.seed,
+            short_seq_prob=self.short_seq_prob,
+            masking_style=self.masking_style,
         )
 
     def _build_mapping(self) -> np.ndarray:
@@ -100,6 +120,13 @@ class RobertaDataset(IndexedDocumentDataset):
         sizes = np.asarray(self.indexed_dataset.sizes, dtype=np.int64)
         rng = np.random.default_rng(self.seed)
         budget = self.max_seq_length - 1  # <s> first; every document part costs one </s>
+        short_prob = self.short_seq_prob
+
+        def run_budget() -> int:
+            if short_prob > 0 and rng.random() < short_prob:
+                return int(rng.integers(2, budget + 1))
+            return budget
+
         streams, new_docs, offset = [], [], [0]
 
         def build_epoch(_epoch: int) -> np.ndarray:
@@ -112,7 +139,7 @@ class RobertaDataset(IndexedDocumentDataset):
             stream, doc = stream[keep], doc[keep]
             new_doc = np.ones(len(stream), dtype=bool)
             new_doc[1:] = doc[1:] != doc[:-1]
-            rows = pack_sentences(sizes[stream].tolist(), new_doc.tolist(), budget)
+            rows = pack_sentences(sizes[stream].tolist(), new_doc.tolist(), run_budget)
             rows += offset[0]
             offset[0] += len(stream)
             streams.append(stream)
@@ -167,23 +194,27 @@ class RobertaDataset(IndexedDocumentDataset):
             self.vocab_size,
             self.mask_lm_prob,
             self.sample_rng(idx),
+            self.masker,
+            self.max_seq_length - 2,
         )
 
 
-def pack_sentences(sizes: list[int], new_doc: list[bool], budget: int) -> np.ndarray:
+def pack_sentences(sizes: list[int], new_doc: list[bool], budget) -> np.ndarray:
     """Greedy full-sentence packing: ``int64[n, 2]`` (start, end) runs of the sentence stream.
 
     A run's cost is its tokens plus one per document part (its ``</s>``); a run is closed
-    when the next sentence would push the cost past ``budget``. A sentence that alone
-    exceeds the budget forms a run by itself (it is cut when read).
+    when the next sentence would push the cost past its budget (``budget``: an int, or a
+    function giving each new run's budget). A sentence that alone exceeds the budget forms a
+    run by itself (it is cut to the sample length when read).
     """
+    next_budget = budget if callable(budget) else (lambda: budget)
     rows = []
-    start, cost = 0, 0
+    start, cost, limit = 0, 0, next_budget()
     for pos, (size, new) in enumerate(zip(sizes, new_doc)):
         add = size + (1 if (new or pos == start) else 0)
-        if pos > start and cost + add > budget:
+        if pos > start and cost + add > limit:
             rows.append((start, pos))
-            start, cost = pos, 0
+            start, cost, limit = pos, 0, next_budget()
             add = size + 1
         cost += add
     if sizes:

@@ -26,6 +26,12 @@ _HF_ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu", "sil
 def encoder_rules(cfg: dict, p: str, h: str, pooler: bool) -> list:
     """Embeddings, encoder layers and (with ``pooler``) the pooler; ``p`` / ``h``: libai / HF
     backbone prefixes."""
+    if cfg.get("apply_residual_post_layernorm") is not None:
+        raise NotImplementedError(
+            "this model has LiBai's Megatron layout (model.cfg.apply_residual_post_layernorm "
+            "is set: pre-LN blocks, final LayerNorm), which Hugging Face's BERT / RoBERTa "
+            "checkpoints do not have; leave the key out for the Hugging Face layout."
+        )
     layer, hl = p + "encoders.{i}.", h + "encoder.layer.{i}."
     hidden, heads = cfg["hidden_size"], cfg["num_attention_heads"]
     qkv = dict(num_heads=heads, head_size=hidden // heads)
