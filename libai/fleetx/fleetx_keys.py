@@ -17,8 +17,9 @@ Honoured (where):
   (``yaml_setup.train_namespace``, :mod:`libai.layers.checkpointing`);
 - ``Model.vocab_size_divisible_unit`` -> the vocabulary padded to a multiple of
   ``unit x mp_degree`` (:func:`padded_vocab_size`, FleetX's rule);
-- ``Optimizer.lr.use_increments`` -> the cosine schedule's steps counted in samples
-  (``libai.fleetx.yaml_optim``);
+- ``Optimizer.lr.use_increments`` -> the cosine schedule advances by the global batch each
+  step (``libai.fleetx.yaml_optim``); FleetX's GPT modules first turn ``decay_steps`` into
+  samples (``libai.fleetx.modules.gpt.GPTModule.process_configs``), as FleetX does;
 - ``Profiler`` -> ``torch.profiler`` over FleetX's ``scheduler: [start, end)`` steps, a
   Chrome trace under ``output_dir/<profiler_log>`` (:mod:`libai.fleetx.profiler`);
 - strings FleetX reads as Python literals (``epsilon: 1e-6`` is a string to YAML 1.1; FleetX

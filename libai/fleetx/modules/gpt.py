@@ -41,6 +41,18 @@ class GPTModule(ZooModule):
         self.tokenizer = _gpt2_tokenizer(**tokenizer_cfg)  # plain attributes, before the model
         super().__init__(cfg)
 
+    def process_configs(self, configs):
+        """FleetX's GPT module (its ``process_optim_configs``): with ``Optimizer.lr.
+        use_increments`` the schedule advances by the global batch each step, so
+        ``decay_steps`` (given in steps; unset: ``Engine.max_steps``) is turned into samples
+        -- per optimizer step the cosine curve is the one of the file's ``decay_steps``."""
+        lr = configs.Optimizer.get("lr")
+        if hasattr(lr, "get") and lr.get("use_increments"):
+            steps = lr.get("decay_steps") or configs.Engine.max_steps
+            if steps and steps > 0:
+                lr.decay_steps = int(steps) * int(configs.Global.global_batch_size)
+        return configs
+
     def get_model(self):
         kwargs = self.model_kwargs()
         pretrained = self.cfg.Model.get("pretrained")

@@ -106,36 +106,45 @@ def tiny(tmp_path_factory):
 
 
 def test_use_increments_counts_the_cosine_schedule_in_samples(tiny, tmp_path):
-    """FleetX's engine steps its schedule by the global batch size: the LR after step k is
-    the cosine formula at k x global_batch_size samples (computed here from FleetX's
-    lr_scheduler.py formula)."""
+    """FleetX's engine steps its schedule by the global batch size (``use_increments``), and
+    its GPT module first turns ``decay_steps`` into samples (x global batch,
+    ``process_optim_configs``): the LR after step k is FleetX's cosine formula
+    (lr_scheduler.py) at k x global_batch_size samples with decay_steps x global_batch_size,
+    computed here from FleetX's code."""
     cfg = load_yaml_config(
         GPT_CONFIGS / "pretrain_gpt_345M_single_card.yaml",
         [
             *tiny,
-            "Optimizer.lr.decay_steps=40",
+            "Optimizer.lr.decay_steps=10",
             "Optimizer.lr.warmup_rate=0.25",
             "Optimizer.lr.max_lr=1.0",
             "Optimizer.lr.min_lr=0.1",
+            "Global.local_batch_size=4",
+            "Global.micro_batch_size=2",
             f"Engine.save_load.output_dir={tmp_path}",
         ],
     )
     assert cfg.Optimizer.lr.use_increments is True  # the file's own setting
     engine = make_engine(cfg)
     gbs = cfg.Global.global_batch_size
+    assert gbs == 4 and engine.cfg.Optimizer.lr.decay_steps == 10 * gbs
+    decay, warmup = 10 * gbs, 0.25 * 10 * gbs  # in samples, as FleetX's scheduler sees them
 
     def fleetx_lr(t):
-        warmup = 0.25 * 40
         if t <= warmup:
             return 1.0 * t / warmup
-        if t > 40:
+        if t > decay:
             return 0.1
-        ratio = (t - warmup) / (40 - warmup)
+        ratio = (t - warmup) / (decay - warmup)
         return 0.1 + 0.5 * (math.cos(math.pi * ratio) + 1.0) * (1.0 - 0.1)
 
-    for k in range(12):
-        assert engine.optimizer.param_groups[0]["lr"] == pytest.approx(fleetx_lr(k * gbs))
+    seen = []
+    for k in range(14):
+        seen.append(engine.optimizer.param_groups[0]["lr"])
+        assert seen[-1] == pytest.approx(fleetx_lr(k * gbs)), k
         engine.lr_scheduler.step()
+    assert seen[2] == pytest.approx(0.8)  # warmup over 2.5 steps: 2 / 2.5
+    assert seen[12] == pytest.approx(0.1)  # decayed after 10 steps
 
 
 def _saved_bytes(model, batch) -> int:

@@ -239,7 +239,12 @@ def test_packaged_configs_have_libai_shape():
         "activation_checkpoint zero_optimization checkpointer evaluation scheduler dist"
     ).split():
         assert key in train, key
-    assert dict(train.amp) == {"enabled": False, "dtype": "bf16", "init_scale": 65536.0}
+    assert dict(train.amp) == {
+        "enabled": False,
+        "dtype": "bf16",
+        "init_scale": 65536.0,
+        "level": "O1",
+    }
     assert train.activation_checkpoint.enabled is False
     assert dict(train.zero_optimization) == {
         "enabled": False,
