@@ -164,7 +164,7 @@ def amp_settings(cfg: DictConfig, mode: str = "train") -> tuple[bool, str, objec
         raise YAMLConfigError(
             f"Engine.mix_precision.dtype must be one of {sorted(AMP_DTYPES)}, got {mp.dtype!r}"
         )
-    if str(mp.level).upper() not in ("O1", "O2"):
+    if str(mp.level or "O1").upper() not in ("O1", "O2"):  # null: FleetX's no decorate = O1
         raise YAMLConfigError(
             f"Engine.mix_precision.level={mp.level!r} is not supported: use O1 (autocast, "
             "fp32 parameters) or O2 (low-precision parameters, fp32 master weights)"
@@ -209,7 +209,7 @@ def train_namespace(
             enabled=amp_on,
             dtype=amp_dtype,
             init_scale=engine.mix_precision.scale_loss,
-            level=str(engine.mix_precision.level).upper(),
+            level=str(engine.mix_precision.level or "O1").upper(),
         ),
         activation_checkpoint=recompute_spec(cfg),
         zero_optimization=ZeroSpec(

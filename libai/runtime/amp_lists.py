@@ -88,6 +88,7 @@ TORCH_FUNCTIONS: dict[str, tuple] = {
     "rsqrt": (torch.rsqrt, T.rsqrt),
     "dropout": (F.dropout, torch.dropout),
     "scaled_dot_product_attention": (F.scaled_dot_product_attention,),
+    "where": (torch.where, T.where),  # FleetX's generation files black-list it
 }
 
 _MATMULS = ("matmul", "linear", "mm", "addmm", "bmm", "baddbmm")
@@ -114,7 +115,7 @@ PADDLE_OPS: dict[str, tuple[str, ...]] = {
     **{
         name: (name,)
         for name in "softmax log_softmax layer_norm gelu relu silu tanh sigmoid exp log pow "
-        "sqrt rsqrt dropout".split()
+        "sqrt rsqrt dropout where".split()
     },
 }
 

@@ -41,6 +41,29 @@ def test_every_fleetx_gpt_yaml_loads(path):
     assert d["tensor_parallel_size"] == cfg.Distributed.mp_degree
 
 
+@pytest.mark.parametrize("path", ALL_FILES, ids=lambda p: str(p.relative_to(GPT_CONFIGS)))
+def test_every_fleetx_gpt_yaml_resolves_its_run_spec(path):
+    """Past the key check: the batch sizes on the file's own process count and the whole run
+    spec (mixed precision with FleetX's op lists, e.g. the generation files' ``where``, and
+    ``level: null`` = O1 as FleetX's no-decorate)."""
+    from libai.fleetx.yaml_config import resolve_batch_config
+    from libai.fleetx.yaml_setup import amp_settings, train_namespace
+
+    if path.name in BASE_ONLY:
+        return
+    cfg = load_yaml_config(path)
+    d = cfg.Distributed
+    world = (d.dp_degree or 1) * d.mp_degree * d.pp_degree * d.sharding.sharding_degree
+    resolve_batch_config(cfg, world)
+    enabled, _, lists = amp_settings(cfg, "train")
+    spec = train_namespace(cfg, train_iter=10, steps_per_epoch=5, mode="train", has_eval=True)
+    assert spec.amp.enabled == enabled == bool(cfg.Engine.mix_precision.enable)
+    assert spec.amp.level == str(cfg.Engine.mix_precision.level or "O1").upper()
+    if "where" in (cfg.Engine.mix_precision.custom_black_list or []):
+        assert "where" in lists.black
+    assert cfg.Global.global_batch_size % cfg.Global.micro_batch_size == 0
+
+
 def test_the_keys_of_the_175b_file_mean_what_fleetx_says():
     """pretrain_gpt_175B_mp8_pp16.yaml: sequence parallel over mp, recompute of the attention
     core, vocab padded to 128 x mp, and ``1e-6``-style strings read as numbers."""
