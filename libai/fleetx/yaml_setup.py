@@ -57,6 +57,7 @@ MODULES = {
     "GPTGenerationModule": "libai.fleetx.modules.gpt_generation.GPTGenerationModule",
     "GPTFinetuneModule": "libai.fleetx.modules.gpt_finetune.GPTFinetuneModule",
     "GeneralClsModule": "libai.fleetx.modules.general_cls.GeneralClsModule",
+    "ErnieModule": "libai.fleetx.modules.ernie.ErnieModule",
 }
 #: FleetX's module names with no implementation here (FleetX's ppfleetx/models/__init__.py)
 #: -> the closest module that exists, if any
@@ -68,8 +69,7 @@ FLEETX_UNIMPLEMENTED = {
     "GPTModuleAuto": "GPTModule",
     "GPTGenerationModuleAuto": "GPTGenerationModule",
     "GeneralClsModuleAuto": "GeneralClsModule",
-    "ErnieModule": None,
-    "ErnieModuleAuto": None,
+    "ErnieModuleAuto": "ErnieModule",
     "ErnieSeqClsModule": "SequenceClassificationModule (BERT-shaped, as ERNIE)",
     "ErnieSeqClsModuleAuto": "SequenceClassificationModule (BERT-shaped, as ERNIE)",
 }

@@ -1,0 +1,75 @@
+"""ERNIE pretraining as a task module: ``Model.module: ErnieModule`` (FleetX's name)."""
+
+from __future__ import annotations
+
+from omegaconf import OmegaConf
+
+from libai.fleetx.module import InputSpec
+from libai.fleetx.modules.base import ZooModule
+from libai.models.bert_model import BertModel
+from libai.models.ernie_model import ERNIE_KEYS, ErnieForPreTraining
+
+__all__ = ["ErnieModule"]
+
+
+class ErnieModule(ZooModule):
+    """:class:`~libai.models.ernie_model.ErnieForPreTraining` (BERT's encoder and heads plus
+    ERNIE's task-type embedding) from FleetX's ERNIE ``Model`` keys.
+
+    ``Model`` keys: ``hidden_size``, ``num_hidden_layers``, ``num_attention_heads``,
+    ``intermediate_size`` (unset or null = 4 x ``hidden_size``, as FleetX), ``hidden_act``,
+    ``hidden_dropout_prob``, ``attention_probs_dropout_prob``, ``max_position_embeddings``,
+    ``type_vocab_size``, ``initializer_range``, ``pad_token_id``, ``vocab_size``,
+    ``use_task_id`` / ``task_type_vocab_size`` / ``task_id`` (the task-type embedding), and
+    ``pretrained`` (a transformers ERNIE directory). ``Global.binary_head`` (default True)
+    adds the sentence-pair loss (``sop_loss``) to the masked-LM loss, as FleetX's criterion.
+
+    Batches: ``{"input_ids", "tokentype_ids", "attention_mask", "lm_labels", "ns_labels"}``
+    (``lm_labels`` -100 where there is no masked-LM target).
+    """
+
+    model_class = ErnieForPreTraining
+    config_class = BertModel
+    head_keys = tuple(ERNIE_KEYS)
+    aliases = {
+        "num_hidden_layers": "hidden_layers",
+        "hidden_act": "activation",
+    }
+    #: FleetX's ``type_vocab_size`` is a no-effect key for GPT (base.MODULE_KEYS); here it is
+    #: the token-type vocabulary, read in :meth:`model_kwargs`
+    module_keys = ()
+
+    @property
+    def binary_head(self) -> bool:
+        """FleetX's ``Global.binary_head``: the sentence-pair (NSP / SOP) loss is on."""
+        value = OmegaConf.select(self.cfg, "Global.binary_head", default=True)
+        return True if value is None else bool(value)
+
+    def model_kwargs(self) -> dict:
+        kwargs = super().model_kwargs()
+        model_cfg = self.cfg.Model
+        if model_cfg.get("type_vocab_size") is not None:
+            kwargs["num_tokentypes"] = int(model_cfg.type_vocab_size)
+        if kwargs.get("intermediate_size") is None and kwargs.get("hidden_size"):
+            kwargs["intermediate_size"] = 4 * int(kwargs["hidden_size"])  # FleetX's default
+        return kwargs
+
+    def get_model(self):
+        kwargs = self.model_kwargs()
+        pretrained = self.cfg.Model.get("pretrained")
+        if pretrained:
+            from libai.models.utils import load_huggingface
+
+            return load_huggingface(str(pretrained), ErnieForPreTraining, **kwargs)
+        return ErnieForPreTraining(**kwargs)
+
+    def pretreating_batch(self, batch):
+        """Without ``Global.binary_head`` the sentence-pair labels are dropped (masked-LM loss
+        only, as FleetX's criterion with ``with_nsp_loss=False``)."""
+        if not self.binary_head and isinstance(batch, dict) and "ns_labels" in batch:
+            batch = {k: v for k, v in batch.items() if k != "ns_labels"}
+        return batch
+
+    def input_spec(self):
+        vocab = self.model.bert.embeddings.vocab_embeddings.num_embeddings
+        return [InputSpec([None, None], "int64", "input_ids", high=vocab)]
