@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from omegaconf import OmegaConf
+import os
+
+from omegaconf import OmegaConf, open_dict
 
 from libai.fleetx.module import InputSpec
 from libai.fleetx.modules.base import ZooModule
 from libai.models.bert_model import BertModel
 from libai.models.ernie_model import ERNIE_KEYS, ErnieForPreTraining
 
-__all__ = ["ErnieModule"]
+__all__ = ["ErnieModule", "ernie_tokenizer"]
 
 
 class ErnieModule(ZooModule):
@@ -45,6 +47,29 @@ class ErnieModule(ZooModule):
         value = OmegaConf.select(self.cfg, "Global.binary_head", default=True)
         return True if value is None else bool(value)
 
+    def __init__(self, cfg):
+        # a plain attribute, before the model: the Engine hands it to ErnieDataset (FleetX's
+        # files give every split the same tokenizer_type; the first split's is used)
+        self.tokenizer = None
+        for mode in ("Train", "Eval", "Test"):
+            key = f"Data.{mode}.dataset.tokenizer_type"
+            if OmegaConf.select(cfg, key) is not None:
+                self.tokenizer = ernie_tokenizer(OmegaConf.select(cfg, key), key)
+                break
+        super().__init__(cfg)
+
+    def process_configs(self, configs):
+        """As FleetX: each split's ``ErnieDataset`` builds sentence pairs when
+        ``Global.binary_head`` is on (unless the dataset section says otherwise)."""
+        binary_head = OmegaConf.select(configs, "Global.binary_head", default=True)
+        for mode in ("Train", "Eval", "Test"):
+            dataset = OmegaConf.select(configs, f"Data.{mode}.dataset")
+            if dataset is not None and dataset.get("name") == "ErnieDataset":
+                if dataset.get("binary_head") is None:
+                    with open_dict(dataset):
+                        dataset.binary_head = True if binary_head is None else bool(binary_head)
+        return configs
+
     def model_kwargs(self) -> dict:
         kwargs = super().model_kwargs()
         model_cfg = self.cfg.Model
@@ -73,3 +98,20 @@ class ErnieModule(ZooModule):
     def input_spec(self):
         vocab = self.model.bert.embeddings.vocab_embeddings.num_embeddings
         return [InputSpec([None, None], "int64", "input_ids", high=vocab)]
+
+
+def ernie_tokenizer(tokenizer_type: str, key: str = "Data.Train.dataset.tokenizer_type"):
+    """A libai BERT WordPiece tokenizer from a local ``vocab.txt`` (or a directory holding
+    one). FleetX's PaddleNLP hub names are not downloaded here."""
+    from libai.tokenizer import BertTokenizer
+
+    path = str(tokenizer_type)
+    if os.path.isdir(path):
+        path = os.path.join(path, "vocab.txt")
+    if not os.path.isfile(path):
+        raise ValueError(
+            f"{key}={tokenizer_type!r} is not a local file: FleetX "
+            "downloads PaddleNLP's tokenizers by name, this library does not; give the path "
+            f"of the ERNIE vocab.txt (or its directory), e.g. -o {key}=/path/to/vocab.txt"
+        )
+    return BertTokenizer(path, do_lower_case=True)

@@ -2,15 +2,21 @@
 through ``Model.module: ErnieModule`` on the zoo's BERT, shrunk by ``-o``: the model follows
 FleetX's ``Model`` keys (task-type embedding included), and its masked-LM + sentence-pair
 loss equals transformers' ``ErnieForPreTraining`` on the same weights and batch (exported
-to and loaded back from a transformers ERNIE directory)."""
+to and loaded back from a transformers ERNIE directory). FleetX's ``ErnieDataset`` reads
+FleetX's ERNIE corpus format (split, pairs and masking checked against the corpus here), and
+the file runs through tools/train.py with a first-step loss equal to transformers' on the
+same first batch."""
 
 from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
+from engine_helpers import run_tool
 from fleetx_reference import FLEETX
+from train_net_helpers import read_metrics
 
 from libai.fleetx.yaml_config import YAMLConfigError, load_yaml_config
 from libai.fleetx.yaml_setup import resolve_module_class
@@ -22,15 +28,26 @@ TINY = [
     "Model.hidden_size=32",
     "Model.num_hidden_layers=2",
     "Model.num_attention_heads=2",
-    "Model.max_position_embeddings=32",
+    "Model.max_position_embeddings=64",
     "Model.hidden_dropout_prob=0.0",
     "Model.attention_probs_dropout_prob=0.0",
     "Model.task_id=1",
 ]
 
 
-def _module(overrides=()):
-    cfg = load_yaml_config(YAML, [*TINY, *overrides])
+VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(59)]
+
+
+@pytest.fixture(scope="module")
+def vocab(tmp_path_factory):
+    """A local vocab.txt (64 ids) for Data.*.dataset.tokenizer_type, as overrides."""
+    path = tmp_path_factory.mktemp("ernie_vocab") / "vocab.txt"
+    path.write_text("\n".join(VOCAB) + "\n")
+    return [f"Data.{s}.dataset.tokenizer_type={path}" for s in ("Train", "Eval")]
+
+
+def _module(vocab, overrides=()):
+    cfg = load_yaml_config(YAML, [*TINY, *vocab, *overrides])
     torch.manual_seed(0)
     return resolve_module_class(cfg.Model.module)(cfg)
 
@@ -80,10 +97,10 @@ def _loss(module, batch):
 
 
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory):
+def exported(tmp_path_factory, vocab):
     from libai.models.utils import save_huggingface
 
-    module = _module()
+    module = _module(vocab)
     path = tmp_path_factory.mktemp("ernie_hf")
     save_huggingface(module.model, str(path))
     return module, path
@@ -102,14 +119,14 @@ def test_ernie_module_follows_fleetx_model_keys(exported):
     assert (hf_cfg["type_vocab_size"], hf_cfg["task_type_vocab_size"]) == (4, 3)
 
 
-def test_ernie_module_loss_equals_transformers(exported):
+def test_ernie_module_loss_equals_transformers(exported, vocab):
     module, path = exported
     batch = _batch()
     total, out = _loss(module, batch)
     assert set(out) == {"lm_loss", "sop_loss"}  # Global.binary_head: True in the base file
     torch.testing.assert_close(total, _hf_loss(path, batch, task_id=1), rtol=1e-5, atol=1e-6)
     # the same weights loaded back through Model.pretrained give the same loss
-    loaded = _module([f"+Model.pretrained={path}"])
+    loaded = _module(vocab, [f"+Model.pretrained={path}"])
     torch.testing.assert_close(_loss(loaded, batch)[0], total, rtol=1e-6, atol=1e-6)
 
 
@@ -123,11 +140,136 @@ def test_binary_head_off_is_masked_lm_only(exported):
     assert set(out) == {"lm_loss"}
 
 
-def test_ernie_module_errors():
+def test_ernie_module_errors(vocab):
     with pytest.raises(ValueError, match="Model.task_id=5 .*task_type_vocab_size=3"):
-        _module(["Model.task_id=5"])
+        _module(vocab, ["Model.task_id=5"])
     with pytest.raises(ValueError, match="unknown config key Model.num_layerz"):
-        _module(["+Model.num_layerz=3"])
+        _module(vocab, ["+Model.num_layerz=3"])
+    # FleetX's PaddleNLP hub name (the file's own value): no download, the key is named
+    hub = "Data.Train.dataset.tokenizer_type='ernie-1.0-base-zh-cw' is not a local file"
+    with pytest.raises(ValueError, match=hub):
+        _module([])
     cfg = load_yaml_config(YAML, [*TINY, "Model.module=ErnieSeqClsModule"])
     with pytest.raises(YAMLConfigError, match="ErnieSeqClsModule"):
         resolve_module_class(cfg.Model.module)
+
+
+def write_ernie_corpus(root, num_docs=40, seed=0):
+    """A vocab.txt (64 ids) and FleetX's ERNIE corpus (``_ids.npy``; ``_idx.npz`` with
+    ``lens`` per sentence and ``docs`` = first sentence of each document) under ``root``;
+    returns the documents as lists of sentences."""
+    (root / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
+    rng = np.random.RandomState(seed)
+    documents = [
+        [rng.randint(5, 64, rng.randint(3, 9)) for _ in range(rng.randint(2, 6))]
+        for _ in range(num_docs)
+    ]
+    sentences = [s for doc in documents for s in doc]
+    docs = np.cumsum([0] + [len(doc) for doc in documents])
+    (root / "data").mkdir()
+    np.save(root / "data" / "corpus_ids.npy", np.concatenate(sentences).astype(np.int32))
+    np.savez(
+        root / "data" / "corpus_idx.npz",
+        lens=np.asarray([len(s) for s in sentences], np.int32),
+        docs=docs.astype(np.int64),
+    )
+    return documents
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ernie_corpus")
+    documents = write_ernie_corpus(root)
+    data = [
+        f"Data.{split}.dataset.{key}"
+        for split in ("Train", "Eval")
+        for key in (
+            f"input_dir={root / 'data'}",
+            f"tokenizer_type={root / 'vocab.txt'}",
+            "max_seq_length=48",
+            "short_seq_prob=0.0",
+        )
+    ]
+    return root, documents, data
+
+
+def test_ernie_dataset_reads_fleetx_corpus(corpus):
+    from libai.data.datasets.fleetx_ernie import ErnieDataset
+    from libai.fleetx.modules.ernie import ernie_tokenizer
+
+    root, documents, _ = corpus
+    kw = dict(input_dir=str(root / "data"), tokenizer=ernie_tokenizer(root / "vocab.txt"))
+    kw.update(max_seq_length=48, masked_lm_prob=0.15, short_seq_prob=0.0, seed=1024)
+    train = ErnieDataset(**kw, split=[949, 50, 1], mode="Train")
+    # FleetX's split of 40 documents: round(40 * 949/1000) = 38, round(40 * 50/1000) = 2
+    assert train.documents.tolist() == list(range(38))
+    eval_docs = ErnieDataset(**kw, split=[949, 50, 1], mode="Eval").documents
+    assert eval_docs.tolist() == [38, 39]
+    whole = {tuple(np.concatenate(doc)): i for i, doc in enumerate(documents)}
+    seen = set()
+    for i in range(len(train)):
+        sample = train[i]
+        ids, labels = sample["input_ids"], sample["lm_labels"]
+        n = int(sample["attention_mask"].sum())
+        masked = labels != -100
+        # masked positions: real, non-special tokens; [MASK] 80% / random / kept
+        assert masked.sum() >= 1 and not masked[n:].any() and not masked[0]
+        restored = torch.where(masked, labels, ids)[:n]
+        seps = (restored == 3).nonzero().flatten().tolist()
+        assert restored[0] == 2 and len(seps) == 2 and seps[1] == n - 1
+        a, b = restored[1 : seps[0]].tolist(), restored[seps[0] + 1 : n - 1].tolist()
+        assert (sample["tokentype_ids"][:n] == (torch.arange(n) > seps[0])).all()
+        # each run is one whole document here (short docs, no truncation): B follows A, or
+        # the two are swapped and ns_labels = 1 (FleetX's is_next_random)
+        pair = a + b if sample["ns_labels"] == 0 else b + a
+        seen.add(whole[tuple(pair)])
+    assert seen == set(range(38))
+
+
+def test_ernie_dataset_errors(corpus, tmp_path):
+    from libai.data.datasets.fleetx_ernie import ErnieDataset
+    from libai.fleetx.modules.ernie import ernie_tokenizer
+
+    root, _, _ = corpus
+    tokenizer = ernie_tokenizer(root / "vocab.txt")
+    with pytest.raises(ValueError, match="Test split .* has no documents"):
+        ErnieDataset(str(root / "data"), split=[1, 1, 0], mode="Test", tokenizer=tokenizer)
+    with pytest.raises(ValueError, match="ErnieDataset needs a tokenizer"):
+        ErnieDataset(str(root / "data"), "vocab.txt")
+
+
+def test_fleetx_ernie_yaml_trains_with_first_loss_of_transformers(corpus, tmp_path):
+    """tools/train.py on FleetX's file; the first step's loss equals transformers'
+    ErnieForPreTraining with the same initial weights on the same first batch."""
+    from libai.data.datasets.fleetx_ernie import ErnieCollateData
+    from libai.fleetx.yaml_setup import build_module, setup_yaml_run
+    from libai.models.utils import save_huggingface
+
+    _, _, data = corpus
+    size = [o for o in TINY if "task_id" not in o]  # the file's task_id: 0
+    run = [
+        *size,
+        *data,
+        "Global.local_batch_size=4",
+        "Global.micro_batch_size=4",
+        "Engine.max_steps=1",
+        "Engine.eval_freq=100",
+        "Engine.logging_freq=1",
+        "Data.Eval.loader.num_workers=0",
+        f"Engine.save_load.output_dir={tmp_path / 'out'}",
+    ]
+    run_tool("train", YAML, *run)
+    first = read_metrics(tmp_path / "out")[0]["total_loss"]
+    # reference: the same seeded build in this process, exported to transformers
+    cfg = load_yaml_config(YAML, [*run[:-1], f"Engine.save_load.output_dir={tmp_path / 'ref'}"])
+    setup_yaml_run(cfg)
+    module = build_module(cfg)
+    save_huggingface(module.model, str(tmp_path / "hf"))
+    from libai.fleetx.yaml_loaders import build_split_dataset
+
+    dataset = build_split_dataset(
+        cfg.Data.Train, "Train", seed=1024, num_samples=8, tokenizer=module.tokenizer
+    )
+    batch = ErnieCollateData()([dataset[i] for i in range(4)])
+    reference = _hf_loss(tmp_path / "hf", batch, task_id=0)
+    assert first == pytest.approx(float(reference), rel=1e-5)

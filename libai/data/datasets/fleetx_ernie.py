@@ -1,0 +1,141 @@
+"""FleetX's ``ErnieDataset`` and ``ErnieCollateData`` by name: ERNIE pretraining samples
+(masked LM + sentence pair) from FleetX's ERNIE corpus under ``input_dir``.
+
+FleetX's ERNIE corpus (``create_pretraining_data.py``) is ``<prefix>_ids.npy`` (all token
+ids) + ``<prefix>_idx.npz`` with ``lens`` (tokens per *sentence*) and ``docs`` (the
+sentence index where each document starts, Megatron's ``doc_idx``). FleetX splits the
+documents with ``split`` (rounded, the rounding error taken from the last split, as its
+``get_train_valid_test_split_``) and builds Megatron's BERT samples over the split:
+:class:`~libai.data.datasets.bert_dataset.BertDataset` does that here (same sample shape
+and masking rules, its own random draws; see the differences below).
+
+Differences from FleetX, logged when they matter: tokens are masked one by one
+(``max_ngrams`` > 1 / ``favor_longer_ngram``: FleetX's whole-word n-gram spans are not
+drawn); the random stream is libai's (same rules, not the same draws as FleetX's C++
+``build_mapping``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from libai.data.datasets.bert_dataset import BertDataset
+from libai.data.datasets.fleetx_gpt import FleetXTokenFile, find_fleetx_prefix
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["ErnieCollateData", "ErnieDataset", "FleetXSentenceFile", "fleetx_split_bounds"]
+
+MODES = {"Train": 0, "Eval": 1, "Test": 2}
+
+
+class FleetXSentenceFile(FleetXTokenFile):
+    """FleetX's ERNIE corpus as a sentence-indexed dataset: ``sizes`` (tokens per sentence),
+    ``doc_idx`` (first sentence of each document, then the total) and ``get(i)``."""
+
+    def __init__(self, prefix: str):
+        super().__init__(prefix)
+        with np.load(prefix + "_idx.npz", allow_pickle=False) as index:
+            if "docs" not in index:
+                raise ValueError(
+                    f"ErnieDataset: {prefix}_idx.npz has no 'docs' (document boundaries); "
+                    "write the corpus with FleetX's ernie create_pretraining_data.py"
+                )
+            self.doc_idx = np.asarray(index["docs"], dtype=np.int64)
+        if self.doc_idx[-1] != len(self.sizes):
+            raise ValueError(
+                f"ErnieDataset: {prefix}: docs ends at sentence {self.doc_idx[-1]} but lens "
+                f"has {len(self.sizes)} sentences; the files are not one corpus"
+            )
+
+
+def fleetx_split_bounds(split: Sequence[float], size: int) -> list[int]:
+    """FleetX's ``get_train_valid_test_split_``: document boundaries ``[0, a, b, size]`` of
+    the Train / Eval / Test splits for weights ``split``."""
+    weights = [float(s) for s in split][:3]
+    weights += [0.0] * (3 - len(weights))
+    total = sum(weights)
+    if total <= 0:
+        raise ValueError(f"Data.*.dataset.split must have a positive sum, got {list(split)}")
+    bounds = [0]
+    for weight in weights:
+        bounds.append(bounds[-1] + int(round(weight / total * float(size))))
+    diff = bounds[-1] - size
+    return [bounds[0]] + [b - diff for b in bounds[1:]]
+
+
+def ErnieDataset(  # noqa: N802 - FleetX's name for what a YAML config builds
+    input_dir: str,
+    tokenizer_type: str | None = None,
+    split: Sequence[float] = (949, 50, 1),
+    mode: str = "Train",
+    max_seq_length: int = 512,
+    masked_lm_prob: float = 0.15,
+    short_seq_prob: float = 0.1,
+    seed: int = 1234,
+    binary_head: bool = True,
+    share_folder: bool = False,
+    favor_longer_ngram: bool = False,
+    max_ngrams: int = 3,
+    num_samples: int | None = None,
+    tokenizer=None,
+) -> BertDataset:
+    """The ``mode`` split of FleetX's ERNIE corpus in ``input_dir`` as BERT samples
+    (``{"input_ids", "attention_mask", "tokentype_ids", "lm_labels", "loss_mask"}`` and
+    ``ns_labels`` with ``binary_head``). ``num_samples`` (filled by the Engine from the
+    Global sizes and steps) = one epoch when unset. ``share_folder`` (where FleetX writes
+    its index cache) has no effect: the index is built in memory. ``tokenizer`` (with the
+    ids ``cls``, ``sep``, ``mask``, ``pad`` and ``vocab_size``) is the one ``ErnieModule``
+    builds from ``tokenizer_type`` (the Engine passes it).
+    """
+    if mode not in MODES:
+        raise ValueError(f"ErnieDataset mode must be one of {list(MODES)}, got {mode!r}")
+    if tokenizer is None:
+        raise ValueError(
+            f"ErnieDataset needs a tokenizer: run it with Model.module: ErnieModule (which "
+            f"builds one from Data.{mode}.dataset.tokenizer_type={tokenizer_type!r}) or pass "
+            "tokenizer="
+        )
+    corpus = FleetXSentenceFile(find_fleetx_prefix(str(input_dir)))
+    bounds = fleetx_split_bounds(split, len(corpus.doc_idx) - 1)
+    start, end = bounds[MODES[mode]], bounds[MODES[mode] + 1]
+    if end <= start:
+        raise ValueError(
+            f"ErnieDataset: the {mode} split {list(split)} of {input_dir} has no documents "
+            f"({len(corpus.doc_idx) - 1} in all); change Data.{mode}.dataset.split"
+        )
+    if int(max_ngrams) > 1 or favor_longer_ngram:
+        logger.info(
+            "ErnieDataset: max_ngrams=%s / favor_longer_ngram=%s: tokens are masked one by "
+            "one here (FleetX masks whole-word n-gram spans)",
+            max_ngrams,
+            favor_longer_ngram,
+        )
+    return BertDataset(
+        f"ernie/{mode}",
+        tokenizer,
+        indexed_dataset=corpus,
+        max_seq_length=max_seq_length,
+        mask_lm_prob=masked_lm_prob,
+        short_seq_prob=short_seq_prob,
+        seed=seed,
+        binary_head=binary_head,
+        documents=np.arange(start, end),
+        num_samples=num_samples,
+    )
+
+
+class ErnieCollateData:
+    """FleetX's ERNIE collate by name: stacks the samples into one batch of ``[batch, seq]``
+    tensors (``ns_labels``: ``[batch]``). ``micro_batch_size`` is accepted: the Engine cuts
+    micro-batches itself."""
+
+    def __init__(self, micro_batch_size: int | None = None):
+        self.micro_batch_size = micro_batch_size
+
+    def __call__(self, samples: list[dict]) -> dict[str, torch.Tensor]:
+        return {key: torch.stack([s[key] for s in samples]) for key in samples[0]}
