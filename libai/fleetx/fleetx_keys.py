@@ -112,7 +112,7 @@ def _get(cfg, path: str):
 
 #: :data:`NO_EFFECT` keys that these ``Model.module`` names read (no log line for them)
 READ_BY_MODULE = {
-    "Model.type_vocab_size": ("ErnieModule",),
+    "Model.type_vocab_size": ("ErnieModule", "ErnieSeqClsModule"),
     "Global.binary_head": ("ErnieModule",),
 }
 

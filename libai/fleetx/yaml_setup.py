@@ -58,6 +58,7 @@ MODULES = {
     "GPTFinetuneModule": "libai.fleetx.modules.gpt_finetune.GPTFinetuneModule",
     "GeneralClsModule": "libai.fleetx.modules.general_cls.GeneralClsModule",
     "ErnieModule": "libai.fleetx.modules.ernie.ErnieModule",
+    "ErnieSeqClsModule": "libai.fleetx.modules.ernie.ErnieSeqClsModule",
 }
 #: FleetX's module names with no implementation here (FleetX's ppfleetx/models/__init__.py)
 #: -> the closest module that exists, if any
@@ -70,8 +71,7 @@ FLEETX_UNIMPLEMENTED = {
     "GPTGenerationModuleAuto": "GPTGenerationModule",
     "GeneralClsModuleAuto": "GeneralClsModule",
     "ErnieModuleAuto": "ErnieModule",
-    "ErnieSeqClsModule": "SequenceClassificationModule (BERT-shaped, as ERNIE)",
-    "ErnieSeqClsModuleAuto": "SequenceClassificationModule (BERT-shaped, as ERNIE)",
+    "ErnieSeqClsModuleAuto": "ErnieSeqClsModule",
 }
 DEFAULT_SCHEDULE = "1F1B"
 #: FleetX's recompute_granularity -> libai's activation checkpointing mode

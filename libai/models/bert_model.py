@@ -373,11 +373,13 @@ class BertForClassification(BertPipelineMixin, nn.Module):
     """
 
     head_name = "classifier"
+    #: the encoder class (ERNIE's adds a task-type embedding)
+    backbone_class: type = BertModel
 
     def __init__(self, cfg=None, **kwargs):
         super().__init__()
         cfg = self._pop_head_options(cfg, kwargs)
-        self.bert = BertModel(cfg={**cfg, "add_pooling_layer": True})
+        self.bert = self.backbone_class(cfg={**cfg, "add_pooling_layer": True})
         bert_cfg = self.bert.libai_cfg
         p = self.classifier_dropout
         self.dropout = nn.Dropout(bert_cfg["hidden_dropout_prob"] if p is None else p)

@@ -12,7 +12,12 @@ from __future__ import annotations
 import torch
 
 from libai.layers import Embedding, init_method_normal
-from libai.models.bert_model import BertEmbeddings, BertForPreTraining, BertModel
+from libai.models.bert_model import (
+    BertEmbeddings,
+    BertForClassification,
+    BertForPreTraining,
+    BertModel,
+)
 
 #: ERNIE's hyper-parameters on top of BERT's, with their defaults
 ERNIE_KEYS = {"use_task_id": False, "task_type_vocab_size": 3, "task_id": 0}
@@ -64,5 +69,13 @@ class ErnieForPreTraining(BertForPreTraining):
     """ERNIE with masked-LM and sentence-pair heads (transformers' ``ErnieForPreTraining``):
     :class:`~libai.models.bert_model.BertForPreTraining` on an :class:`ErnieModel`, same
     inputs and outputs (``lm_loss``, ``sop_loss``)."""
+
+    backbone_class = ErnieModel
+
+
+class ErnieForClassification(BertForClassification):
+    """ERNIE with a sequence-classification head (transformers'
+    ``ErnieForSequenceClassification``): :class:`~libai.models.bert_model.BertForClassification`
+    on an :class:`ErnieModel`, same inputs, outputs and head options."""
 
     backbone_class = ErnieModel

@@ -1,4 +1,5 @@
-"""ERNIE pretraining as a task module: ``Model.module: ErnieModule`` (FleetX's name)."""
+"""ERNIE as task modules by FleetX's names: ``ErnieModule`` (pretraining) and
+``ErnieSeqClsModule`` (sequence classification)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,11 @@ import os
 from omegaconf import OmegaConf, open_dict
 
 from libai.fleetx.module import InputSpec
-from libai.fleetx.modules.base import ZooModule
+from libai.fleetx.modules.base import AccuracyModule, ZooModule
 from libai.models.bert_model import BertModel
-from libai.models.ernie_model import ERNIE_KEYS, ErnieForPreTraining
+from libai.models.ernie_model import ERNIE_KEYS, ErnieForClassification, ErnieForPreTraining
 
-__all__ = ["ErnieModule", "ernie_tokenizer"]
+__all__ = ["ErnieModule", "ErnieSeqClsModule", "ernie_tokenizer"]
 
 
 class ErnieModule(ZooModule):
@@ -85,8 +86,8 @@ class ErnieModule(ZooModule):
         if pretrained:
             from libai.models.utils import load_huggingface
 
-            return load_huggingface(str(pretrained), ErnieForPreTraining, **kwargs)
-        return ErnieForPreTraining(**kwargs)
+            return load_huggingface(str(pretrained), self.model_class, **kwargs)
+        return self.model_class(**kwargs)
 
     def pretreating_batch(self, batch):
         """Without ``Global.binary_head`` the sentence-pair labels are dropped (masked-LM loss
@@ -98,6 +99,24 @@ class ErnieModule(ZooModule):
     def input_spec(self):
         vocab = self.model.bert.embeddings.vocab_embeddings.num_embeddings
         return [InputSpec([None, None], "int64", "input_ids", high=vocab)]
+
+
+class ErnieSeqClsModule(AccuracyModule, ErnieModule):
+    """:class:`~libai.models.ernie_model.ErnieForClassification` (ERNIE's pooled [CLS] ->
+    dropout -> classifier, FleetX's ``ErnieForSequenceClassification``) from the same
+    ``Model`` keys as :class:`ErnieModule`, plus ``num_classes`` (default 2, FleetX's) and
+    ``dropout`` (the classifier dropout; null = ``hidden_dropout_prob``). Cross-entropy loss
+    (mean squared error with one class), accuracy in evaluation.
+
+    Batches: ``{"input_ids", "tokentype_ids" (or ``token_type_ids``), "attention_mask",
+    "labels"}``, e.g. ``Data.*.dataset.name: TextClassificationDataset`` on local files
+    (FleetX's ``ErnieSeqClsDataset`` downloads PaddleNLP data sets by name, which is not
+    done here).
+    """
+
+    model_class = ErnieForClassification
+    head_keys = (*ERNIE_KEYS, "num_labels", "classifier_dropout")
+    aliases = {**ErnieModule.aliases, "num_classes": "num_labels", "dropout": "classifier_dropout"}
 
 
 def ernie_tokenizer(tokenizer_type: str, key: str = "Data.Train.dataset.tokenizer_type"):

@@ -149,9 +149,8 @@ def test_ernie_module_errors(vocab):
     hub = "Data.Train.dataset.tokenizer_type='ernie-1.0-base-zh-cw' is not a local file"
     with pytest.raises(ValueError, match=hub):
         _module([])
-    cfg = load_yaml_config(YAML, [*TINY, "Model.module=ErnieSeqClsModule"])
-    with pytest.raises(YAMLConfigError, match="ErnieSeqClsModule"):
-        resolve_module_class(cfg.Model.module)
+    with pytest.raises(YAMLConfigError, match="ErnieModuleAuto .*the closest is ErnieModule"):
+        resolve_module_class("ErnieModuleAuto")
 
 
 def write_ernie_corpus(root, num_docs=40, seed=0):
@@ -273,3 +272,35 @@ def test_fleetx_ernie_yaml_trains_with_first_loss_of_transformers(corpus, tmp_pa
     batch = ErnieCollateData()([dataset[i] for i in range(4)])
     reference = _hf_loss(tmp_path / "hf", batch, task_id=0)
     assert first == pytest.approx(float(reference), rel=1e-5)
+
+
+FINETUNE = FLEETX / "ppfleetx/configs/nlp/ernie/finetune_ernie_345M_single_card.yaml"
+
+
+def test_ernie_seq_cls_module_loss_equals_transformers(vocab, tmp_path):
+    """FleetX's ERNIE fine-tuning file's module: the classification loss and logits equal
+    transformers' ErnieForSequenceClassification on the same weights (exported)."""
+    from transformers import ErnieForSequenceClassification
+
+    from libai.models.utils import save_huggingface
+
+    cfg = load_yaml_config(FINETUNE, [*TINY, *vocab, "+Model.num_classes=3"])
+    torch.manual_seed(0)
+    module = resolve_module_class(cfg.Model.module)(cfg)
+    assert type(module).__name__ == "ErnieSeqClsModule" and module.model.num_labels == 3
+    save_huggingface(module.model, str(tmp_path))
+    batch = {k: v for k, v in _batch().items() if k in ("input_ids", "attention_mask")}
+    batch["token_type_ids"] = _batch()["tokentype_ids"]  # FleetX's / transformers' name
+    batch["labels"] = torch.tensor([0, 2, 1])
+    module.eval()
+    with torch.no_grad():
+        out = module.model(**batch)
+        hf = ErnieForSequenceClassification.from_pretrained(str(tmp_path)).eval()
+        task = torch.full_like(batch["input_ids"], 1)
+        want = hf(**batch, task_type_ids=task)
+    torch.testing.assert_close(out["logits"], want.logits, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out["loss"], want.loss, rtol=1e-5, atol=1e-6)
+    step = module.validation_step(batch)
+    assert (
+        step["count"] == 3 and step["correct"] == (want.logits.argmax(-1) == batch["labels"]).sum()
+    )

@@ -168,7 +168,7 @@ class BertLoaderHuggerFace(ModelLoaderHuggerFace):
             return encoder_rules(cfg, "", "", cfg.get("add_pooling_layer", True))
         hf_bert = cls.base_model_prefix + "."  # ERNIE's checkpoints: "ernie."
         table = encoder_rules(cfg, "bert.", hf_bert, pooler=True)
-        if model_cls is BertForClassification:
+        if issubclass(model_cls, BertForClassification):  # BERT's and ERNIE's
             return table + [
                 Copy("classifier.weight", "classifier.weight"),
                 Copy("classifier.bias", "classifier.bias"),

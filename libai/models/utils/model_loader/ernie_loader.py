@@ -1,21 +1,24 @@
-"""ERNIE (``model_type: ernie``): transformers' ``ErnieForPreTraining`` <-> libai's
-:class:`~libai.models.ernie_model.ErnieForPreTraining`: BERT's mapping under the ``ernie.``
-prefix plus the task-type embedding."""
+"""ERNIE (``model_type: ernie``): transformers' ``ErnieForPreTraining`` /
+``ErnieForSequenceClassification`` <-> libai's :mod:`~libai.models.ernie_model`: BERT's
+mapping under the ``ernie.`` prefix plus the task-type embedding."""
 
 from __future__ import annotations
 
-from libai.models.ernie_model import ErnieForPreTraining
+from libai.models.ernie_model import ErnieForClassification, ErnieForPreTraining
 from libai.models.utils.model_loader.bert_loader import BertLoaderHuggerFace
 from libai.models.utils.weight_mapping import Copy
 
 
 class ErnieLoaderHuggerFace(BertLoaderHuggerFace):
-    """Loads / exports ERNIE pretraining checkpoints (``use_task_id`` and
+    """Loads / exports ERNIE pretraining and classification checkpoints (``use_task_id`` and
     ``task_type_vocab_size`` carried over; the task id is 0, transformers' default)."""
 
     model_types = ("ernie",)
     base_model_prefix = "ernie"
-    architectures = {"ErnieForPreTraining": ErnieForPreTraining}
+    architectures = {
+        "ErnieForPreTraining": ErnieForPreTraining,
+        "ErnieForSequenceClassification": ErnieForClassification,
+    }
     hf_defaults = {
         **BertLoaderHuggerFace.hf_defaults,
         "use_task_id": False,
