@@ -172,7 +172,14 @@ class BertDataset(IndexedDocumentDataset):
         candidates[0] = False
         candidates[len(a) + 1] = False
         candidates[-1] = False
-        sample = masked_lm_sample(
+        sample = self.masked_sample(tokens, tokentypes, candidates, rng)
+        if self.binary_head:
+            sample["ns_labels"] = torch.tensor(int(is_random), dtype=torch.long)
+        return sample
+
+    def masked_sample(self, tokens, tokentypes, candidates, rng) -> dict[str, torch.Tensor]:
+        """Mask ``tokens`` at ``candidates`` and pad (BERT's token-by-token masking)."""
+        return masked_lm_sample(
             tokens,
             tokentypes,
             candidates,
@@ -183,9 +190,6 @@ class BertDataset(IndexedDocumentDataset):
             self.mask_lm_prob,
             rng,
         )
-        if self.binary_head:
-            sample["ns_labels"] = torch.tensor(int(is_random), dtype=torch.long)
-        return sample
 
 
 def truncated_lengths(len_a: int, len_b: int, max_tokens: int) -> tuple[int, int]:

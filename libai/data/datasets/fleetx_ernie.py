@@ -9,15 +9,18 @@ documents with ``split`` (rounded, the rounding error taken from the last split,
 :class:`~libai.data.datasets.bert_dataset.BertDataset` does that here (same sample shape
 and masking rules, its own random draws; see the differences below).
 
-Differences from FleetX, logged when they matter: tokens are masked one by one
-(``max_ngrams`` > 1 / ``favor_longer_ngram``: FleetX's whole-word n-gram spans are not
-drawn); the random stream is libai's (same rules, not the same draws as FleetX's C++
-``build_mapping``).
+Masking is FleetX's (Megatron's ``create_masked_lm_predictions``): whole words (a ``##``
+piece joins the word before it) in n-grams of 1 .. ``max_ngrams`` words, n drawn with
+probability proportional to 1 / n (reversed with ``favor_longer_ngram``), until
+``round(masked_lm_prob x tokens)`` tokens are chosen (a span that would exceed it is
+shortened, else skipped); each chosen token becomes [MASK] 80%, stays 10%, a random id 10%.
+Differences from FleetX: the random draws are libai's (same rules, not FleetX's C++
+``build_mapping`` nor its numpy stream), and FleetX's ``to_chinese_char`` (a ``##`` Chinese
+character shown as its plain character in the input) is not applied.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 
 import numpy as np
@@ -25,10 +28,16 @@ import torch
 
 from libai.data.datasets.bert_dataset import BertDataset
 from libai.data.datasets.fleetx_gpt import FleetXTokenFile, find_fleetx_prefix
+from libai.data.datasets.lm_utils import IGNORE_INDEX, padded_masked_sample
 
-logger = logging.getLogger(__name__)
-
-__all__ = ["ErnieCollateData", "ErnieDataset", "FleetXSentenceFile", "fleetx_split_bounds"]
+__all__ = [
+    "ErnieCollateData",
+    "ErnieDataset",
+    "ErnieMaskedDataset",
+    "FleetXSentenceFile",
+    "fleetx_split_bounds",
+    "whole_word_ngram_mask",
+]
 
 MODES = {"Train": 0, "Eval": 1, "Test": 2}
 
@@ -108,14 +117,7 @@ def ErnieDataset(  # noqa: N802 - FleetX's name for what a YAML config builds
             f"ErnieDataset: the {mode} split {list(split)} of {input_dir} has no documents "
             f"({len(corpus.doc_idx) - 1} in all); change Data.{mode}.dataset.split"
         )
-    if int(max_ngrams) > 1 or favor_longer_ngram:
-        logger.info(
-            "ErnieDataset: max_ngrams=%s / favor_longer_ngram=%s: tokens are masked one by "
-            "one here (FleetX masks whole-word n-gram spans)",
-            max_ngrams,
-            favor_longer_ngram,
-        )
-    return BertDataset(
+    return ErnieMaskedDataset(
         f"ernie/{mode}",
         tokenizer,
         indexed_dataset=corpus,
@@ -126,7 +128,94 @@ def ErnieDataset(  # noqa: N802 - FleetX's name for what a YAML config builds
         binary_head=binary_head,
         documents=np.arange(start, end),
         num_samples=num_samples,
+        max_ngrams=max_ngrams,
+        favor_longer_ngram=favor_longer_ngram,
     )
+
+
+def whole_word_ngram_mask(
+    tokens: np.ndarray,
+    candidates: np.ndarray,
+    continuation: np.ndarray,
+    mask_prob: float,
+    max_ngrams: int,
+    favor_longer_ngram: bool,
+    mask_id: int,
+    vocab_size: int,
+    rng: np.random.Generator,
+) -> tuple[np.ndarray, np.ndarray]:
+    """FleetX's whole-word n-gram masking (see the module doc): ``(input_ids, labels)``;
+    ``continuation[id]`` is True for ``##`` pieces."""
+    words: list[list[int]] = []
+    for i in np.flatnonzero(candidates).tolist():
+        if words and words[-1][-1] == i - 1 and continuation[tokens[i]]:
+            words[-1].append(i)
+        else:
+            words.append([i])
+    labels = np.full(len(tokens), IGNORE_INDEX, dtype=np.int64)
+    out = np.asarray(tokens, dtype=np.int64).copy()
+    budget = max(1, int(round(len(tokens) * mask_prob)))
+    pvals = 1.0 / np.arange(1, max_ngrams + 1)
+    pvals = pvals[::-1] if favor_longer_ngram else pvals
+    chosen: list[int] = []
+    covered: set[int] = set()
+    for w in rng.permutation(len(words)).tolist():
+        if len(chosen) >= budget:
+            break
+        longest = min(max_ngrams, len(words) - w)
+        p = pvals[:longest] / pvals[:longest].sum()
+        n = int(rng.choice(np.arange(1, longest + 1), p=p))
+        span = [i for word in words[w : w + n] for i in word]
+        while len(chosen) + len(span) > budget and n > 1:  # shorter n-grams fit better
+            n -= 1
+            span = [i for word in words[w : w + n] for i in word]
+        if len(chosen) + len(span) > budget or covered.intersection(span):
+            continue
+        covered.update(span)
+        chosen.extend(span)
+    chosen_at = np.asarray(sorted(chosen), dtype=np.int64)
+    labels[chosen_at] = out[chosen_at]
+    draw = rng.random(len(chosen_at))
+    out[chosen_at[draw < 0.8]] = mask_id
+    random_at = chosen_at[draw >= 0.9]
+    out[random_at] = rng.integers(0, vocab_size, size=len(random_at))
+    return out, labels
+
+
+class ErnieMaskedDataset(BertDataset):
+    """:class:`BertDataset` with FleetX's whole-word n-gram masking."""
+
+    def __init__(self, *args, max_ngrams: int = 3, favor_longer_ngram: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)
+        if int(max_ngrams) < 1:
+            raise ValueError(f"ErnieDataset max_ngrams must be >= 1, got {max_ngrams}")
+        self.max_ngrams = int(max_ngrams)
+        self.favor_longer_ngram = bool(favor_longer_ngram)
+        vocab = self.tokenizer.get_vocab()
+        self.continuation = np.zeros(max(max(vocab.values()) + 1, self.vocab_size), dtype=bool)
+        for token, index in vocab.items():
+            self.continuation[index] = token.startswith("##")
+
+    def _init_kwargs(self) -> dict:
+        return {
+            **super()._init_kwargs(),
+            "max_ngrams": self.max_ngrams,
+            "favor_longer_ngram": self.favor_longer_ngram,
+        }
+
+    def masked_sample(self, tokens, tokentypes, candidates, rng) -> dict[str, torch.Tensor]:
+        input_ids, labels = whole_word_ngram_mask(
+            tokens,
+            candidates,
+            self.continuation,
+            self.mask_lm_prob,
+            self.max_ngrams,
+            self.favor_longer_ngram,
+            self.mask_id,
+            self.vocab_size,
+            rng,
+        )
+        return padded_masked_sample(input_ids, labels, tokentypes, self.max_seq_length, self.pad_id)
 
 
 class ErnieCollateData:

@@ -175,6 +175,11 @@ def masked_lm_sample(
 ) -> dict[str, torch.Tensor]:
     """Mask ``tokens`` and pad everything to ``max_seq_length``: the BERT / RoBERTa sample."""
     input_ids, labels = mask_tokens(tokens, candidates, mask_prob, mask_id, vocab_size, rng)
+    return padded_masked_sample(input_ids, labels, tokentypes, max_seq_length, pad_id)
+
+
+def padded_masked_sample(input_ids, labels, tokentypes, max_seq_length: int, pad_id: int) -> dict:
+    """The masked-LM sample's tensors, padded to ``max_seq_length``."""
     n = len(input_ids)
     return {
         "input_ids": pad_to(input_ids, max_seq_length, pad_id),

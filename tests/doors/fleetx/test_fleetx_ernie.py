@@ -304,3 +304,57 @@ def test_ernie_seq_cls_module_loss_equals_transformers(vocab, tmp_path):
     assert (
         step["count"] == 3 and step["correct"] == (want.logits.argmax(-1) == batch["labels"]).sum()
     )
+
+
+def _runs(mask: np.ndarray) -> list[int]:
+    """Lengths of the maximal runs of True in ``mask``."""
+    runs, n = [], 0
+    for m in [*mask.tolist(), False]:
+        if m:
+            n += 1
+        elif n:
+            runs.append(n)
+            n = 0
+    return runs
+
+
+def test_whole_word_ngram_masking_rules():
+    """FleetX's masking rules, checked on 300 draws: a word's ``##`` pieces are masked with
+    it, never more than round(0.15 x tokens) tokens (at least one), labels are the original
+    tokens, ~80% become [MASK]; longer n-grams (favor_longer_ngram) give longer masked runs
+    than max_ngrams=1."""
+    from libai.data.datasets.fleetx_ernie import whole_word_ngram_mask
+
+    vocab = 64
+    continuation = np.zeros(vocab, dtype=bool)
+    continuation[40:] = True  # ids >= 40 are "##" pieces
+    g = np.random.RandomState(0)
+    tokens = g.randint(5, 40, 60)
+    pieces = g.rand(60) < 0.4  # some pieces continue the word before them
+    tokens[pieces] = g.randint(40, vocab, pieces.sum())
+    tokens[0] = 7  # a sequence starts with a word
+    candidates = np.ones(60, dtype=bool)
+    candidates[[0, 30]] = False  # e.g. [CLS] / [SEP] positions
+    word_of = np.cumsum(~continuation[tokens] | ~candidates | ~np.roll(candidates, 1))
+    budget = round(60 * 0.15)
+    runs = {}
+    masked_total = replaced = 0
+    for max_ngrams, favor in ((1, False), (3, True)):
+        lengths = []
+        for seed in range(150):
+            rng = np.random.default_rng(seed)
+            args = (tokens, candidates, continuation, 0.15, max_ngrams, favor, 4, vocab, rng)
+            ids, labels = whole_word_ngram_mask(*args)
+            masked = labels != -100
+            assert 1 <= masked.sum() <= budget and not masked[~candidates].any()
+            assert (labels[masked] == tokens[masked]).all() and (
+                ids[~masked] == tokens[~masked]
+            ).all()
+            for w in np.unique(word_of[masked]):  # whole words only
+                assert masked[(word_of == w) & candidates].all()
+            masked_total += masked.sum()
+            replaced += (ids[masked] == 4).sum()
+            lengths += _runs(masked)
+        runs[max_ngrams] = np.mean(lengths)
+    assert 0.7 < replaced / masked_total < 0.9
+    assert runs[3] > runs[1] + 0.5
