@@ -239,7 +239,8 @@ def test_ernie_dataset_errors(corpus, tmp_path):
 
 def test_fleetx_ernie_yaml_trains_with_first_loss_of_transformers(corpus, tmp_path):
     """tools/train.py on FleetX's file; the first step's loss equals transformers'
-    ErnieForPreTraining with the same initial weights on the same first batch."""
+    ErnieForPreTraining with the same initial weights on the same first batch; mp2 on two
+    processes gives the same losses."""
     from libai.data.datasets.fleetx_ernie import ErnieCollateData
     from libai.fleetx.yaml_setup import build_module, setup_yaml_run
     from libai.models.utils import save_huggingface
@@ -251,7 +252,7 @@ def test_fleetx_ernie_yaml_trains_with_first_loss_of_transformers(corpus, tmp_pa
         *data,
         "Global.local_batch_size=4",
         "Global.micro_batch_size=4",
-        "Engine.max_steps=1",
+        "Engine.max_steps=2",
         "Engine.eval_freq=100",
         "Engine.logging_freq=1",
         "Data.Eval.loader.num_workers=0",
@@ -272,6 +273,19 @@ def test_fleetx_ernie_yaml_trains_with_first_loss_of_transformers(corpus, tmp_pa
     batch = ErnieCollateData()([dataset[i] for i in range(4)])
     reference = _hf_loss(tmp_path / "hf", batch, task_id=0)
     assert first == pytest.approx(float(reference), rel=1e-5)
+    # tensor parallel (mp2 on 2 processes): the losses of the one-process run, step by step
+    one = [m["total_loss"] for _, m in sorted(read_metrics(tmp_path / "out").items())]
+    mp2 = tmp_path / "mp2"
+    run_tool(
+        "train",
+        YAML,
+        *run[:-1],
+        "Distributed.mp_degree=2",
+        f"Engine.save_load.output_dir={mp2}",
+        nproc=2,
+    )
+    got = [m["total_loss"] for _, m in sorted(read_metrics(mp2).items())]
+    assert len(one) == 2 and got == pytest.approx(one, rel=1e-5)
 
 
 FINETUNE = FLEETX / "ppfleetx/configs/nlp/ernie/finetune_ernie_345M_single_card.yaml"
