@@ -45,6 +45,7 @@ DATASETS = {
     "Lambada_Eval_Dataset": "libai.data.datasets.fleetx_eval.LambadaEvalDataset",
     "GeneralClsDataset": "libai.data.datasets.fleetx_cls.GeneralClsDataset",
     "ErnieDataset": "libai.data.datasets.fleetx_ernie.ErnieDataset",
+    "ErnieSeqClsDataset": "libai.data.datasets.fleetx_ernie.ErnieSeqClsDataset",
     # GLUE by FleetX's names (GPTFinetuneModule)
     **{
         task: f"libai.data.datasets.glue.{task}"

@@ -34,6 +34,7 @@ __all__ = [
     "ErnieCollateData",
     "ErnieDataset",
     "ErnieMaskedDataset",
+    "ErnieSeqClsDataset",
     "FleetXSentenceFile",
     "fleetx_split_bounds",
     "whole_word_ngram_mask",
@@ -228,3 +229,13 @@ class ErnieCollateData:
 
     def __call__(self, samples: list[dict]) -> dict[str, torch.Tensor]:
         return {key: torch.stack([s[key] for s in samples]) for key in samples[0]}
+
+
+def ErnieSeqClsDataset(dataset_type=None, **kwargs):  # noqa: N802 - FleetX's name
+    """FleetX's fine-tuning data set downloads PaddleNLP data sets by name; not here."""
+    raise ValueError(
+        f"Data.*.dataset.name: ErnieSeqClsDataset (dataset_type={dataset_type!r}) downloads "
+        "PaddleNLP's data sets by name, which this library does not; use "
+        "Data.*.dataset.name: TextClassificationDataset with data_path (a local CSV / TSV / "
+        "JSON lines file) and ErnieSeqClsModule"
+    )

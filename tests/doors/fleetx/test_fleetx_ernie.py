@@ -314,6 +314,11 @@ def test_ernie_seq_cls_module_loss_equals_transformers(vocab, tmp_path):
         want = hf(**batch, task_type_ids=task)
     torch.testing.assert_close(out["logits"], want.logits, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(out["loss"], want.loss, rtol=1e-5, atol=1e-6)
+    # FleetX's data set of the file (PaddleNLP's, by name): a one-line error
+    from libai.fleetx.yaml_loaders import build_split_dataset
+
+    with pytest.raises(ValueError, match="ErnieSeqClsDataset .*chnsenticorp_v2.*TextClass"):
+        build_split_dataset(cfg.Data.Train, "Train", seed=0, tokenizer=module.tokenizer)
     step = module.validation_step(batch)
     assert (
         step["count"] == 3 and step["correct"] == (want.logits.argmax(-1) == batch["labels"]).sum()
