@@ -12,7 +12,7 @@ from libai.fleetx.modules.base import AccuracyModule, ZooModule
 from libai.models.bert_model import BertModel
 from libai.models.ernie_model import ERNIE_KEYS, ErnieForClassification, ErnieForPreTraining
 
-__all__ = ["ErnieModule", "ErnieSeqClsModule", "ernie_tokenizer"]
+__all__ = ["ErnieModule", "ErnieSeqClsModule", "ernie_tokenizer", "from_fleetx_batch"]
 
 
 class ErnieModule(ZooModule):
@@ -90,8 +90,11 @@ class ErnieModule(ZooModule):
         return self.model_class(**kwargs)
 
     def pretreating_batch(self, batch):
-        """Without ``Global.binary_head`` the sentence-pair labels are dropped (masked-LM loss
-        only, as FleetX's criterion with ``with_nsp_loss=False``)."""
+        """FleetX's 6-field batches (see :func:`from_fleetx_batch`) become mappings; without
+        ``Global.binary_head`` the sentence-pair labels are dropped (masked-LM loss only, as
+        FleetX's criterion with ``with_nsp_loss=False``)."""
+        if isinstance(batch, (list, tuple)) and len(batch) == 6:
+            batch = from_fleetx_batch(*batch)
         if not self.binary_head and isinstance(batch, dict) and "ns_labels" in batch:
             batch = {k: v for k, v in batch.items() if k != "ns_labels"}
         return batch
@@ -134,3 +137,25 @@ def ernie_tokenizer(tokenizer_type: str, key: str = "Data.Train.dataset.tokenize
             f"of the ERNIE vocab.txt (or its directory), e.g. -o {key}=/path/to/vocab.txt"
         )
     return BertTokenizer(path, do_lower_case=True)
+
+
+def from_fleetx_batch(input_ids, segment_ids, input_mask, positions, labels, next_sentence):
+    """FleetX's ``ErnieCollateData`` batch -> this library's: ``input_mask`` is additive
+    (0 for tokens, -1e4 for padding, any shape with ``batch x seq`` elements);
+    ``masked_lm_positions`` index the flattened ``[batch x seq]`` tokens, padded with
+    labels -1; ``next_sentence_labels`` is ``[batch, 1]``."""
+    import torch
+
+    batch, seq = input_ids.shape
+    labels = torch.as_tensor(labels).reshape(-1).long()
+    positions = torch.as_tensor(positions).reshape(-1).long()
+    real = labels != -1
+    lm_labels = torch.full((batch * seq,), -100, dtype=torch.long, device=input_ids.device)
+    lm_labels[positions[real]] = labels[real]
+    return {
+        "input_ids": input_ids,
+        "tokentype_ids": segment_ids,
+        "attention_mask": (torch.as_tensor(input_mask).reshape(batch, seq) == 0).long(),
+        "lm_labels": lm_labels.reshape(batch, seq),
+        "ns_labels": torch.as_tensor(next_sentence).reshape(-1).long(),
+    }

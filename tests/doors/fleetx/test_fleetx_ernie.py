@@ -130,6 +130,27 @@ def test_ernie_module_loss_equals_transformers(exported, vocab):
     torch.testing.assert_close(_loss(loaded, batch)[0], total, rtol=1e-6, atol=1e-6)
 
 
+def test_fleetx_collate_batches_give_the_same_loss(exported):
+    """A batch laid out as FleetX's ErnieCollateData (additive mask, flattened masked
+    positions padded to a multiple of 8 with label -1, [batch, 1] sentence labels), built
+    here from the mapping batch, gives the mapping batch's loss."""
+    module, _ = exported
+    batch = _batch()
+    b, s = batch["input_ids"].shape
+    flat = batch["lm_labels"].reshape(-1)
+    positions = (flat != -100).nonzero().flatten()
+    pad = -len(positions) % 8
+    fleetx = (
+        batch["input_ids"],
+        batch["tokentype_ids"],
+        ((1 - batch["attention_mask"]) * -1e4).float().reshape(b, 1, 1, s),
+        torch.cat([positions, torch.zeros(pad, dtype=torch.long)]).int(),
+        torch.cat([flat[positions], torch.full((pad,), -1)]).reshape(-1, 1),
+        batch["ns_labels"].reshape(-1, 1),
+    )
+    torch.testing.assert_close(_loss(module, fleetx)[0], _loss(module, batch)[0])
+
+
 def test_binary_head_off_is_masked_lm_only(exported):
     module, _ = exported
     module.cfg.Global.binary_head = False
