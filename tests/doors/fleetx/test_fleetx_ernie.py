@@ -32,6 +32,8 @@ TINY = [
     "Model.hidden_dropout_prob=0.0",
     "Model.attention_probs_dropout_prob=0.0",
     "Model.task_id=1",
+    # 10 x the file's 0.02: padding masks and token types move the loss well past tolerance
+    "Model.initializer_range=0.2",
 ]
 
 
@@ -148,7 +150,7 @@ def test_fleetx_collate_batches_give_the_same_loss(exported):
         torch.cat([flat[positions], torch.full((pad,), -1)]).reshape(-1, 1),
         batch["ns_labels"].reshape(-1, 1),
     )
-    torch.testing.assert_close(_loss(module, fleetx)[0], _loss(module, batch)[0])
+    torch.testing.assert_close(_loss(module, fleetx)[0], _loss(module, batch)[0], rtol=0, atol=1e-6)
 
 
 def test_binary_head_off_is_masked_lm_only(exported):
