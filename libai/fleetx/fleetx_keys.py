@@ -72,7 +72,7 @@ NO_EFFECT: dict[str, str] = {
         "autocast decides per op; Paddle's fp16 guard blocks have no counterpart"
     ),
     "Global.flags": "Paddle runtime flags (FLAGS_*) have no counterpart in PyTorch",
-    "Global.binary_head": "read by ERNIE's module, which is not implemented here",
+    "Global.binary_head": "only ErnieModule reads it (the sentence-pair loss)",
     "Tuning": "FleetX's auto-tuning of recompute; set Model.recompute_granularity yourself",
     "Data.Train.sample_split": "auto-parallel input splitting; batches are split by the runtime",
     "Data.Eval.sample_split": "auto-parallel input splitting; batches are split by the runtime",
@@ -111,11 +111,21 @@ def _get(cfg, path: str):
     return node
 
 
+#: :data:`NO_EFFECT` keys that these ``Model.module`` names read (no log line for them)
+READ_BY_MODULE = {
+    "Model.type_vocab_size": ("ErnieModule", "ErnieSeqClsModule"),
+    "Global.binary_head": ("ErnieModule",),
+}
+
+
 def announce_no_effect_keys(cfg) -> list[str]:
     """One log line for each :data:`NO_EFFECT` key set (not null / False) in ``cfg``.
     Returns the keys named."""
     named = []
+    module = _get(cfg, "Model.module")
     for path, why in NO_EFFECT.items():
+        if module in READ_BY_MODULE.get(path, ()):
+            continue
         value = _get(cfg, path)
         if value is None or value is False or value == {} or value == []:
             continue

@@ -44,6 +44,8 @@ DATASETS = {
     "LM_Eval_Dataset": "libai.data.datasets.fleetx_eval.LMEvalDataset",
     "Lambada_Eval_Dataset": "libai.data.datasets.fleetx_eval.LambadaEvalDataset",
     "GeneralClsDataset": "libai.data.datasets.fleetx_cls.GeneralClsDataset",
+    "ErnieDataset": "libai.data.datasets.fleetx_ernie.ErnieDataset",
+    "ErnieSeqClsDataset": "libai.data.datasets.fleetx_ernie.ErnieSeqClsDataset",
     # GLUE by FleetX's names (GPTFinetuneModule)
     **{
         task: f"libai.data.datasets.glue.{task}"
@@ -61,6 +63,7 @@ COLLATORS = {
     "default": trivial_batch_collator,
     "stack": trivial_batch_collator,
     "gpt_collate_fn": "libai.data.datasets.fleetx_gpt.gpt_collate_fn",
+    "ErnieCollateData": "libai.data.datasets.fleetx_ernie.ErnieCollateData",
 }
 #: the arguments a split's loader section may set (the rest is decided by the Engine)
 LOADER_KEYS = ("num_workers", "collate_fn", "pin_memory", "prefetch_factor", "timeout")
@@ -190,7 +193,14 @@ def build_split_loader(
             )
     # FleetX's auto-parallel files put collate_fn beside the loader, on the split
     collate = loader_args.pop("collate_fn", None) or section.get("collate_fn") or "default"
+    collate_args = None
+    if hasattr(collate, "keys"):  # FleetX's {name: ErnieCollateData, <its arguments>}
+        collate_args = dict(collate)
+        collate = collate_args.pop("name", None) or "default"
     collate_fn = resolve_name(collate, COLLATORS, f"Data.{split}.loader.collate_fn")
+    if collate_args is not None and isinstance(collate_fn, type):
+        check_arguments(collate_fn, collate_args, f"Data.{split}.loader.collate_fn")
+        collate_fn = collate_fn(**collate_args)
     workers = int(loader_args.pop("num_workers", 0))
     return DataLoader(
         dataset,

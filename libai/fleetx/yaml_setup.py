@@ -57,6 +57,8 @@ MODULES = {
     "GPTGenerationModule": "libai.fleetx.modules.gpt_generation.GPTGenerationModule",
     "GPTFinetuneModule": "libai.fleetx.modules.gpt_finetune.GPTFinetuneModule",
     "GeneralClsModule": "libai.fleetx.modules.general_cls.GeneralClsModule",
+    "ErnieModule": "libai.fleetx.modules.ernie.ErnieModule",
+    "ErnieSeqClsModule": "libai.fleetx.modules.ernie.ErnieSeqClsModule",
 }
 #: FleetX's module names with no implementation here (FleetX's ppfleetx/models/__init__.py)
 #: -> the closest module that exists, if any
@@ -68,10 +70,8 @@ FLEETX_UNIMPLEMENTED = {
     "GPTModuleAuto": "GPTModule",
     "GPTGenerationModuleAuto": "GPTGenerationModule",
     "GeneralClsModuleAuto": "GeneralClsModule",
-    "ErnieModule": None,
-    "ErnieModuleAuto": None,
-    "ErnieSeqClsModule": "SequenceClassificationModule (BERT-shaped, as ERNIE)",
-    "ErnieSeqClsModuleAuto": "SequenceClassificationModule (BERT-shaped, as ERNIE)",
+    "ErnieModuleAuto": "ErnieModule",
+    "ErnieSeqClsModuleAuto": "ErnieSeqClsModule",
 }
 DEFAULT_SCHEDULE = "1F1B"
 #: FleetX's recompute_granularity -> libai's activation checkpointing mode

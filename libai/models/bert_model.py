@@ -103,6 +103,10 @@ class BertEmbeddings(nn.Module):
         """``0 .. seq - 1`` for every row (BERT)."""
         return torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)
 
+    def extra_embeddings(self, hidden: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+        """More embeddings added before the LayerNorm (ERNIE's task type); none for BERT."""
+        return hidden
+
     def forward(self, input_ids, tokentype_ids=None, position_ids=None):
         if position_ids is None:
             need = input_ids.shape[1] + self.position_offset
@@ -121,6 +125,7 @@ class BertEmbeddings(nn.Module):
             if tokentype_ids is None:
                 tokentype_ids = torch.zeros_like(input_ids)
             hidden = hidden + self.tokentype_embeddings(tokentype_ids)
+        hidden = self.extra_embeddings(hidden, input_ids)
         if self.layernorm is not None:
             hidden = self.layernorm(hidden)
         return self.dropout(hidden) if self.dropout.p > 0 else hidden
@@ -338,12 +343,14 @@ class BertForPreTraining(BertPipelineMixin, nn.Module):
     """
 
     head_name = "cls_head"
+    #: the encoder class (ERNIE's adds a task-type embedding)
+    backbone_class: type = BertModel
 
     def __init__(self, cfg=None, **kwargs):
         super().__init__()
         cfg = {**(cfg or {}), **kwargs}
         self.add_binary_head = bool(cfg.pop("add_binary_head", True))
-        self.bert = BertModel(cfg={**cfg, "add_pooling_layer": True})
+        self.bert = self.backbone_class(cfg={**cfg, "add_pooling_layer": True})
         cfg = self.bert.libai_cfg
         self.cls_head = BertPreTrainingHeads(
             self.bert.embeddings.vocab_embeddings,
@@ -425,11 +432,13 @@ class BertForClassification(BertPipelineMixin, nn.Module):
     """
 
     head_name = "classifier"
+    #: the encoder class (ERNIE's adds a task-type embedding)
+    backbone_class: type = BertModel
 
     def __init__(self, cfg=None, **kwargs):
         super().__init__()
         cfg = self._pop_head_options(cfg, kwargs)
-        self.bert = BertModel(cfg={**cfg, "add_pooling_layer": True})
+        self.bert = self.backbone_class(cfg={**cfg, "add_pooling_layer": True})
         bert_cfg = self.bert.libai_cfg
         p = self.classifier_dropout
         self.dropout = nn.Dropout(bert_cfg["hidden_dropout_prob"] if p is None else p)

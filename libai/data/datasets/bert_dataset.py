@@ -183,7 +183,18 @@ class BertDataset(IndexedDocumentDataset):
         candidates[0] = False
         candidates[len(a) + 1] = False
         candidates[-1] = False
-        sample = masked_lm_sample(
+        sample = self.masked_sample(tokens, tokentypes, candidates, rng, target)
+        if self.binary_head:
+            sample["ns_labels"] = torch.tensor(int(is_random), dtype=torch.long)
+        return sample
+
+    def masked_sample(
+        self, tokens, tokentypes, candidates, rng, target=None
+    ) -> dict[str, torch.Tensor]:
+        """Mask ``tokens`` at ``candidates`` and pad: BERT's token-by-token masking, or
+        LiBai's ``masking_style`` (whose count of predictions follows the run's ``target``
+        length)."""
+        return masked_lm_sample(
             tokens,
             tokentypes,
             candidates,
@@ -196,9 +207,6 @@ class BertDataset(IndexedDocumentDataset):
             self.masker,
             target,
         )
-        if self.binary_head:
-            sample["ns_labels"] = torch.tensor(int(is_random), dtype=torch.long)
-        return sample
 
 
 def truncated_lengths(len_a: int, len_b: int, max_tokens: int) -> tuple[int, int]:

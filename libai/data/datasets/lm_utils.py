@@ -186,6 +186,11 @@ def masked_lm_sample(
     else:
         length = len(tokens) if target_length is None else target_length
         input_ids, labels = masker(tokens, candidates, length, mask_prob, rng)
+    return padded_masked_sample(input_ids, labels, tokentypes, max_seq_length, pad_id)
+
+
+def padded_masked_sample(input_ids, labels, tokentypes, max_seq_length: int, pad_id: int) -> dict:
+    """The masked-LM sample's tensors, padded to ``max_seq_length``."""
     n = len(input_ids)
     return {
         "input_ids": pad_to(input_ids, max_seq_length, pad_id),

@@ -18,6 +18,7 @@ LOADERS = {
     "gpt2": "libai.models.utils.model_loader.gpt_loader:GPT2LoaderHuggerFace",
     "bert": "libai.models.utils.model_loader.bert_loader:BertLoaderHuggerFace",
     "roberta": "libai.models.utils.model_loader.roberta_loader:RobertaLoaderHuggerFace",
+    "ernie": "libai.models.utils.model_loader.ernie_loader:ErnieLoaderHuggerFace",
     "t5": "libai.models.utils.model_loader.t5_loader:T5LoaderHuggerFace",
     "mt5": "libai.models.utils.model_loader.t5_loader:T5LoaderHuggerFace",
     "llama": "libai.models.utils.model_loader.llama_loader:LlamaLoaderHuggerFace",

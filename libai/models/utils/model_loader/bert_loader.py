@@ -172,15 +172,16 @@ class BertLoaderHuggerFace(ModelLoaderHuggerFace):
     def rules(cls, cfg: dict, model_cls: type) -> list:
         if model_cls is BertModel:
             return encoder_rules(cfg, "", "", cfg.get("add_pooling_layer", True))
-        table = encoder_rules(cfg, "bert.", "bert.", pooler=True)
-        if model_cls is BertForClassification:
+        hf_bert = cls.base_model_prefix + "."  # ERNIE's checkpoints: "ernie."
+        table = encoder_rules(cfg, "bert.", hf_bert, pooler=True)
+        if issubclass(model_cls, BertForClassification):  # BERT's and ERNIE's
             return table + [
                 Copy("classifier.weight", "classifier.weight"),
                 Copy("classifier.bias", "classifier.bias"),
             ]
         head, hf = "cls_head.predictions.", "cls.predictions."
         table += lm_head_rules(
-            head, hf + "transform.", hf + "bias", "bert.embeddings.word_embeddings.weight"
+            head, hf + "transform.", hf + "bias", hf_bert + "embeddings.word_embeddings.weight"
         )
         for kind in ("weight", "bias"):
             table += [
