@@ -9,24 +9,12 @@ import json
 import pytest
 import torch
 from launch import torchrun
+from master_weights_cases import GPT
 
 from libai import dist
 from libai.models import GPTForPreTraining
 from libai.runtime.parallelize import parallelize, shard_optimizer_for
 from libai.runtime.spec import AmpSpec, RunSpec
-
-#: the dist script's model (tests/support/dist_scripts/master_weights_layouts.py)
-GPT = dict(
-    hidden_layers=2,
-    vocab_size=64,
-    hidden_size=32,
-    ffn_hidden_size=64,
-    num_attention_heads=4,
-    max_seq_length=16,
-    embedding_dropout_prob=0.0,
-    attention_dropout_prob=0.0,
-    output_dropout_prob=0.0,
-)
 
 
 def test_o2_on_dp2_zero1_tp2_and_pp2_follows_the_single_process_run():

@@ -11,6 +11,7 @@ import json
 
 import torch
 from common import parse_out_dir, run_checks
+from master_weights_cases import GPT
 
 from libai import dist
 from libai.checkpoint import Checkpointer
@@ -18,18 +19,6 @@ from libai.models import GPTForPreTraining
 from libai.runtime.parallelize import parallelize, shard_optimizer_for
 from libai.runtime.spec import AmpSpec, RunSpec, ZeroSpec
 from libai.runtime.zero import optimizer_state_bytes
-
-GPT = dict(
-    hidden_layers=2,
-    vocab_size=64,
-    hidden_size=32,
-    ffn_hidden_size=64,
-    num_attention_heads=4,
-    max_seq_length=16,
-    embedding_dropout_prob=0.0,
-    attention_dropout_prob=0.0,
-    output_dropout_prob=0.0,
-)
 
 
 def batch_of(step: int) -> dict:
