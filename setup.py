@@ -36,7 +36,15 @@ setup(
         "accelerate": ["transformers", "datasets"],
         # transformers: the reference models of the parity tests and the benchmarks' baseline;
         # jinja2: chat templates (projects/chat_sft); import-linter: the import rule
-        "test": ["pytest>=7", "ruff", "transformers", "datasets", "jinja2>=3.1", "import-linter"],
+        "test": [
+            "pytest>=7",
+            "ruff",
+            "transformers",
+            "datasets",
+            "jinja2>=3.1",
+            "import-linter",
+            "mutmut==3.8.1",  # tools/mutation.sh (docs/testing.md, "Mutation testing")
+        ],
     },
     entry_points={"console_scripts": ["libai-accelerate=libai.accelerate.cli:console_main"]},
 )

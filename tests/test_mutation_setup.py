@@ -1,0 +1,94 @@
+"""The mutation-testing setup itself (``tools/mutation.sh``), on a fixed sample of mutants.
+
+Running mutation testing on a package takes tens of minutes (docs/testing.md, "Mutation
+testing"); this runs three mutants of ``libai/evaluation/utils.py`` through the real tool
+(mutmut, the pytest plugin, the subprocess recorder) in about a minute, so a change that
+breaks the setup shows here:
+
+* a mutant only a ``torchrun`` rank executes (the module's fixture launches the ranks):
+  killed only if calls in subprocesses count; and what the fixture called is credited to
+  every test of the module, not only to the first;
+* a mutant killed in-process;
+* a mutant no test on a CPU can tell apart (``.to(None)`` is a no-op where every tensor is on
+  the CPU): it must be reported as surviving, never as killed; and a judgement of it is
+  honoured while its change matches and called stale when it does not.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TOOL = ROOT / "tools" / "mutation"
+TARGET = "libai/evaluation/utils.py"
+DIST_MODULE = "tests/distributed/test_evaluation_dist.py"
+TESTS = [DIST_MODULE, "tests/unit/evaluation/test_evaluation.py::test_flatten_and_csv"]
+
+REDUCE = "libai.evaluation.utils.x_all_reduce_over_data_parallel"
+EXPECTED = {
+    # if group is not None: -> if group is None: nothing is reduced over dp2
+    f"{REDUCE}__mutmut_10": "killed",
+    # flat = {} -> flat = None
+    "libai.evaluation.utils.x_flatten_results_dict__mutmut_1": "killed",
+    # values.to(util.device) -> values.to(None): the same on a CPU
+    f"{REDUCE}__mutmut_9": "survived",
+}
+SURVIVOR_CHANGE = "- reduced = values.to(util.device) | + reduced = values.to(None)"
+
+
+def test_a_fixed_sample_of_mutants_gets_its_known_verdicts(tmp_path, monkeypatch):
+    env = {**os.environ, "LIBAI_MUTATION_WORK": str(tmp_path)}
+    report_path = tmp_path / "report.json"
+    cmd = [
+        sys.executable,
+        str(TOOL / "run.py"),
+        TARGET,
+        "--tests",
+        *TESTS,
+        "--mutants",
+        *EXPECTED,
+        "--max-children",
+        "2",
+        "--json",
+        str(report_path),
+    ]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    report = json.loads(report_path.read_text())
+    assert {name: report["status"][name] for name in EXPECTED} == EXPECTED, proc.stdout[-3000:]
+
+    work = tmp_path / "libai.evaluation.utils"
+    stats = json.loads((work / "mutants" / "mutmut-stats.json").read_text())
+    credited = stats["tests_by_mangled_function_name"][REDUCE]
+    # called only inside the torchrun ranks, and credited to every test of the module
+    assert {t for t in credited if t.startswith(DIST_MODULE)} == {
+        f"{DIST_MODULE}::{name}"
+        for name in (
+            "test_dp_sums_tokens_and_correct_counts",
+            "test_tp_peers_are_not_summed",
+            "test_pp_last_stage_results_reach_every_rank",
+            "test_json_writer_writes_on_rank0_only",
+        )
+    }
+
+    # the report's judgements: a matching change is equivalent, a different one is stale
+    monkeypatch.syspath_prepend(str(TOOL))
+    monkeypatch.setenv("LIBAI_MUTATION_WORK", str(tmp_path))
+    import judged
+    import run
+
+    monkeypatch.setattr(run, "WORK_ROOT", tmp_path)
+    target = run.resolve_target(TARGET, TESTS)
+    results = run.Results.load(target)
+    survivor = f"{REDUCE}__mutmut_9"
+    assert judged.mutant_change(work, survivor) == SURVIVOR_CHANGE
+    for change, verdict in ((SURVIVOR_CHANGE, "equivalent"), ("- x | + y", "stale_judgements")):
+        judgements = judged.Judgements({survivor: judged.Equivalent(change, "why")}, {})
+        summary = run.summarize(results, judgements)
+        assert survivor in summary[verdict]
+    untestable = judged.Judgements({}, {REDUCE: "needs a GPU"})
+    assert survivor in run.summarize(results, untestable)["untestable"]

@@ -1,0 +1,437 @@
+"""Mutation testing of one package (or file) of libai with mutmut 3.
+
+    bash tools/mutation.sh libai/checkpoint                 # mutate, run, report
+    bash tools/mutation.sh libai/checkpoint --retest-survivors   # after adding a test
+    bash tools/mutation.sh libai/runtime/evaluate.py        # one file
+    bash tools/mutation.sh libai/checkpoint --report        # the last results only
+    bash tools/mutation.sh libai/checkpoint --show NAME     # one mutant's diff
+
+Each target gets its own work folder ``.mutation/<target>/``: a generated ``pyproject.toml``
+(this checkout's, plus a ``[tool.mutmut]`` section naming the target and its tests), links to
+the checkout, and mutmut's ``mutants/`` copy with its cache. A second run re-tests only the
+functions whose source changed and the tests that are new (mutmut's per-function hashes);
+``--retest-survivors`` runs the survivors again, against the tests as they are now.
+
+Which tests exercise a target is in ``tools/mutation/targets.toml`` (the mirrored
+``tests/unit/<package>``, plus the door and distributed tests that reach it). The pytest
+plugin and ``sitecustomize`` in ``tools/mutation/site`` make calls in the tests' subprocesses
+(``torchrun`` ranks, ``tools/train_net.py``) count, so a mutant in code that only runs in a
+worker is run against the distributed test that reaches it. Mutants judged equivalent, and
+functions no CPU test can reach, are listed with their reasons in
+``tools/mutation/judged/<package>.toml``; the report leaves them out of the kill rate and says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from judged import JUDGED_DIR, Judgements, load_judgements, mutant_change
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: mutmut depends on `toml` there
+    import toml as tomllib  # type: ignore[no-redef]
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+SITE = HERE / "site"
+TARGETS_FILE = HERE / "targets.toml"
+#: the work folders (override with LIBAI_MUTATION_WORK, e.g. a temporary folder in a test)
+WORK_ROOT = Path(os.environ.get("LIBAI_MUTATION_WORK") or REPO / ".mutation")
+MUTMUT_VERSION = "3.8.1"
+
+#: copied into the mutants/ folder beside libai/ and tests/ (mutmut copies those two): the
+#: tests run tools/train_net.py, LiBai's configs and projects/ from the checkout's root
+ALSO_COPY = ["configs", "projects", "tools", "benchmarks", "docs", "setup.py", "README.md"]
+
+#: lines whose expressions are not mutated: the prose of raised errors, log lines and
+#: warnings. The condition that raises or logs is mutated; the words are not behaviour the
+#: tests pin (they check that an error names the key, with pytest.raises(match=...)).
+DO_NOT_MUTATE_PATTERNS = [
+    r"^\s*raise\s+[\w.]+\(",
+    r"^\s*(self\.)?_?(logger|log)\.(debug|info|warning|warn|error|exception|critical)\(",
+    r"^\s*warnings\.warn\(",
+]
+
+STATUS_BY_EXIT_CODE = {
+    1: "killed",
+    3: "killed",
+    0: "survived",
+    5: "no tests",
+    33: "no tests",
+    34: "skipped",
+    36: "timeout",
+    24: "timeout",
+    -24: "timeout",
+    152: "timeout",
+    255: "timeout",
+    -11: "segfault",
+    -9: "segfault",
+    None: "not checked",
+}
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="tools/mutation.sh",
+        description="Mutation testing of one libai package or file (mutmut 3).",
+    )
+    parser.add_argument("target", help="libai/<package> or libai/<package>/<file>.py")
+    parser.add_argument(
+        "--tests",
+        nargs="+",
+        help="run these tests (paths or node ids) instead of the target's list in "
+        "tools/mutation/targets.toml",
+    )
+    parser.add_argument(
+        "--mutants",
+        nargs="+",
+        help="run only these mutants (names or globs, e.g. 'libai.checkpoint.files.*'), "
+        "even when a result is cached",
+    )
+    parser.add_argument(
+        "--retest-survivors",
+        action="store_true",
+        help="run the surviving and test-less mutants again (after adding a test)",
+    )
+    parser.add_argument("--max-children", type=int, default=os.cpu_count() or 2)
+    parser.add_argument("--report", action="store_true", help="report the cached results only")
+    parser.add_argument("--show", metavar="MUTANT", help="print one mutant's diff and status")
+    parser.add_argument(
+        "--equivalent",
+        nargs=2,
+        metavar=("MUTANT", "REASON"),
+        help="record MUTANT as equivalent (no observable behaviour changes), with its change "
+        "and the one-line REASON, in tools/mutation/judged/<package>.toml",
+    )
+    parser.add_argument(
+        "--json", metavar="PATH", help="also write the report as JSON (per-mutant statuses)"
+    )
+    return parser.parse_args(argv)
+
+
+@dataclass(frozen=True)
+class Target:
+    """What to mutate (``only_mutate`` globs) and which tests run against it."""
+
+    path: str  # libai/checkpoint or libai/runtime/evaluate.py
+    tests: list[str]
+
+    @property
+    def name(self) -> str:
+        return self.path.removesuffix(".py").replace("/", ".")
+
+    @property
+    def module_prefix(self) -> str:
+        """The dotted prefix of every mutant name of this target."""
+        return self.name + "."
+
+    @property
+    def only_mutate(self) -> list[str]:
+        return [self.path] if self.path.endswith(".py") else [self.path + "/*"]
+
+    @property
+    def workdir(self) -> Path:
+        return WORK_ROOT / self.name
+
+
+def resolve_target(path: str, tests: list[str] | None) -> Target:
+    path = path.rstrip("/")
+    if path.startswith("./"):
+        path = path[2:]
+    if not (REPO / path).exists() or not path.startswith("libai/"):
+        raise SystemExit(
+            f"mutation target {path!r}: expected libai/<package> or libai/<package>/<file>.py "
+            "of this checkout"
+        )
+    parts = path.split("/")
+    if tests is None:
+        table = tomllib.loads(TARGETS_FILE.read_text(encoding="utf-8"))
+        entries = table.get("targets", {})
+        # the most specific entry: the file, then its package
+        for key in (path, "/".join(parts[:2])):
+            if key in entries:
+                tests = list(entries[key]["tests"])
+                break
+        else:
+            raise SystemExit(
+                f"no tests are listed for {path!r} in {TARGETS_FILE.relative_to(REPO)}: add a "
+                f'[targets."{"/".join(parts[:2])}"] entry with tests = [...], or pass --tests'
+            )
+    missing = [t for t in tests if not (REPO / t.split("::")[0]).exists()]
+    if missing:
+        raise SystemExit(f"tests of {path!r} not found in this checkout: {missing}")
+    return Target(path=path, tests=tests)
+
+
+def toml_list(values: list[str]) -> str:
+    return json.dumps(values)  # a JSON list of strings is a TOML array
+
+
+def mutmut_section(target: Target) -> str:
+    lines = [
+        "",
+        "# generated by tools/mutation/run.py for this target: do not edit",
+        "[tool.mutmut]",
+        f"source_paths = {toml_list(['libai'])}",
+        f"only_mutate = {toml_list(target.only_mutate)}",
+        f"pytest_add_cli_args_test_selection = {toml_list(target.tests)}",
+        "pytest_add_cli_args = "
+        + toml_list(["-p", "libai_mutation_plugin", "-p", "no:cacheprovider"]),
+        f"also_copy = {toml_list(ALSO_COPY)}",
+        f"do_not_mutate_patterns = {toml_list(DO_NOT_MUTATE_PATTERNS)}",
+        # torch and fork: children fork from a server that only imported the tests
+        'process_isolation = "forkserver"',
+        # a test's fixtures (a torchrun launch, a trained model) count in its time; a mutant
+        # gets 5x its tests' time plus 20 s (two children share two cores) before it is a
+        # timeout: a mutant that hangs a collective costs minutes, not the 10 of a launch
+        "timeout_multiplier = 5.0",
+        "timeout_constant = 20.0",
+        # the per-function hashes see the code; a changed data file is a warning only
+        'on_dependency_change = "warn"',
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def prepare_workdir(target: Target) -> Path:
+    """Links to the checkout, the generated pyproject.toml, and the links mutmut skips."""
+    work = target.workdir
+    work.mkdir(parents=True, exist_ok=True)
+    for name in ["libai", "tests", *ALSO_COPY]:
+        link = work / name
+        if not link.is_symlink():
+            link.symlink_to(REPO / name)
+    pyproject = (REPO / "pyproject.toml").read_text(encoding="utf-8")
+    if "[tool.mutmut]" in pyproject:
+        raise SystemExit("pyproject.toml has a [tool.mutmut] section: tools/mutation owns it")
+    generated = pyproject + mutmut_section(target)
+    path = work / "pyproject.toml"
+    if not path.exists() or path.read_text(encoding="utf-8") != generated:
+        path.write_text(generated, encoding="utf-8")
+    # results depend on the plugin and sitecustomize (which tests a function is credited to):
+    # when they change, the cache of this target starts again
+    site_hash = hashlib.sha256(
+        b"".join(p.read_bytes() for p in sorted(SITE.glob("*.py")))
+    ).hexdigest()[:16]
+    stamp = work / "site.sha256"
+    if stamp.exists() and stamp.read_text().strip() != site_hash:
+        print(f"{SITE.relative_to(REPO)} changed: the cached results of {target.path} are dropped")
+        shutil.rmtree(work / "mutants", ignore_errors=True)
+    stamp.write_text(site_hash + "\n")
+    # os.walk does not follow links, so mutmut does not copy libai/config/configs (a link
+    # to ../../configs): make the same link in the copy
+    configs = work / "mutants" / "libai" / "config" / "configs"
+    configs.parent.mkdir(parents=True, exist_ok=True)
+    if not configs.is_symlink():
+        configs.symlink_to(Path("..") / ".." / "configs")
+    return work
+
+
+def mutmut_env(work: Path) -> dict[str, str]:
+    """The environment of mutmut and of every process a test starts: the mutated copy of
+    libai first on the path (not the editable install), the site folder of this tool, and one
+    OpenMP thread per process (torch and fork; two children share two cores)."""
+    path = [str(work / "mutants"), str(SITE), os.environ.get("PYTHONPATH", "")]
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, path)),
+        "OMP_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
+
+
+def check_mutmut() -> None:
+    try:
+        from importlib.metadata import version
+
+        found = version("mutmut")
+    except Exception:
+        found = None
+    if found != MUTMUT_VERSION:
+        raise SystemExit(
+            f"tools/mutation.sh needs mutmut=={MUTMUT_VERSION} (found {found}): "
+            'pip install -e ".[test]"'
+        )
+
+
+def mutmut(work: Path, *args: str) -> int:
+    cmd = [sys.executable, "-c", "from mutmut.__main__ import cli; cli()", *args]
+    return subprocess.call(cmd, cwd=work, env=mutmut_env(work))
+
+
+# ---------------------------------------------------------------- results
+
+
+@dataclass
+class Results:
+    """Every mutant of a target with its status, and the judgements that apply."""
+
+    target: Target
+    status: dict[str, str] = field(default_factory=dict)
+    durations: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, target: Target) -> Results:
+        results = cls(target)
+        meta_root = target.workdir / "mutants"
+        base = meta_root / target.path
+        metas = [Path(str(base) + ".meta")] if target.path.endswith(".py") else base.rglob("*.meta")
+        for meta in sorted(metas):
+            if not meta.exists():
+                continue
+            data = json.loads(meta.read_text(encoding="utf-8"))
+            for name, code in data.get("exit_code_by_key", {}).items():
+                results.status[name] = STATUS_BY_EXIT_CODE.get(code, "suspicious")
+                results.durations[name] = data.get("durations_by_key", {}).get(name, 0.0)
+        return results
+
+    def names(self, *statuses: str) -> list[str]:
+        return sorted(n for n, s in self.status.items() if s in statuses)
+
+
+def source_of(target: Target, name: str) -> Path:
+    module = name.rsplit(".", 1)[0]
+    return target.workdir / "mutants" / (module.replace(".", "/") + ".py")
+
+
+def summarize(results: Results, judgements: Judgements) -> dict:
+    """Counts and the kill rate; judged mutants are counted apart, and checked to be current."""
+    counts: dict[str, int] = {}
+    for status in results.status.values():
+        counts[status] = counts.get(status, 0) + 1
+    equivalent, untestable, stale = [], [], []
+    not_killed = results.names("survived", "no tests", "suspicious", "segfault")
+    unexplained = []
+    for name in not_killed:
+        judged = judgements.equivalent.get(name)
+        if judged is not None:
+            if judged.change != mutant_change(results.target.workdir, name):
+                stale.append(name)
+                unexplained.append(name)
+            else:
+                equivalent.append(name)
+            continue
+        reason = judgements.untestable_reason(name)
+        if reason is not None:
+            untestable.append(name)
+            continue
+        unexplained.append(name)
+    killed = counts.get("killed", 0) + counts.get("timeout", 0)
+    scored = killed + len(unexplained)
+    return {
+        "target": results.target.path,
+        "total": len(results.status),
+        "counts": counts,
+        "killed": killed,
+        "equivalent": equivalent,
+        "untestable": untestable,
+        "stale_judgements": stale,
+        "not_killed": unexplained,
+        "not_checked": results.names("not checked", "skipped"),
+        "kill_rate": (killed / scored) if scored else None,
+    }
+
+
+def print_report(summary: dict, results: Results, judgements: Judgements) -> None:
+    counts = summary["counts"]
+    rate = summary["kill_rate"]
+    print()
+    print(f"mutation report: {summary['target']}  ({summary['total']} mutants)")
+    print("  " + ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())))
+    print(
+        f"  killed (timeouts included): {summary['killed']}   "
+        f"equivalent (judged): {len(summary['equivalent'])}   "
+        f"untestable here (judged): {len(summary['untestable'])}   "
+        f"not killed: {len(summary['not_killed'])}"
+    )
+    if rate is not None:
+        print(f"  kill rate of non-equivalent mutants: {100 * rate:.1f} %")
+    for name in summary["stale_judgements"]:
+        print(f"  STALE judgement (the mutant changed; judge it again): {name}")
+    if summary["not_checked"]:
+        print(f"  {len(summary['not_checked'])} mutants not checked yet (run again)")
+    if summary["not_killed"]:
+        print("  not killed:")
+        for name in summary["not_killed"]:
+            print(f"    {results.status[name]:>9}  {name}")
+        print("  see one with: bash tools/mutation.sh TARGET --show NAME")
+
+
+def show(target: Target, name: str) -> None:
+    work = target.workdir
+    mutmut(work, "show", name)
+    print(f"change: {mutant_change(work, name)}")
+    judged = load_judgements().equivalent.get(name)
+    if judged is not None:
+        print(f"judged equivalent: {judged.reason}")
+
+
+def record_equivalent(target: Target, name: str, reason: str) -> None:
+    """Append ``[equivalent."<name>"]`` with the mutant's current change to its package's file."""
+    change = mutant_change(target.workdir, name)
+    if not change:
+        raise SystemExit(f"no mutant {name!r} in {target.workdir} (run the target first)")
+    if not name.startswith(target.module_prefix) and not name.startswith(target.name + "."):
+        raise SystemExit(f"{name!r} is not a mutant of {target.path}")
+    package = name.split(".")[1]
+    path = JUDGED_DIR / f"{package}.toml"
+    if name in load_judgements().equivalent:
+        raise SystemExit(f"{name!r} is already judged (edit {path.relative_to(REPO)})")
+    entry = (
+        f"\n[equivalent.{json.dumps(name, ensure_ascii=False)}]\n"
+        f"change = {json.dumps(change, ensure_ascii=False)}\n"
+        f"reason = {json.dumps(reason, ensure_ascii=False)}\n"
+    )
+    with open(path, "a", encoding="utf-8") as out:
+        out.write(entry)
+    print(f"recorded in {path.relative_to(REPO)}: {name}\n  {change}\n  {reason}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    check_mutmut()
+    target = resolve_target(args.target, args.tests)
+    if args.show:
+        show(target, args.show)
+        return 0
+    if args.equivalent:
+        record_equivalent(target, *args.equivalent)
+        return 0
+    work = prepare_workdir(target)
+    if not args.report:
+        names: list[str] = []
+        if args.mutants:
+            names += args.mutants
+        if args.retest_survivors:
+            previous = Results.load(target)
+            names += previous.names("survived", "no tests", "suspicious", "segfault", "timeout")
+            if not names:
+                print("no surviving mutants to retest")
+        if not (args.retest_survivors and not names):
+            code = mutmut(work, "run", "--max-children", str(args.max_children), *names)
+            if code != 0:
+                print(f"mutmut run exited with {code}", file=sys.stderr)
+                return code
+    results = Results.load(target)
+    judgements = load_judgements()
+    summary = summarize(results, judgements)
+    print_report(summary, results, judgements)
+    if args.json:
+        summary["status"] = results.status
+        Path(args.json).write_text(json.dumps(summary, indent=1), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

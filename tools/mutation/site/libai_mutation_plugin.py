@@ -1,0 +1,111 @@
+"""pytest plugin of ``tools/mutation.sh`` (loaded with ``-p libai_mutation_plugin``).
+
+Two things mutmut 3 does not do on its own, both only while it collects statistics
+(``MUTANT_UNDER_TEST=stats``):
+
+* **Subprocess calls count.** A folder is named in ``LIBAI_MUTATION_HITS_DIR`` for the
+  subprocesses (see ``sitecustomize.py`` beside this file); before mutmut files the
+  functions a test called, the names its subprocesses wrote are added, so a mutant in code
+  that only runs in ``torchrun`` ranks is run against the distributed test that reaches it.
+* **Shared fixtures count for every test that uses them.** A module fixture that launches
+  ``torchrun`` once (or trains a model once) runs during the first test's setup, so mutmut
+  would credit what it called to the first test alone, and a mutant that breaks what the
+  second test checks would run against the first only. The calls made while a fixture of
+  wider than function scope is set up are kept, and credited to each test that uses it.
+* **Fixture time counts.** mutmut times only a test's call phase; a test whose module
+  fixture trains a model would get a timeout a hundred times too short. Setup and teardown
+  are added to the test's duration, and a shared fixture's setup time to each of its tests.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+
+import pytest
+
+_STATS = os.environ.get("MUTANT_UNDER_TEST") == "stats"
+_hits_dir: str | None = None
+#: id(fixturedef) -> (functions called while it was set up, seconds it took)
+_fixture_calls: dict[int, tuple[set[str], float]] = {}
+
+
+def _mutmut_state():
+    from mutmut.state import state
+
+    return state()
+
+
+def pytest_configure(config):
+    global _hits_dir
+    if _STATS:
+        _hits_dir = tempfile.mkdtemp(prefix="libai-mutation-hits-")
+        os.environ["LIBAI_MUTATION_HITS_DIR"] = _hits_dir
+
+
+def pytest_unconfigure(config):
+    global _hits_dir
+    if _hits_dir is not None:
+        os.environ.pop("LIBAI_MUTATION_HITS_DIR", None)
+        shutil.rmtree(_hits_dir, ignore_errors=True)
+        _hits_dir = None
+
+
+def _subprocess_hits() -> set[str]:
+    names: set[str] = set()
+    for entry in os.scandir(_hits_dir):
+        with open(entry.path, encoding="utf-8") as hits:
+            names.update(line.strip() for line in hits if line.strip())
+        os.unlink(entry.path)
+    return names
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_fixture_setup(fixturedef, request):
+    if not _STATS or fixturedef.scope == "function":
+        yield
+        return
+    state = _mutmut_state()
+    outer, state._stats = state._stats, set()  # the fixture's own calls, apart
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        calls = state._stats | _subprocess_hits()
+        state._stats = outer | calls
+        _fixture_calls[id(fixturedef)] = (calls, time.perf_counter() - start)
+
+
+def _shared_fixture_calls(item) -> tuple[set[str], float]:
+    calls: set[str] = set()
+    seconds = 0.0
+    info = getattr(item, "_fixtureinfo", None)
+    for defs in info.name2fixturedefs.values() if info else ():
+        for fixturedef in defs:
+            found = _fixture_calls.get(id(fixturedef))
+            if found is not None:
+                calls |= found[0]
+                seconds += found[1]
+    return calls, seconds
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_teardown(item, nextitem):
+    # tryfirst: before mutmut's own teardown hook files the calls of this test
+    if _hits_dir is not None:
+        state = _mutmut_state()
+        state._stats.update(_subprocess_hits())
+        calls, seconds = _shared_fixture_calls(item)
+        state._stats.update(calls)
+        state.duration_by_test[item.nodeid] += seconds
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    yield
+    if _STATS and call.when in ("setup", "teardown"):
+        # shared fixtures are added to every test that uses them (teardown hook above)
+        shared = _shared_fixture_calls(item)[1] if call.when == "setup" else 0.0
+        _mutmut_state().duration_by_test[item.nodeid] += max(call.duration - shared, 0.0)
