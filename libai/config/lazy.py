@@ -337,8 +337,11 @@ class LazyConfig:
             return cfg[keys]
         return tuple(cfg[k] for k in keys)
 
+    # not mutated (tools/mutation.sh): it reads its caller's frame, a mutant's trampoline
     @staticmethod
-    def load_rel(filename: str, keys: str | list[str] | tuple | None = None):
+    def load_rel(
+        filename: str, keys: str | list[str] | tuple | None = None
+    ):  # pragma: no mutate block
         """:meth:`load` with ``filename`` relative to the directory of the calling file.
 
         Meant for config files (``LazyConfig.load_rel("../common/train.py", "train")``), and

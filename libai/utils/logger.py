@@ -71,14 +71,18 @@ _LOG_COUNTER: Counter = Counter()
 _LOG_TIMER: dict = {}
 
 
-def _caller_key() -> tuple[str, int, str]:
+# not mutated (tools/mutation.sh): these read the frames of their callers; under mutation a
+# trampoline would be the caller
+def _caller_key() -> tuple[str, int, str]:  # pragma: no mutate block
     """(file, line, logger name) of the code that called the log_* helper."""
     frame = sys._getframe(2)
     module = frame.f_globals.get("__name__", "libai")
     return frame.f_code.co_filename, frame.f_lineno, module
 
 
-def log_first_n(lvl: int, msg: str, n: int = 1, *, name: str | None = None) -> None:
+def log_first_n(
+    lvl: int, msg: str, n: int = 1, *, name: str | None = None
+) -> None:  # pragma: no mutate block
     """Log ``msg`` only the first ``n`` times it is reached from the same call site."""
     file, line, module = _caller_key()
     key = (file, line, msg)
@@ -87,7 +91,9 @@ def log_first_n(lvl: int, msg: str, n: int = 1, *, name: str | None = None) -> N
         logging.getLogger(name or module).log(lvl, msg)
 
 
-def log_every_n(lvl: int, msg: str, n: int = 1, *, name: str | None = None) -> None:
+def log_every_n(
+    lvl: int, msg: str, n: int = 1, *, name: str | None = None
+) -> None:  # pragma: no mutate block
     """Log ``msg`` once every ``n`` times it is reached from the same call site."""
     file, line, module = _caller_key()
     key = (file, line)
@@ -96,7 +102,9 @@ def log_every_n(lvl: int, msg: str, n: int = 1, *, name: str | None = None) -> N
         logging.getLogger(name or module).log(lvl, msg)
 
 
-def log_every_n_seconds(lvl: int, msg: str, n: float = 1, *, name: str | None = None) -> None:
+def log_every_n_seconds(
+    lvl: int, msg: str, n: float = 1, *, name: str | None = None
+) -> None:  # pragma: no mutate block
     """Log ``msg`` at most once every ``n`` seconds from the same call site."""
     file, line, module = _caller_key()
     key = (file, line)

@@ -68,7 +68,7 @@ def load_judgements(folder: Path = JUDGED_DIR) -> Judgements:
 
 
 @contextmanager
-def _cwd(path: Path):
+def cwd(path: Path):
     old = os.getcwd()
     os.chdir(path)
     try:
@@ -82,7 +82,7 @@ def mutant_change(workdir: Path, mutant_name: str) -> str:
     from mutmut.configuration import reset_config
     from mutmut.mutation.diff_apply import get_diff_for_mutant
 
-    with _cwd(workdir):
+    with cwd(workdir):
         reset_config()
         try:
             diff = get_diff_for_mutant(mutant_name)

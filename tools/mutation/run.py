@@ -33,7 +33,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from judged import JUDGED_DIR, Judgements, load_judgements, mutant_change
+from judged import JUDGED_DIR, Judgements, cwd, load_judgements, mutant_change
 
 try:
     import tomllib
@@ -101,6 +101,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--retest-survivors",
         action="store_true",
         help="run the surviving and test-less mutants again (after adding a test)",
+    )
+    parser.add_argument(
+        "--sample",
+        type=int,
+        metavar="N",
+        help="run (and report) only a fixed sample of N of the target's mutants, the same N "
+        "every time (chosen by a hash of their names): a kill-rate estimate of a big package",
     )
     parser.add_argument("--max-children", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--report", action="store_true", help="report the cached results only")
@@ -280,6 +287,8 @@ class Results:
     target: Target
     status: dict[str, str] = field(default_factory=dict)
     durations: dict[str, float] = field(default_factory=dict)
+    #: with --sample: how many mutants the target has in all (the status holds the sample)
+    sampled_from: int | None = None
 
     @classmethod
     def load(cls, target: Target) -> Results:
@@ -347,7 +356,8 @@ def print_report(summary: dict, results: Results, judgements: Judgements) -> Non
     counts = summary["counts"]
     rate = summary["kill_rate"]
     print()
-    print(f"mutation report: {summary['target']}  ({summary['total']} mutants)")
+    of = f" sampled from {results.sampled_from}" if results.sampled_from else ""
+    print(f"mutation report: {summary['target']}  ({summary['total']} mutants{of})")
     print("  " + ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())))
     print(
         f"  killed (timeouts included): {summary['killed']}   "
@@ -398,6 +408,42 @@ def record_equivalent(target: Target, name: str, reason: str) -> None:
     print(f"recorded in {path.relative_to(REPO)}: {name}\n  {change}\n  {reason}")
 
 
+def all_mutant_names(target: Target, work: Path) -> list[str]:
+    """Every mutant mutmut makes of the target, by name (mutmut's own generator, cached per
+    file content in the work folder), without running anything."""
+    from mutmut.configuration import reset_config
+    from mutmut.mutation.file_mutation import mutate_file_contents
+    from mutmut.utils.format_utils import get_mutant_name
+
+    cache_path = work / "mutant-names.json"
+    cache = json.loads(cache_path.read_text()) if cache_path.exists() else {}
+    base = REPO / target.path
+    files = [base] if base.is_file() else sorted(base.rglob("*.py"))
+    names: list[str] = []
+    with cwd(work):
+        reset_config()
+        try:
+            for path in files:
+                rel = path.relative_to(REPO)
+                source = path.read_text(encoding="utf-8")
+                digest = hashlib.sha256(source.encode()).hexdigest()
+                cached = cache.get(str(rel))
+                if cached is None or cached[0] != digest:
+                    mutated = mutate_file_contents(str(rel), source)
+                    cached = [digest, [get_mutant_name(rel, m) for m in mutated.mutant_names]]
+                    cache[str(rel)] = cached
+                names += cached[1]
+        finally:
+            reset_config()
+    cache_path.write_text(json.dumps(cache), encoding="utf-8")
+    return names
+
+
+def sample_of(names: list[str], size: int) -> list[str]:
+    """The same ``size`` names every time: the first by a hash of the name."""
+    return sorted(names, key=lambda n: hashlib.sha1(n.encode()).hexdigest())[:size]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     check_mutmut()
@@ -409,21 +455,32 @@ def main(argv: list[str] | None = None) -> int:
         record_equivalent(target, *args.equivalent)
         return 0
     work = prepare_workdir(target)
+    sample = sample_of(all_mutant_names(target, work), args.sample) if args.sample else None
     if not args.report:
         names: list[str] = []
         if args.mutants:
             names += args.mutants
+        previous = Results.load(target)
         if args.retest_survivors:
-            previous = Results.load(target)
             names += previous.names("survived", "no tests", "suspicious", "segfault", "timeout")
-            if not names:
-                print("no surviving mutants to retest")
-        if not (args.retest_survivors and not names):
+            if sample is not None:
+                names = [n for n in names if n in set(sample)]
+        elif sample is not None and not args.mutants:
+            # the sample's mutants without a result yet (a cached result stands)
+            names = [n for n in sample if previous.status.get(n, "not checked") == "not checked"]
+        nothing_to_do = (args.retest_survivors or sample is not None) and not names
+        if nothing_to_do:
+            print("no mutants to run: every one asked for has a result")
+        else:
             code = mutmut(work, "run", "--max-children", str(args.max_children), *names)
             if code != 0:
                 print(f"mutmut run exited with {code}", file=sys.stderr)
                 return code
     results = Results.load(target)
+    if sample is not None:
+        kept = set(sample)
+        results.status = {n: s for n, s in results.status.items() if n in kept}
+        results.sampled_from = len(all_mutant_names(target, work))
     judgements = load_judgements()
     summary = summarize(results, judgements)
     print_report(summary, results, judgements)
