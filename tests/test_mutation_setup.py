@@ -9,6 +9,8 @@ breaks the setup shows here:
   killed only if calls in subprocesses count; and what the fixture called is credited to
   every test of the module, not only to the first;
 * a mutant killed in-process;
+* two rounds (``--fast-seconds``, then ``--slow``): the slow torchrun tests are left out of
+  the first round and run in the second for the mutants the fast tests did not kill;
 * a mutant no test on a CPU can tell apart (``.to(None)`` is a no-op where every tensor is on
   the CPU): it must be reported as surviving, never as killed; and a judgement of it is
   honoured while its change matches and called stale when it does not.
@@ -26,7 +28,17 @@ ROOT = Path(__file__).resolve().parents[1]
 TOOL = ROOT / "tools" / "mutation"
 TARGET = "libai/evaluation/utils.py"
 DIST_MODULE = "tests/distributed/test_evaluation_dist.py"
-TESTS = [DIST_MODULE, "tests/unit/evaluation/test_evaluation.py::test_flatten_and_csv"]
+#: the 2-rank tests of the module (one launch, shared by a module fixture) and a unit test
+DIST_TESTS = [
+    f"{DIST_MODULE}::{name}"
+    for name in (
+        "test_dp_sums_tokens_and_correct_counts",
+        "test_tp_peers_are_not_summed",
+        "test_pp_last_stage_results_reach_every_rank",
+        "test_json_writer_writes_on_rank0_only",
+    )
+]
+TESTS = [*DIST_TESTS, "tests/unit/evaluation/test_evaluation.py::test_flatten_and_csv"]
 
 REDUCE = "libai.evaluation.utils.x_all_reduce_over_data_parallel"
 EXPECTED = {
@@ -40,44 +52,39 @@ EXPECTED = {
 SURVIVOR_CHANGE = "- reduced = values.to(util.device) | + reduced = values.to(None)"
 
 
-def test_a_fixed_sample_of_mutants_gets_its_known_verdicts(tmp_path, monkeypatch):
-    env = {**os.environ, "LIBAI_MUTATION_WORK": str(tmp_path)}
+def _tool(tmp_path, *args) -> dict:
+    """Run tools/mutation/run.py on the target with the sample's tests; its JSON report."""
+    judged = tmp_path / "no_judgements"  # the verdicts here, not the repository's judgements
+    judged.mkdir(exist_ok=True)
+    env = {**os.environ, "LIBAI_MUTATION_WORK": str(tmp_path), "LIBAI_MUTATION_JUDGED": str(judged)}
     report_path = tmp_path / "report.json"
-    cmd = [
-        sys.executable,
-        str(TOOL / "run.py"),
-        TARGET,
-        "--tests",
-        *TESTS,
-        "--mutants",
-        *EXPECTED,
-        "--max-children",
-        "2",
-        "--json",
-        str(report_path),
-    ]
+    cmd = [sys.executable, str(TOOL / "run.py"), TARGET, "--tests", *TESTS, *args]
+    cmd += ["--max-children", "2", "--json", str(report_path)]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    report = json.loads(report_path.read_text())
-    assert {name: report["status"][name] for name in EXPECTED} == EXPECTED, proc.stdout[-3000:]
+    return json.loads(report_path.read_text())
+
+
+def test_a_fixed_sample_of_mutants_gets_its_known_verdicts(tmp_path, monkeypatch):
+    # first round: only the tests that took at most a second (the unit test); the two
+    # mutants only the torchrun module reaches have no test yet and wait for --slow
+    first = _tool(tmp_path, "--fast-seconds", "1", "--mutants", *EXPECTED)
+    waiting = sorted([f"{REDUCE}__mutmut_10", f"{REDUCE}__mutmut_9"])
+    assert {name: first["status"][name] for name in waiting} == dict.fromkeys(waiting, "no tests")
+    assert first["fast_tests_only"] == waiting
+    # second round: those two against every test
+    report = _tool(tmp_path, "--fast-seconds", "1", "--slow")
+    assert {name: report["status"][name] for name in EXPECTED} == EXPECTED
+    assert report["fast_tests_only"] == []
 
     work = tmp_path / "libai.evaluation.utils"
     stats = json.loads((work / "mutants" / "mutmut-stats.json").read_text())
     credited = stats["tests_by_mangled_function_name"][REDUCE]
     # called only inside the torchrun ranks, and credited to every test of the module
-    assert {t for t in credited if t.startswith(DIST_MODULE)} == {
-        f"{DIST_MODULE}::{name}"
-        for name in (
-            "test_dp_sums_tokens_and_correct_counts",
-            "test_tp_peers_are_not_summed",
-            "test_pp_last_stage_results_reach_every_rank",
-            "test_json_writer_writes_on_rank0_only",
-        )
-    }
+    assert set(credited) == set(DIST_TESTS)
 
     # the report's judgements: a matching change is equivalent, a different one is stale
     monkeypatch.syspath_prepend(str(TOOL))
-    monkeypatch.setenv("LIBAI_MUTATION_WORK", str(tmp_path))
     import judged
     import run
 

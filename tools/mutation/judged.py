@@ -25,7 +25,10 @@ except ModuleNotFoundError:  # Python 3.10
     import toml as tomllib  # type: ignore[no-redef]
 
 #: one file per package of libai: judged/checkpoint.toml, judged/runtime.toml, ...
-JUDGED_DIR = Path(__file__).resolve().parent / "judged"
+#: (LIBAI_MUTATION_JUDGED names another folder: the tool's own test uses an empty one)
+JUDGED_DIR = Path(
+    os.environ.get("LIBAI_MUTATION_JUDGED") or Path(__file__).resolve().parent / "judged"
+)
 
 
 @dataclass(frozen=True)

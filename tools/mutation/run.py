@@ -47,6 +47,8 @@ TARGETS_FILE = HERE / "targets.toml"
 #: the work folders (override with LIBAI_MUTATION_WORK, e.g. a temporary folder in a test)
 WORK_ROOT = Path(os.environ.get("LIBAI_MUTATION_WORK") or REPO / ".mutation")
 MUTMUT_VERSION = "3.8.1"
+#: bump when tools/mutation/site changes which tests are credited with a function
+CREDITING_VERSION = 2
 
 #: copied into the mutants/ folder beside libai/ and tests/ (mutmut copies those two): the
 #: tests run tools/train_net.py, LiBai's configs and projects/ from the checkout's root
@@ -109,6 +111,19 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="run (and report) only a fixed sample of N of the target's mutants, the same N "
         "every time (chosen by a hash of their names): a kill-rate estimate of a big package",
     )
+    parser.add_argument(
+        "--fast-seconds",
+        type=float,
+        metavar="T",
+        help="two rounds: first the tests that took at most T seconds (overrides the target's "
+        "fast_seconds in targets.toml)",
+    )
+    parser.add_argument(
+        "--slow",
+        action="store_true",
+        help="two-round targets (fast_seconds in targets.toml): run the mutants the fast "
+        "tests did not kill again, with every test",
+    )
     parser.add_argument("--max-children", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--report", action="store_true", help="report the cached results only")
     parser.add_argument("--show", metavar="MUTANT", help="print one mutant's diff and status")
@@ -131,6 +146,9 @@ class Target:
 
     path: str  # libai/checkpoint or libai/runtime/evaluate.py
     tests: list[str]
+    #: first round: only the tests faster than this (seconds, fixtures included); the
+    #: survivors get every test with --slow. None: every test in one round.
+    fast_seconds: float | None = None
 
     @property
     def name(self) -> str:
@@ -150,7 +168,7 @@ class Target:
         return WORK_ROOT / self.name
 
 
-def resolve_target(path: str, tests: list[str] | None) -> Target:
+def resolve_target(path: str, tests: list[str] | None, fast_seconds: float | None = None) -> Target:
     path = path.rstrip("/")
     if path.startswith("./"):
         path = path[2:]
@@ -167,6 +185,8 @@ def resolve_target(path: str, tests: list[str] | None) -> Target:
         for key in (path, "/".join(parts[:2])):
             if key in entries:
                 tests = list(entries[key]["tests"])
+                if fast_seconds is None:
+                    fast_seconds = entries[key].get("fast_seconds")
                 break
         else:
             raise SystemExit(
@@ -176,7 +196,7 @@ def resolve_target(path: str, tests: list[str] | None) -> Target:
     missing = [t for t in tests if not (REPO / t.split("::")[0]).exists()]
     if missing:
         raise SystemExit(f"tests of {path!r} not found in this checkout: {missing}")
-    return Target(path=path, tests=tests)
+    return Target(path=path, tests=tests, fast_seconds=fast_seconds)
 
 
 def toml_list(values: list[str]) -> str:
@@ -224,16 +244,13 @@ def prepare_workdir(target: Target) -> Path:
     path = work / "pyproject.toml"
     if not path.exists() or path.read_text(encoding="utf-8") != generated:
         path.write_text(generated, encoding="utf-8")
-    # results depend on the plugin and sitecustomize (which tests a function is credited to):
-    # when they change, the cache of this target starts again
-    site_hash = hashlib.sha256(
-        b"".join(p.read_bytes() for p in sorted(SITE.glob("*.py")))
-    ).hexdigest()[:16]
-    stamp = work / "site.sha256"
-    if stamp.exists() and stamp.read_text().strip() != site_hash:
-        print(f"{SITE.relative_to(REPO)} changed: the cached results of {target.path} are dropped")
+    # results depend on how tests are credited with the functions they call (the plugin and
+    # sitecustomize): when that changes, CREDITING_VERSION goes up and caches start again
+    stamp = work / "crediting.version"
+    if stamp.exists() and stamp.read_text().strip() != str(CREDITING_VERSION):
+        print(f"tests are credited differently now: the results of {target.path} are dropped")
         shutil.rmtree(work / "mutants", ignore_errors=True)
-    stamp.write_text(site_hash + "\n")
+    stamp.write_text(f"{CREDITING_VERSION}\n")
     # os.walk does not follow links, so mutmut does not copy libai/config/configs (a link
     # to ../../configs): make the same link in the copy
     configs = work / "mutants" / "libai" / "config" / "configs"
@@ -272,9 +289,66 @@ def check_mutmut() -> None:
         )
 
 
-def mutmut(work: Path, *args: str) -> int:
+def mutmut(work: Path, *args: str, fast_seconds: float | None = None) -> int:
     cmd = [sys.executable, "-c", "from mutmut.__main__ import cli; cli()", *args]
-    return subprocess.call(cmd, cwd=work, env=mutmut_env(work))
+    env = mutmut_env(work)
+    if fast_seconds is not None:
+        env["LIBAI_MUTATION_FAST_SECONDS"] = str(fast_seconds)
+    return subprocess.call(cmd, cwd=work, env=env)
+
+
+# ------------------------------------------------------ the round with every test
+
+NOT_KILLED = ("survived", "no tests", "suspicious", "segfault")
+
+
+def function_hashes(work: Path) -> dict[str, str]:
+    """mutmut's hash of every mutated function (from its meta files): ``module.x_f`` -> hash."""
+    hashes = {}
+    for meta in (work / "mutants").rglob("*.py.meta"):
+        data = json.loads(meta.read_text(encoding="utf-8"))
+        module = str(meta.relative_to(work / "mutants"))[: -len(".py.meta")].replace("/", ".")
+        module = module.removesuffix(".__init__")
+        for function, digest in data.get("hash_by_function_name", {}).items():
+            hashes[f"{module}.{function}"] = digest
+    return hashes
+
+
+def functions_with_fast_tests(work: Path, seconds: float) -> set[str] | None:
+    """The functions some test faster than ``seconds`` calls; None before the first run."""
+    stats_path = work / "mutants" / "mutmut-stats.json"
+    if not stats_path.exists():
+        return None
+    stats = json.loads(stats_path.read_text(encoding="utf-8"))
+    durations = stats["duration_by_test"]
+    return {
+        function
+        for function, tests in stats["tests_by_mangled_function_name"].items()
+        if any(durations.get(t, 0.0) <= seconds for t in tests)
+    }
+
+
+class AllTestsRounds:
+    """Which verdicts of a two-round target came from a run with every test: a mutant's name
+    with the hash its function had then (an edited function's verdict is a fast one again)."""
+
+    def __init__(self, work: Path):
+        self.path = work / "all-tests-verdicts.json"
+        self.done: dict[str, str] = (
+            json.loads(self.path.read_text(encoding="utf-8")) if self.path.exists() else {}
+        )
+
+    def confirmed(self, names: list[str], hashes: dict[str, str]) -> set[str]:
+        return {
+            n
+            for n in names
+            if n in self.done and self.done[n] == hashes.get(n.partition("__mutmut_")[0])
+        }
+
+    def record(self, names: list[str], hashes: dict[str, str]) -> None:
+        for n in names:
+            self.done[n] = hashes.get(n.partition("__mutmut_")[0], "")
+        self.path.write_text(json.dumps(self.done, indent=0), encoding="utf-8")
 
 
 # ---------------------------------------------------------------- results
@@ -289,6 +363,8 @@ class Results:
     durations: dict[str, float] = field(default_factory=dict)
     #: with --sample: how many mutants the target has in all (the status holds the sample)
     sampled_from: int | None = None
+    #: two-round targets: the not-killed mutants whose verdict is from the fast tests only
+    fast_only: set[str] = field(default_factory=set)
 
     @classmethod
     def load(cls, target: Target) -> Results:
@@ -338,6 +414,7 @@ def summarize(results: Results, judgements: Judgements) -> dict:
         unexplained.append(name)
     killed = counts.get("killed", 0) + counts.get("timeout", 0)
     scored = killed + len(unexplained)
+    fast_only = sorted(n for n in unexplained if n in results.fast_only)
     return {
         "target": results.target.path,
         "total": len(results.status),
@@ -348,6 +425,7 @@ def summarize(results: Results, judgements: Judgements) -> dict:
         "stale_judgements": stale,
         "not_killed": unexplained,
         "not_checked": results.names("not checked", "skipped"),
+        "fast_tests_only": fast_only,
         "kill_rate": (killed / scored) if scored else None,
     }
 
@@ -371,10 +449,17 @@ def print_report(summary: dict, results: Results, judgements: Judgements) -> Non
         print(f"  STALE judgement (the mutant changed; judge it again): {name}")
     if summary["not_checked"]:
         print(f"  {len(summary['not_checked'])} mutants not checked yet (run again)")
+    if summary["fast_tests_only"]:
+        print(
+            f"  {len(summary['fast_tests_only'])} of the not killed ran against the fast tests "
+            "only (marked *): --slow runs them with every test"
+        )
     if summary["not_killed"]:
         print("  not killed:")
+        fast = set(summary["fast_tests_only"])
         for name in summary["not_killed"]:
-            print(f"    {results.status[name]:>9}  {name}")
+            mark = "*" if name in fast else " "
+            print(f"   {mark}{results.status[name]:>9}  {name}")
         print("  see one with: bash tools/mutation.sh TARGET --show NAME")
 
 
@@ -444,10 +529,46 @@ def sample_of(names: list[str], size: int) -> list[str]:
     return sorted(names, key=lambda n: hashlib.sha1(n.encode()).hexdigest())[:size]
 
 
+def run_round(target: Target, work: Path, args, sample, rounds: AllTestsRounds) -> int:
+    """One mutmut run: the asked-for mutants (all without a result, by default), against
+    the fast tests (a two-round target) or every test (--slow, or a one-round target)."""
+    previous = Results.load(target)
+    names: list[str] = list(args.mutants or [])
+    if args.slow:
+        if target.fast_seconds is None:
+            raise SystemExit(f"{target.path} has one round (no fast_seconds in targets.toml)")
+        not_killed = previous.names(*NOT_KILLED)
+        confirmed = rounds.confirmed(not_killed, function_hashes(work))
+        names += [n for n in not_killed if n not in confirmed]
+    elif args.retest_survivors:
+        names += previous.names(*NOT_KILLED, "timeout")
+    elif sample is not None and not args.mutants:
+        # the sample's mutants without a result yet (a cached result stands)
+        names += [n for n in sample if previous.status.get(n, "not checked") == "not checked"]
+    if sample is not None and (args.slow or args.retest_survivors):
+        names = [n for n in names if n in set(sample)]
+    if (args.slow or args.retest_survivors or sample is not None) and not names:
+        print("no mutants to run: every one asked for has a result")
+        return 0
+    all_tests = args.slow or target.fast_seconds is None
+    fast = None if all_tests else target.fast_seconds
+    runnable = functions_with_fast_tests(work, fast) if fast is not None else None
+    if runnable is not None and names:
+        # a run of named mutants none of whose tests is fast would end in an empty clean run
+        names = [n for n in names if "*" in n or n.partition("__mutmut_")[0] in runnable]
+        if not names:
+            print("no mutants to run with the fast tests: use --slow")
+            return 0
+    code = mutmut(work, "run", "--max-children", str(args.max_children), *names, fast_seconds=fast)
+    if code == 0 and all_tests and target.fast_seconds is not None:
+        rounds.record(names, function_hashes(work))
+    return code
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     check_mutmut()
-    target = resolve_target(args.target, args.tests)
+    target = resolve_target(args.target, args.tests, args.fast_seconds)
     if args.show:
         show(target, args.show)
         return 0
@@ -456,27 +577,16 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     work = prepare_workdir(target)
     sample = sample_of(all_mutant_names(target, work), args.sample) if args.sample else None
+    rounds = AllTestsRounds(work)
     if not args.report:
-        names: list[str] = []
-        if args.mutants:
-            names += args.mutants
-        previous = Results.load(target)
-        if args.retest_survivors:
-            names += previous.names("survived", "no tests", "suspicious", "segfault", "timeout")
-            if sample is not None:
-                names = [n for n in names if n in set(sample)]
-        elif sample is not None and not args.mutants:
-            # the sample's mutants without a result yet (a cached result stands)
-            names = [n for n in sample if previous.status.get(n, "not checked") == "not checked"]
-        nothing_to_do = (args.retest_survivors or sample is not None) and not names
-        if nothing_to_do:
-            print("no mutants to run: every one asked for has a result")
-        else:
-            code = mutmut(work, "run", "--max-children", str(args.max_children), *names)
-            if code != 0:
-                print(f"mutmut run exited with {code}", file=sys.stderr)
-                return code
+        code = run_round(target, work, args, sample, rounds)
+        if code != 0:
+            print(f"mutmut run exited with {code}", file=sys.stderr)
+            return code
     results = Results.load(target)
+    if target.fast_seconds is not None:
+        not_killed = results.names(*NOT_KILLED)
+        results.fast_only = set(not_killed) - rounds.confirmed(not_killed, function_hashes(work))
     if sample is not None:
         kept = set(sample)
         results.status = {n: s for n, s in results.status.items() if n in kept}

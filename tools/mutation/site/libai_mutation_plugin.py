@@ -12,6 +12,12 @@ Two things mutmut 3 does not do on its own, both only while it collects statisti
   would credit what it called to the first test alone, and a mutant that breaks what the
   second test checks would run against the first only. The calls made while a fixture of
   wider than function scope is set up are kept, and credited to each test that uses it.
+* **Slow tests wait for a second round.** With ``LIBAI_MUTATION_FAST_SECONDS=T`` in the
+  environment, a mutant's run (and the clean and forced-fail runs) leaves out the tests that
+  took longer than ``T`` seconds when the statistics were collected (fixture time included):
+  a first round kills what the fast tests kill, and ``tools/mutation.sh --slow`` runs the
+  survivors again with every test. A mutant none of whose tests is fast ends with pytest's
+  "no tests collected" (mutmut's ``no tests``), and waits for the second round as well.
 * **Fixture time counts.** mutmut times only a test's call phase; a test whose module
   fixture trains a model would get a timeout a hundred times too short. Setup and teardown
   are added to the test's duration, and a shared fixture's setup time to each of its tests.
@@ -27,6 +33,8 @@ import time
 import pytest
 
 _STATS = os.environ.get("MUTANT_UNDER_TEST") == "stats"
+#: mutmut's runs that list or profile tests: they must see every test
+_PROFILING_MODES = ("stats", "list_all_tests", "mutant_generation")
 _hits_dir: str | None = None
 #: id(fixturedef) -> (functions called while it was set up, seconds it took)
 _fixture_calls: dict[int, tuple[set[str], float]] = {}
@@ -109,3 +117,17 @@ def pytest_runtest_makereport(item, call):
         # shared fixtures are added to every test that uses them (teardown hook above)
         shared = _shared_fixture_calls(item)[1] if call.when == "setup" else 0.0
         _mutmut_state().duration_by_test[item.nodeid] += max(call.duration - shared, 0.0)
+
+
+def pytest_collection_modifyitems(config, items):
+    limit = os.environ.get("LIBAI_MUTATION_FAST_SECONDS")
+    if not limit or os.environ.get("MUTANT_UNDER_TEST") in _PROFILING_MODES:
+        return
+    import json
+
+    with open("mutmut-stats.json", encoding="utf-8") as stats:  # mutmut runs tests in mutants/
+        durations = json.load(stats)["duration_by_test"]
+    slow = [item for item in items if durations.get(item.nodeid, 0.0) > float(limit)]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if item not in slow]
