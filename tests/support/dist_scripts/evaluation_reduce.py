@@ -1,12 +1,23 @@
-"""Evaluator results are reduced over dp (and pp) but not tp; writers write on rank 0 only."""
+"""Evaluator results are reduced over dp (and pp) but not tp; writers write on rank 0 only.
+
+On 2 ranks: the dp2 / tp2 / pp2 cases and the writers. On 4 ranks: the layouts where the dp
+or pp group is not the whole world (dp2 x tp2, pp2 x dp2, pp2 x tp2, dp4).
+"""
 
 from __future__ import annotations
+
+import os
 
 import torch
 from common import parse_out_dir, run_checks
 
 from libai import dist
-from libai.evaluation import AccEvaluator, PPLEvaluator, inference_on_dataset
+from libai.evaluation import (
+    AccEvaluator,
+    PPLEvaluator,
+    all_reduce_over_data_parallel,
+    inference_on_dataset,
+)
 from libai.utils.events import EventStorage, JSONWriter
 
 # (valid tokens, mean loss) each rank evaluates, by rank
@@ -33,13 +44,33 @@ def feed(rank: int, evaluators) -> dict:
     return out
 
 
+class LossModel(torch.nn.Module):
+    """A module whose "loss" is the batch's own number (times a weight of 1)."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.ones(()))
+
+    def forward(self, labels, loss):
+        return {"lm_loss": loss * self.scale}
+
+
 def checks() -> dict:
+    if int(os.environ["WORLD_SIZE"]) == 4:
+        return checks_4_ranks()
     result = {}
     evaluators = [PPLEvaluator(), AccEvaluator(topk=(1, 2))]
 
     dist.setup_dist_util({"data_parallel_size": 2})
     rank = dist.get_rank()
     result["dp2"] = feed(rank, evaluators)
+    # a plain module under dp (no pipeline): each rank runs its own batches
+    batches = []
+    for tokens, loss in PPL_DATA[rank]:
+        labels = torch.full((1, tokens + 1), -100)
+        labels[0, :tokens] = 5
+        batches.append({"labels": labels, "loss": torch.tensor(loss)})
+    result["dp2_module"] = inference_on_dataset(LossModel(), batches, PPLEvaluator())
 
     # tp peers are never summed: give them (unrealistically) different data to prove it
     dist.setup_dist_util({"tensor_parallel_size": 2})
@@ -82,6 +113,42 @@ def checks() -> dict:
     if rank == 0:
         lines = json_path.read_text().splitlines()
         result["json_lines"] = lines
+    return result
+
+
+# (pp, dp, tp) layouts of 4 ranks; tp innermost, so rank = (pp_idx * dp + dp_idx) * tp + tp_idx
+LAYOUTS_4 = {"dp2_tp2": (1, 2, 2), "pp2_dp2": (2, 2, 1), "pp2_tp2": (2, 1, 2), "dp4": (1, 4, 1)}
+
+
+def checks_4_ranks() -> dict:
+    result = {}
+    for name, (pp, dp, tp) in LAYOUTS_4.items():
+        cfg = {"pipeline_parallel_size": pp, "data_parallel_size": dp, "tensor_parallel_size": tp}
+        if pp > 1:
+            cfg["pipeline_num_layers"] = pp
+        dist.setup_dist_util(cfg)
+        rank = dist.get_rank()
+        # a number per rank that tells which ranks were summed: 10 ** rank
+        values = torch.tensor([10.0**rank, -(10.0**rank)], dtype=torch.float64)
+        reduced = all_reduce_over_data_parallel(values)
+        result[name] = {
+            "sum": reduced.tolist(),
+            "input_kept": values.tolist() == [10.0**rank, -(10.0**rank)],
+            "coord": [
+                dist.get_pipeline_parallel_rank(),
+                dist.get_data_parallel_rank(),
+                dist.get_tensor_parallel_rank(),
+            ],
+        }
+
+    # pp2 x dp2: the last stage of each dp replica evaluates that replica's share; every rank
+    # gets the totals of both shares
+    dist.setup_dist_util({"pipeline_parallel_size": 2, "pipeline_num_layers": 2})
+    ppl = PPLEvaluator()
+    if dist.get_pipeline_parallel_rank() == 1:
+        for tokens, loss in PPL_DATA[dist.get_data_parallel_rank()]:
+            ppl.process({"labels": torch.full((1, tokens), 3)}, {"lm_loss": torch.tensor(loss)})
+    result["pp2_dp2_ppl"] = ppl.evaluate()
     return result
 
 
