@@ -18,6 +18,10 @@ Two things mutmut 3 does not do on its own, both only while it collects statisti
   a first round kills what the fast tests kill, and ``tools/mutation.sh --slow`` runs the
   survivors again with every test. A mutant none of whose tests is fast ends with pytest's
   "no tests collected" (mutmut's ``no tests``), and waits for the second round as well.
+* **A hung test ends as a timeout.** In a mutant's run each test gets 5x its profiled time
+  plus 20 s; past that the run ends with mutmut's timeout code (36) and the processes the test
+  started are killed. mutmut's own limit adds up every test of the function, fast round or
+  not, so a mutant that hangs a collective would hold a worker for an hour.
 * **Fixture time counts.** mutmut times only a test's call phase; a test whose module
   fixture trains a model would get a timeout a hundred times too short. Setup and teardown
   are added to the test's duration, and a shared fixture's setup time to each of its tests.
@@ -25,8 +29,11 @@ Two things mutmut 3 does not do on its own, both only while it collects statisti
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 import shutil
+import signal
 import tempfile
 import time
 
@@ -35,6 +42,8 @@ import pytest
 _STATS = os.environ.get("MUTANT_UNDER_TEST") == "stats"
 #: mutmut's runs that list or profile tests: they must see every test
 _PROFILING_MODES = ("stats", "list_all_tests", "mutant_generation")
+#: mutmut's exit code for a timeout
+TIMEOUT_EXIT = 36
 _hits_dir: str | None = None
 #: id(fixturedef) -> (functions called while it was set up, seconds it took)
 _fixture_calls: dict[int, tuple[set[str], float]] = {}
@@ -123,11 +132,63 @@ def pytest_collection_modifyitems(config, items):
     limit = os.environ.get("LIBAI_MUTATION_FAST_SECONDS")
     if not limit or os.environ.get("MUTANT_UNDER_TEST") in _PROFILING_MODES:
         return
-    import json
-
-    with open("mutmut-stats.json", encoding="utf-8") as stats:  # mutmut runs tests in mutants/
-        durations = json.load(stats)["duration_by_test"]
+    durations = _durations()
     slow = [item for item in items if durations.get(item.nodeid, 0.0) > float(limit)]
     if slow:
         config.hook.pytest_deselected(items=slow)
         items[:] = [item for item in items if item not in slow]
+
+
+@functools.cache
+def _durations() -> dict[str, float]:
+    with open("mutmut-stats.json", encoding="utf-8") as stats:  # mutmut runs tests in mutants/
+        return json.load(stats)["duration_by_test"]
+
+
+def _in_mutant_run() -> bool:
+    mode = os.environ.get("MUTANT_UNDER_TEST", "")
+    return "__mutmut_" in mode
+
+
+def _kill_descendants() -> None:
+    """SIGKILL every process started (directly or not) by this one: torchrun and its ranks."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="utf-8") as stat:
+                ppid = int(stat.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    stack, found = [os.getpid()], []
+    while stack:
+        for child in children.get(stack.pop(), []):
+            found.append(child)
+            stack.append(child)
+    for pid in found:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def _timed_out(signum, frame):
+    _kill_descendants()
+    os._exit(TIMEOUT_EXIT)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    if not _in_mutant_run():
+        yield
+        return
+    budget = 5.0 * _durations().get(item.nodeid, 0.0) + 20.0
+    previous = signal.signal(signal.SIGALRM, _timed_out)
+    signal.alarm(int(budget) + 1)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
