@@ -99,3 +99,49 @@ def test_a_fixed_sample_of_mutants_gets_its_known_verdicts(tmp_path, monkeypatch
         assert survivor in summary[verdict]
     untestable = judged.Judgements({}, {REDUCE: "needs a GPU"})
     assert survivor in run.summarize(results, untestable)["untestable"]
+
+
+def test_edited_tests_are_profiled_again_and_no_tests_verdicts_rerun(tmp_path, monkeypatch):
+    """mutmut profiles a test once by name and lets every verdict stand: the tool drops the
+    tests of an edited file from mutmut's stats (profiled again as new tests) and names
+    again the "no tests" mutants whose function a test calls now."""
+    monkeypatch.syspath_prepend(str(TOOL))
+    import run
+
+    repo = tmp_path / "repo"
+    (repo / "tests" / "unit").mkdir(parents=True)
+    edited, kept = repo / "tests" / "unit" / "test_a.py", repo / "tests" / "unit" / "test_b.py"
+    edited.write_text("def test_one(): pass\n")
+    kept.write_text("def test_two(): pass\n")
+    monkeypatch.setattr(run, "REPO", repo)
+    monkeypatch.setattr(run, "WORK_ROOT", tmp_path / "work")
+    target = run.Target("libai/pkg", ["tests/unit"])
+    work = target.workdir
+    (work / "mutants" / "libai" / "pkg").mkdir(parents=True)
+    one, two = "tests/unit/test_a.py::test_one", "tests/unit/test_b.py::test_two"
+    stats = {
+        "tests_by_mangled_function_name": {"libai.pkg.x_f": [one, two], "libai.pkg.x_g": [one]},
+        "duration_by_test": {one: 0.5, two: 0.25},
+    }
+    stats_path = work / "mutants" / "mutmut-stats.json"
+    stats_path.write_text(json.dumps(stats))
+
+    run.forget_edited_tests(target, work)  # the first run only records the files
+    assert json.loads(stats_path.read_text()) == stats
+    edited.write_text("def test_one(): assert 1\n")
+    run.forget_edited_tests(target, work)
+    after = json.loads(stats_path.read_text())
+    assert after["duration_by_test"] == {two: 0.25}
+    assert after["tests_by_mangled_function_name"] == {"libai.pkg.x_f": [two], "libai.pkg.x_g": []}
+    run.forget_edited_tests(target, work)  # nothing edited since: nothing dropped
+    assert json.loads(stats_path.read_text()) == after
+
+    meta = {
+        "exit_code_by_key": {
+            "libai.pkg.x_f__mutmut_1": 33,  # no tests then; test_two calls f now
+            "libai.pkg.x_g__mutmut_1": 33,  # no tests then and now
+            "libai.pkg.x_f__mutmut_2": 0,  # survived: stands
+        }
+    }
+    (work / "mutants" / "libai" / "pkg" / "__init__.py.meta").write_text(json.dumps(meta))
+    assert run.no_tests_with_tests_now(target, work) == ["libai.pkg.x_f__mutmut_1"]

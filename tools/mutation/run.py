@@ -124,6 +124,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="two-round targets (fast_seconds in targets.toml): run the mutants the fast "
         "tests did not kill again, with every test",
     )
+    parser.add_argument(
+        "--reprofile",
+        action="store_true",
+        help="learn again which tests call which function (every test runs once; verdicts "
+        "stay): after editing a script under tests/support that tests run",
+    )
     parser.add_argument("--max-children", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--report", action="store_true", help="report the cached results only")
     parser.add_argument("--show", metavar="MUTANT", help="print one mutant's diff and status")
@@ -529,6 +535,69 @@ def sample_of(names: list[str], size: int) -> list[str]:
     return sorted(names, key=lambda n: hashlib.sha1(n.encode()).hexdigest())[:size]
 
 
+def test_files(target: Target) -> list[Path]:
+    """The test files of a target's list (a folder's ``test_*.py``, a file, a node id's file)."""
+    files: set[Path] = set()
+    for entry in target.tests:
+        path = REPO / entry.partition("::")[0]
+        if path.is_dir():
+            files.update(path.rglob("test_*.py"))
+        elif path.is_file():
+            files.add(path)
+    return sorted(files)
+
+
+def forget_edited_tests(target: Target, work: Path) -> None:
+    """mutmut profiles a test once, by name: a test whose file was edited since would keep the
+    functions it called then. Drop the tests of edited files from mutmut's stats, so that the
+    next run profiles them again as new tests."""
+    hashes_path = work / "test-file-hashes.json"
+    stats_path = work / "mutants" / "mutmut-stats.json"
+    now = {
+        str(f.relative_to(REPO)): hashlib.sha256(f.read_bytes()).hexdigest()
+        for f in test_files(target)
+    }
+    before = json.loads(hashes_path.read_text()) if hashes_path.exists() else None
+    if before is not None and stats_path.exists():
+        edited = {f for f, digest in now.items() if before.get(f) not in (None, digest)}
+        if edited:
+            stats = json.loads(stats_path.read_text(encoding="utf-8"))
+
+            def kept(test: str) -> bool:
+                return test.partition("::")[0] not in edited
+
+            stats["duration_by_test"] = {
+                t: d for t, d in stats["duration_by_test"].items() if kept(t)
+            }
+            stats["tests_by_mangled_function_name"] = {
+                f: [t for t in tests if kept(t)]
+                for f, tests in stats["tests_by_mangled_function_name"].items()
+            }
+            stats_path.write_text(json.dumps(stats), encoding="utf-8")
+            print(f"edited since profiled, profiled again: {', '.join(sorted(edited))}")
+    hashes_path.write_text(json.dumps(now, indent=0), encoding="utf-8")
+
+
+def no_tests_with_tests_now(target: Target, work: Path) -> list[str]:
+    """Mutants whose verdict is "no tests" while a test calls their function now (a test added
+    or edited after that verdict): mutmut lets a verdict stand, so they are named again."""
+    stats_path = work / "mutants" / "mutmut-stats.json"
+    if not stats_path.exists():
+        return []
+    called = {
+        f
+        for f, tests in json.loads(stats_path.read_text(encoding="utf-8"))[
+            "tests_by_mangled_function_name"
+        ].items()
+        if tests
+    }
+    return [
+        n
+        for n in Results.load(target).names("no tests")
+        if n.partition("__mutmut_")[0].replace("__init__.", "") in called
+    ]
+
+
 def run_round(target: Target, work: Path, args, sample, rounds: AllTestsRounds) -> int:
     """One mutmut run: the asked-for mutants (all without a result, by default), against
     the fast tests (a two-round target) or every test (--slow, or a one-round target)."""
@@ -560,6 +629,19 @@ def run_round(target: Target, work: Path, args, sample, rounds: AllTestsRounds) 
             print("no mutants to run with the fast tests: use --slow")
             return 0
     code = mutmut(work, "run", "--max-children", str(args.max_children), *names, fast_seconds=fast)
+    runnable = functions_with_fast_tests(work, fast) if fast is not None else None
+    again = [
+        n
+        for n in ([] if args.mutants else no_tests_with_tests_now(target, work))
+        if (sample is None or n in sample)
+        and (runnable is None or n.partition("__mutmut_")[0] in runnable)
+    ]
+    if code == 0 and again:
+        print(f"{len(again)} mutants had no tests and have tests now: running them")
+        code = mutmut(
+            work, "run", "--max-children", str(args.max_children), *again, fast_seconds=fast
+        )
+        names += again
     if code == 0 and all_tests and target.fast_seconds is not None:
         rounds.record(names, function_hashes(work))
     return code
@@ -579,6 +661,9 @@ def main(argv: list[str] | None = None) -> int:
     sample = sample_of(all_mutant_names(target, work), args.sample) if args.sample else None
     rounds = AllTestsRounds(work)
     if not args.report:
+        if args.reprofile:
+            (work / "mutants" / "mutmut-stats.json").unlink(missing_ok=True)
+        forget_edited_tests(target, work)
         code = run_round(target, work, args, sample, rounds)
         if code != 0:
             print(f"mutmut run exited with {code}", file=sys.stderr)
