@@ -184,20 +184,21 @@ class EventStorage:
                 (training losses, times) or its raw latest value (``False``: evaluation
                 results, ETA). Must be the same every time a name is put.
         """
-        if isinstance(value, torch.Tensor):
-            value = _full(value.detach())  # a global tensor's value; no host read yet
-        else:
-            value = float(value)
-        self._history[name].update(value, self._iter)
-        self._latest_scalars[name] = (name, self._iter)
+        # checks first: a put that raises records nothing (no empty history, no value)
         existing = self._smoothing_hints.get(name)
-        if existing is None:
-            self._smoothing_hints[name] = smoothing_hint
-        elif existing != smoothing_hint:
+        if existing is not None and existing != smoothing_hint:
             raise ValueError(
                 f"scalar {name!r} was put with smoothing_hint={existing} before and "
                 f"smoothing_hint={smoothing_hint} now; use one hint per name."
             )
+        if isinstance(value, torch.Tensor):
+            # a global tensor's value, one element (no host read yet)
+            value = _full(value.detach()).reshape(())
+        else:
+            value = float(value)
+        self._history[name].update(value, self._iter)
+        self._latest_scalars[name] = (name, self._iter)
+        self._smoothing_hints[name] = smoothing_hint
 
     def put_scalars(self, *, smoothing_hint: bool = True, **kwargs) -> None:
         """``put_scalar`` for every ``name=value`` keyword, e.g. ``put_scalars(lm_loss=x)``."""
