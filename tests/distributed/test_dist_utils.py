@@ -48,6 +48,7 @@ def test_placement_vocabulary(results):
     assert (r0["main"], r0["last"], r1["main"], r1["last"]) == (True, False, False, True)
     for r in results:
         assert r["broadcast"] == {"from": 1}
+        assert r["broadcast_default_src"] == {"from": 0}  # src defaults to rank 0
 
 
 def test_vocab_padding_and_gathering(results):

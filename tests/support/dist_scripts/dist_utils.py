@@ -59,6 +59,7 @@ def checks() -> dict:
     out["ttol_rank0"] = dist.ttol(emb.weight, ranks=[0]) is not None
     out["tton_shape"] = list(dist.tton(emb.weight).shape)
     out["broadcast"] = dist.broadcast_py_object({"from": dist.get_rank()}, src=1)
+    out["broadcast_default_src"] = dist.broadcast_py_object({"from": dist.get_rank()})
     dist.synchronize()
 
     dist.setup_dist_util({"data_parallel_size": 2})
