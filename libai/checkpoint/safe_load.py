@@ -71,7 +71,9 @@ _NUMPY_ARRAY_GLOBALS = [
     (_np_reconstruct, "numpy._core.multiarray._reconstruct"),  # as numpy 2 names it
 ]
 
-_GLOBAL = re.compile(r"Unsupported global: GLOBAL ([\w.]+)")
+# torch names the global in two messages: one not allowed, and one of a blocked module
+# (os, posix, nt, sys: the classic ``os.system`` payload)
+_GLOBAL = re.compile(r"(?:Unsupported global: GLOBAL|Trying to load unsupported GLOBAL) ([\w.]+)")
 
 
 def _wo_failure(exc: BaseException) -> ValueError:

@@ -220,15 +220,17 @@ def build_view(
                 return _logical_view(value, shape, fqn)
         return value
 
-    def target(fqn: str, source: dict, key: str) -> str | None:
-        """The name ``fqn``'s entry has in the checkpoint (None: not read/written here)."""
+    def target(fqn: str, source: dict, key: str, prefix: str = "") -> str | None:
+        """The name ``fqn``'s entry has in the checkpoint (None: not read/written here);
+        ``key`` is ``prefix + fqn + rest``."""
         if fqn not in tied:
             return fqn
         canon = tied[fqn]
         if not for_load:
             return None  # saved once, under the canonical name
         if canon in params:  # both on this rank: copied after loading the canonical one
-            view.deferred.append((source, key, key.replace(fqn, canon, 1)))
+            rest = key[len(prefix) + len(fqn) :]
+            view.deferred.append((source, key, prefix + canon + rest))
             return None
         return canon
 
@@ -239,7 +241,7 @@ def build_view(
     for opt_name, osd in optim_sds.items():
         for key, value in osd.items():
             section, fqn, sub = _split_optim_key(key, params)
-            name = target(fqn, osd, key)
+            name = target(fqn, osd, key, section)
             if name is None:
                 continue
             if section == "state.":
