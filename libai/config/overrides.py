@@ -13,7 +13,8 @@ Each override is parsed by Hydra's own parser, so values are typed the way Hydra
     ~train.evaluation.evaluator      # delete
 
 Changing a key that does not exist is an error naming the closest existing keys, so a typo
-never silently adds a new, unused setting.
+never silently adds a new, unused setting. So is a path through an interpolation
+(``a: ${d}``, ``a.x=2``): override ``d.x``, or replace ``a`` whole.
 
 A changed value must fit the type of the value it replaces (:func:`check_override_type`), so
 ``train.train_iter=abc`` fails at once with ``train.train_iter expects an int, got 'abc'``:
@@ -83,13 +84,13 @@ def _lookup(cfg: Any, key: str) -> tuple[Any, Any]:
             child = node._get_node(part)
             if last:
                 return node, child
-            node_value = child if isinstance(child, (DictConfig, ListConfig)) else node[part]
+            node_value = _step(node, part, key, parts[: depth + 1])
         elif isinstance(node, ListConfig):
             if not part.lstrip("-").isdigit() or not -len(node) <= int(part) < len(node):
                 return (node if last else _MISSING), _MISSING
             if last:
                 return node, node._get_node(int(part))
-            node_value = node[int(part)]
+            node_value = _step(node, int(part), key, parts[: depth + 1])
         else:
             prefix = ".".join(parts[:depth])
             raise ConfigKeyError(
@@ -98,6 +99,21 @@ def _lookup(cfg: Any, key: str) -> tuple[Any, Any]:
             )
         node = node_value
     raise AssertionError("unreachable")
+
+
+def _step(node: Any, index: Any, key: str, path: list[str]) -> Any:
+    """The child ``index`` of container ``node`` that ``_lookup`` walks into: a config node as
+    it is, a plain value resolved. A path cannot run through an interpolation (``a: ${d}``):
+    a write there would replace the alias, or change what it points to."""
+    child = node._get_node(index)
+    if isinstance(child, (DictConfig, ListConfig)):
+        return child
+    if child._is_interpolation():
+        raise ConfigKeyError(
+            f"cannot set '{key}': '{'.'.join(path)}' is an interpolation ({child._value()}); "
+            "override the key it refers to, or replace it whole"
+        )
+    return node[index]
 
 
 def all_keys(cfg: Any, prefix: str = "") -> list[str]:

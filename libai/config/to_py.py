@@ -58,15 +58,16 @@ def _flat(expr: str | _Group) -> str:
     return expr.head + inner + expr.close
 
 
-def _render(expr: str | _Group, column: int, indent: int) -> str:
-    """``expr`` starting at ``column`` inside a block indented by ``indent`` spaces."""
+def _render(expr: str | _Group, column: int, indent: int, trail: int = 0) -> str:
+    """``expr`` starting at ``column`` inside a block indented by ``indent`` spaces, followed
+    on its line by ``trail`` more characters (the comma after a wrapped group's item)."""
     flat = _flat(expr)
-    if isinstance(expr, str) or column + len(flat) <= LINE_LENGTH or not expr.items:
+    if isinstance(expr, str) or column + len(flat) + trail <= LINE_LENGTH or not expr.items:
         return flat
     pad = " " * (indent + 4)
     lines = [expr.head]
     for prefix, item in expr.items:
-        body = _render(item, indent + 4 + len(prefix), indent + 4)
+        body = _render(item, indent + 4 + len(prefix), indent + 4, trail=1)
         lines.append(f"{pad}{prefix}{body},")
     lines.append(" " * indent + expr.close)
     return "\n".join(lines)
