@@ -197,8 +197,9 @@ def test_even_stage_split(layers, pp, vpp, expected):
 
 def test_fewer_layers_than_stages_are_refused():
     with pytest.raises(ValueError, match="only 3 layers"):
-        resolve_layout({"pipeline_parallel_size": 2, "virtual_pipeline_size": 2,
-                        "pipeline_num_layers": 3}, 2)
+        resolve_layout(
+            {"pipeline_parallel_size": 2, "virtual_pipeline_size": 2, "pipeline_num_layers": 3}, 2
+        )
 
 
 def test_virtual_stages_need_a_pipeline():
