@@ -7,10 +7,8 @@ a partial load, the vocabulary size a checkpoint was trained with.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import json
-import locale
 import os
 import pickle
 import sys
@@ -21,6 +19,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 import xxhash
+from locales import ascii_locale
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.filesystem import _StorageInfo
@@ -156,17 +155,6 @@ def test_aside_path_counts_up_from_2(tmp_path):
     assert files.aside_path(str(ckpt)) == f"{base}-3"
     (ckpt / "meta.json").write_text(json.dumps({"run_id": "abc"}))
     assert files.aside_path(str(ckpt)) == f"{ckpt}.run-abc"
-
-
-@contextlib.contextmanager
-def ascii_locale():
-    """The C locale: ``open`` without an encoding is ASCII (unless Python is in UTF-8 mode)."""
-    old = locale.setlocale(locale.LC_CTYPE)
-    locale.setlocale(locale.LC_CTYPE, "C")
-    try:
-        yield
-    finally:
-        locale.setlocale(locale.LC_CTYPE, old)
 
 
 @pytest.mark.skipif(sys.flags.utf8_mode, reason="UTF-8 mode: every locale reads UTF-8")

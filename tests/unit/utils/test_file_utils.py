@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import socket
 
+import locales
 import pytest
 
 from libai.utils import file_utils as fu
@@ -199,14 +200,8 @@ def test_get_data_from_cache_path_and_default_dir(tmp_path, monkeypatch):
 @pytest.fixture
 def ascii_locale():
     """The process's locale encoding is ASCII (``LC_CTYPE=C``), as on a bare container."""
-    import locale
-
-    old = locale.setlocale(locale.LC_CTYPE)
-    locale.setlocale(locale.LC_CTYPE, "C")
-    try:
+    with locales.ascii_locale():
         yield
-    finally:
-        locale.setlocale(locale.LC_CTYPE, old)
 
 
 def test_filename_to_url_reads_its_json_as_utf8_in_any_locale(tmp_path, ascii_locale):
