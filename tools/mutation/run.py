@@ -629,6 +629,7 @@ def run_round(target: Target, work: Path, args, sample, rounds: AllTestsRounds) 
             print("no mutants to run with the fast tests: use --slow")
             return 0
     code = mutmut(work, "run", "--max-children", str(args.max_children), *names, fast_seconds=fast)
+    # read again: the run just profiled the new tests
     runnable = functions_with_fast_tests(work, fast) if fast is not None else None
     again = [
         n
