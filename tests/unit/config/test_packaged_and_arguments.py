@@ -66,3 +66,17 @@ def test_the_command_line_flags():
     # an epilog of its own, kept as written (not re-wrapped)
     custom = default_argument_parser("first line\n  second line").format_help()
     assert custom.endswith("\nfirst line\n  second line\n")
+
+
+def test_every_flag_says_what_it_does():
+    # the help line of each flag, as a user reads it in --help (whitespace folded: the
+    # wrapping depends on the terminal)
+    text = " ".join(default_argument_parser().format_help().split())
+    for line in (
+        "--resume resume from the last checkpoint in output_dir",
+        "--eval-only evaluate the loaded weights only",
+        "--fast-dev-run a few iterations with frequent logging, evaluation and checkpoints "
+        "(smoke test)",
+        "opts config overrides in Hydra's grammar, e.g. train.train_iter=100",
+    ):
+        assert line in text
