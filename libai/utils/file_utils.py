@@ -19,7 +19,6 @@ import hashlib
 import json
 import logging
 import os
-from pathlib import Path
 from urllib.parse import urlparse
 
 from libai.utils.errors import OneLineError
@@ -100,7 +99,7 @@ def get_from_cache(url: str, cache_dir=None, force_download: bool = False, **_ig
 
 def cached_path(url_or_filename, cache_dir=None, force_download: bool = False, **_ignored) -> str:
     """A local path as it is (it must exist), or a URL's cached file (:func:`get_from_cache`)."""
-    name = os.fspath(url_or_filename) if isinstance(url_or_filename, Path) else url_or_filename
+    name = os.fspath(url_or_filename)  # a str, or any os.PathLike (not only pathlib's)
     scheme = urlparse(name).scheme
     if scheme in _REMOTE:
         return get_from_cache(name, cache_dir=cache_dir, force_download=force_download)

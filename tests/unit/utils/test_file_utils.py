@@ -7,6 +7,7 @@ ever opened."""
 from __future__ import annotations
 
 import hashlib
+import os
 import socket
 
 import locales
@@ -41,6 +42,16 @@ def test_get_data_from_cache_finds_checks_and_refuses(tmp_path):
         fu.get_data_from_cache(URL, tmp_path, force_download=True)
 
 
+class _PathLike(os.PathLike):
+    """An ``os.PathLike`` that is not a ``pathlib.Path`` (as ``os.DirEntry`` is)."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __fspath__(self) -> str:
+        return self.path
+
+
 def test_cache_by_url_hash_local_paths_and_download_file(tmp_path, monkeypatch):
     monkeypatch.setenv("LIBAI_CACHE_DIR", str(tmp_path / "cache"))
     assert fu.default_cache_path() == str(tmp_path / "cache")
@@ -55,6 +66,7 @@ def test_cache_by_url_hash_local_paths_and_download_file(tmp_path, monkeypatch):
     assert fu.cached_path(URL) == str(cached)
     assert fu.filename_to_url(cached.name) == (URL, "etag")
     assert fu.cached_path(cached) == str(cached)  # a local path as it is
+    assert fu.cached_path(_PathLike(str(cached))) == str(cached)  # any os.PathLike
     with pytest.raises(FileNotFoundError, match="not found"):
         fu.cached_path(tmp_path / "missing.txt")
     out = tmp_path / "bpe_simple_vocab_16e6.txt.gz"
