@@ -32,12 +32,15 @@ def _local(t):
 
 
 def build(layout: dict):
-    """Model, run parts and the (ZeRO-wrapped) AdamW of ``layout`` (``level``: O1 or O2)."""
+    """Model, run parts and the (ZeRO-wrapped) AdamW of ``layout`` (``level``: O1 or O2;
+    ``dtype``: bf16, or fp16 with its dynamic loss scaler)."""
     torch.manual_seed(layout.get("seed", 0))
     model = GPTForPreTraining(**GPT)
     zero = ZeroSpec(enabled=bool(layout.get("zero")), stage=layout.get("zero") or 1)
     spec = RunSpec(
-        amp=AmpSpec(enabled=True, dtype="bf16", level=layout.get("level", "O2")),
+        amp=AmpSpec(
+            enabled=True, dtype=layout.get("dtype", "bf16"), level=layout.get("level", "O2")
+        ),
         zero_optimization=zero,
         num_accumulation_steps=layout.get("microbatches", 1),
         dist=dict(layout["dist"]),

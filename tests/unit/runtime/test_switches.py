@@ -135,6 +135,29 @@ def test_gradient_accumulation_equals_the_larger_batch():
         ModelRunner(b, num_microbatches=3).forward_backward(make_batch(batch=8))
 
 
+@pytest.mark.parametrize(("init_scale", "microbatches"), [(None, 1), (None, 4), (8.0, 2)])
+def test_backward_of_a_custom_loop_scales_by_loss_scale_over_microbatches(init_scale, microbatches):
+    # runner.backward(loss, n) is loss.backward() times (fp16 loss scale / n): powers of two,
+    # so the gradients are the plain ones times that factor exactly
+    ref, model = make_model(), make_model()
+    ModelRunner(ref)._loss(make_batch()).backward()
+    if init_scale is None:
+        runner, factor = ModelRunner(model), 1.0 / microbatches
+    else:
+        scaler = DynamicLossScaler(init_scale=init_scale)
+        runner = ModelRunner(model, amp_dtype=torch.float16, loss_scaler=scaler)
+        factor = init_scale / microbatches
+    runner.backward(runner._loss(make_batch()), num_microbatches=microbatches)  # fp32 forward
+    for (name, g), want in zip(grads(model).items(), grads(ref).values()):
+        assert torch.equal(g, want * factor), name
+    # through backward_fn when one is given, with the same scaled loss
+    seen = []
+    runner.backward_fn = seen.append
+    loss = torch.tensor(3.0)
+    runner.backward(loss, num_microbatches=microbatches)
+    assert len(seen) == 1 and float(seen[0]) == 3.0 * factor
+
+
 def test_clipping_equals_torch_clip_grad_norm():
     a, b = make_model(), make_model()
     ModelRunner(a).forward_backward(make_batch())
