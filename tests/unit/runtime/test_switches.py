@@ -135,6 +135,24 @@ def test_gradient_accumulation_equals_the_larger_batch():
         ModelRunner(b, num_microbatches=3).forward_backward(make_batch(batch=8))
 
 
+def test_accumulation_averages_the_micro_batch_means():
+    # micro-batches counting different numbers of tokens (labels -100 are not counted): the
+    # accumulated loss and gradients are the mean of the micro-batch means, as in LiBai and
+    # Megatron, which differs from the mean over all the batch's tokens
+    batch = make_batch(batch=4)
+    batch["labels"][:2, 3:] = -100
+    ref, model = make_model(), make_model()
+    halves = [{k: v[i : i + 2] for k, v in batch.items()} for i in (0, 2)]
+    micro_losses = [ModelRunner(ref)._loss(half) for half in halves]
+    want = sum(micro_losses) / 2
+    want.backward()
+    whole = ModelRunner(make_model())._loss(batch).item()
+    got = float(ModelRunner(model, num_microbatches=2).forward_backward(batch))
+    assert abs(got - want.item()) < 1e-6 and abs(got - whole) > 1e-3
+    for (name, g), ref_g in zip(grads(model).items(), grads(ref).values()):
+        torch.testing.assert_close(g, ref_g, rtol=0, atol=1e-6, msg=name)
+
+
 @pytest.mark.parametrize(("init_scale", "microbatches"), [(None, 1), (None, 4), (8.0, 2)])
 def test_backward_of_a_custom_loop_scales_by_loss_scale_over_microbatches(init_scale, microbatches):
     # runner.backward(loss, n) is loss.backward() times (fp16 loss scale / n): powers of two,
