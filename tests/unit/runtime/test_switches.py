@@ -153,6 +153,23 @@ def test_accumulation_averages_the_micro_batch_means():
         torch.testing.assert_close(g, ref_g, rtol=0, atol=1e-6, msg=name)
 
 
+@pytest.mark.parametrize("microbatches", [1, 2])
+def test_a_step_under_loss_scale_two_has_twice_the_gradients(microbatches):
+    # the same fp16 forward with and without a loss scaler of scale 2: the gradients the
+    # step leaves (before unscale_) are twice the unscaled ones, the loss is the same
+    plain, scaled = make_model(), make_model()
+    loss = ModelRunner(
+        plain, amp_dtype=torch.float16, num_microbatches=microbatches
+    ).forward_backward(make_batch())
+    scaler = DynamicLossScaler(init_scale=2.0)
+    runner = ModelRunner(
+        scaled, amp_dtype=torch.float16, loss_scaler=scaler, num_microbatches=microbatches
+    )
+    assert float(runner.forward_backward(make_batch())) == float(loss)
+    for (name, g), ref in zip(grads(scaled).items(), grads(plain).values()):
+        torch.testing.assert_close(g, 2 * ref, rtol=1e-3, atol=1e-4, msg=name)  # fp16 rounding
+
+
 @pytest.mark.parametrize(("init_scale", "microbatches"), [(None, 1), (None, 4), (8.0, 2)])
 def test_backward_of_a_custom_loop_scales_by_loss_scale_over_microbatches(init_scale, microbatches):
     # runner.backward(loss, n) is loss.backward() times (fp16 loss scale / n): powers of two,
