@@ -1,0 +1,63 @@
+"""How the overlapped dp all-reduce groups gradients into buckets (hand-counted bytes), and
+that its hooks come off. (Its numbers on dp ranks: tests/distributed/test_grad_overlap.py.)"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from libai.runtime.grad_overlap import OverlappedGradReducer
+
+
+def params(*specs):
+    """Plain parameters of (numel, dtype)."""
+    return [nn.Parameter(torch.zeros(n, dtype=dtype)) for n, dtype in specs]
+
+
+def bucket_indices(reducer, ps):
+    index = {id(p): i for i, p in enumerate(ps)}
+    return [[index[id(p)] for p in bucket] for bucket in reducer.buckets]
+
+
+def test_buckets_fill_to_the_byte_budget_in_reverse_order():
+    ps = params(*[(4, torch.float32)] * 5)  # 16 bytes each
+    # 32 bytes: two per bucket exactly (a bucket may reach the budget, not pass it)
+    reducer = OverlappedGradReducer(ps, group=None, dp_size=2, bucket_bytes=32)
+    assert bucket_indices(reducer, ps) == [[4, 3], [2, 1], [0]]
+    assert reducer.bucket_of == {id(p): [2, 1, 1, 0, 0][i] for i, p in enumerate(ps)}
+    # one byte short of two: one per bucket
+    reducer = OverlappedGradReducer(ps, group=None, dp_size=2, bucket_bytes=31)
+    assert bucket_indices(reducer, ps) == [[4], [3], [2], [1], [0]]
+    # a parameter bigger than the budget still gets a bucket of its own
+    big = params((4, torch.float32), (100, torch.float32), (4, torch.float32))
+    reducer = OverlappedGradReducer(big, group=None, dp_size=2, bucket_bytes=32)
+    assert bucket_indices(reducer, big) == [[2], [1], [0]]
+
+
+def test_a_new_dtype_starts_a_new_bucket_and_frozen_parameters_are_left_out():
+    ps = params((2, torch.float32), (2, torch.float16), (2, torch.float16), (2, torch.float32))
+    ps[0].requires_grad_(False)
+    reducer = OverlappedGradReducer(ps, group=None, dp_size=2)
+    assert bucket_indices(reducer, ps) == [[3], [2, 1]]
+    assert id(ps[0]) not in reducer.bucket_of
+
+
+def test_remove_takes_the_hooks_off():
+    # armed hooks launch an all-reduce when a bucket's gradients are in: with no process
+    # group here that raises, so a backward that passes ran no hook
+    ps = params((3, torch.float32), (3, torch.float32))
+    hooked = OverlappedGradReducer(ps, group=None, dp_size=2, bucket_bytes=12)
+    hooked.arm()
+    with pytest.raises(ValueError, match="process group"):
+        sum(p.sum() for p in ps).backward()
+    hooked.remove()
+    for p in ps:
+        p.grad = None
+    reducer = OverlappedGradReducer(ps, group=None, dp_size=2, bucket_bytes=12)
+    reducer.arm()
+    reducer.remove()
+    reducer.remove()  # twice is harmless
+    sum(p.sum() for p in ps).backward()
+    assert reducer.launched_in_backward == 0
+    assert all(torch.equal(p.grad, torch.ones(3)) for p in ps)
