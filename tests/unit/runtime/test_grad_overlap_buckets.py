@@ -3,7 +3,6 @@ that its hooks come off. (Its numbers on dp ranks: tests/distributed/test_grad_o
 
 from __future__ import annotations
 
-import pytest
 import torch
 from torch import nn
 
@@ -44,20 +43,26 @@ def test_a_new_dtype_starts_a_new_bucket_and_frozen_parameters_are_left_out():
 
 
 def test_remove_takes_the_hooks_off():
-    # armed hooks launch an all-reduce when a bucket's gradients are in: with no process
-    # group here that raises, so a backward that passes ran no hook
+    # armed hooks launch each bucket as its gradients come in (the launches are recorded
+    # here, not sent: no process group is needed); after remove() nothing is launched
     ps = params((3, torch.float32), (3, torch.float32))
     hooked = OverlappedGradReducer(ps, group=None, dp_size=2, bucket_bytes=12)
-    hooked.arm()
-    with pytest.raises(ValueError, match="process group"):
-        sum(p.sum() for p in ps).backward()
-    hooked.remove()
-    for p in ps:
-        p.grad = None
-    reducer = OverlappedGradReducer(ps, group=None, dp_size=2, bucket_bytes=12)
-    reducer.arm()
-    reducer.remove()
-    reducer.remove()  # twice is harmless
+    removed = OverlappedGradReducer(ps, group=None, dp_size=2, bucket_bytes=12)
+    launches = {id(hooked): [], id(removed): []}
+
+    def recorder(reducer):
+        def launch(b):  # what _launch does to the reducer's state, without the collective
+            launches[id(reducer)].append(b)
+            reducer._next = b + 1
+
+        return launch
+
+    for reducer in (hooked, removed):
+        reducer._launch = recorder(reducer)
+        reducer.arm()
+    removed.remove()
+    removed.remove()  # twice is harmless
     sum(p.sum() for p in ps).backward()
-    assert reducer.launched_in_backward == 0
+    assert launches[id(hooked)] == [0, 1] and hooked.launched_in_backward == 2
+    assert launches[id(removed)] == [] and removed.launched_in_backward == 0
     assert all(torch.equal(p.grad, torch.ones(3)) for p in ps)
