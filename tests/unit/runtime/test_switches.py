@@ -170,7 +170,7 @@ def test_a_step_under_loss_scale_two_has_twice_the_gradients(microbatches):
         torch.testing.assert_close(g, 2 * ref, rtol=1e-3, atol=1e-4, msg=name)  # fp16 rounding
 
 
-@pytest.mark.parametrize(("init_scale", "microbatches"), [(None, 1), (None, 4), (8.0, 2)])
+@pytest.mark.parametrize(("init_scale", "microbatches"), [(None, 1), (None, 4), (8.0, 2), (2.0, 1)])
 def test_backward_of_a_custom_loop_scales_by_loss_scale_over_microbatches(init_scale, microbatches):
     # runner.backward(loss, n) is loss.backward() times (fp16 loss scale / n): powers of two,
     # so the gradients are the plain ones times that factor exactly
@@ -182,7 +182,11 @@ def test_backward_of_a_custom_loop_scales_by_loss_scale_over_microbatches(init_s
         scaler = DynamicLossScaler(init_scale=init_scale)
         runner = ModelRunner(model, amp_dtype=torch.float16, loss_scaler=scaler)
         factor = init_scale / microbatches
-    runner.backward(runner._loss(make_batch()), num_microbatches=microbatches)  # fp32 forward
+    loss = runner._loss(make_batch())  # an fp32 forward
+    if microbatches == 1:
+        runner.backward(loss)  # one micro-batch by default
+    else:
+        runner.backward(loss, num_microbatches=microbatches)
     for (name, g), want in zip(grads(model).items(), grads(ref).values()):
         assert torch.equal(g, want * factor), name
     # through backward_fn when one is given, with the same scaled loss
