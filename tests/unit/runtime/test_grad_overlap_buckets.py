@@ -3,6 +3,7 @@ that its hooks come off. (Its numbers on dp ranks: tests/distributed/test_grad_o
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -66,3 +67,24 @@ def test_remove_takes_the_hooks_off():
     assert launches[id(hooked)] == [0, 1] and hooked.launched_in_backward == 2
     assert launches[id(removed)] == [] and removed.launched_in_backward == 0
     assert all(torch.equal(p.grad, torch.ones(3)) for p in ps)
+
+
+def test_finish_launches_the_buckets_backward_left_and_disarms():
+    # a parameter that gets no gradient keeps its bucket (and every later one) from going
+    # out during backward: finish() launches them, in bucket order, then needs a new arm()
+    ps = params((4, torch.float32), (4, torch.float32), (4, torch.float32))
+    reducer = OverlappedGradReducer(ps, group=None, dp_size=2, bucket_bytes=16)
+    launched = []
+
+    def launch(b):  # what _launch does to the reducer's state, without the collective
+        launched.append(b)
+        reducer._next = b + 1
+
+    reducer._launch = launch
+    reducer.arm()
+    (ps[0].sum() + ps[2].sum()).backward()  # buckets [[2], [1], [0]]: [1] gets no gradient
+    assert launched == [0] and reducer.launched_in_backward == 1
+    reducer.finish()
+    assert launched == [0, 1, 2] and not reducer.armed
+    with pytest.raises(RuntimeError, match="without arm"):
+        reducer.finish()
