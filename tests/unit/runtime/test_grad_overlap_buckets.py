@@ -25,6 +25,8 @@ def test_buckets_fill_to_the_byte_budget_in_reverse_order():
     # 32 bytes: two per bucket exactly (a bucket may reach the budget, not pass it)
     reducer = OverlappedGradReducer(ps, group=None, dp_size=2, bucket_bytes=32)
     assert bucket_indices(reducer, ps) == [[4, 3], [2, 1], [0]]
+    # nothing armed or launched before the first step
+    assert reducer.armed is False and reducer.launched_in_backward == 0
     assert reducer.bucket_of == {id(p): [2, 1, 1, 0, 0][i] for i, p in enumerate(ps)}
     # one byte short of two: one per bucket
     reducer = OverlappedGradReducer(ps, group=None, dp_size=2, bucket_bytes=31)
