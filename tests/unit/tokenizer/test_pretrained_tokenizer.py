@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import pytest
 import torch
 
@@ -97,3 +98,26 @@ def test_no_download_and_unimplemented_methods_name_themselves(vocab_file):
         WordTokenizer.from_pretrained("bert-base-chinese")
     with pytest.raises(NotImplementedError, match="must define _tokenize"):
         PreTrainedTokenizer().tokenize("text")
+
+
+def test_role_setters_tensor_kinds_and_additional_special_tokens(vocab_file):
+    tok = WordTokenizer(vocab_file)
+    tok.pad_token = "[SEP]"
+    assert (tok.pad_token, tok.pad_token_id) == ("[SEP]", 3)
+    tok.pad_token = None
+    assert tok.pad_token is None and tok.pad_token_id is None
+    with pytest.raises(TypeError, match="pad_token has to be a str, got int"):
+        tok.pad_token = 5
+    ids = [2, 4, 3]
+    assert tok.convert_to_tensors(ids) is ids
+    for kind in ("pt", "of"):  # "of": OneFlow's name in LiBai's projects, a torch tensor here
+        t = tok.convert_to_tensors(ids, return_tensors=kind)
+        assert t.dtype == torch.long and t.tolist() == ids
+    a = tok.convert_to_tensors(ids, return_tensors="np")
+    assert a.dtype == np.int64 and a.tolist() == ids
+    with pytest.raises(ValueError, match="return_tensors must be None, 'pt', 'of' or 'np'"):
+        tok.convert_to_tensors(ids, return_tensors="tf")
+    # a list-valued role: each token added as a special token
+    assert tok.add_special_tokens({"additional_special_tokens": ["<a>", "<b>"]}) == 2
+    assert tok.convert_tokens_to_ids(["<a>", "<b>"]) == [10, 11]
+    assert tok.tokenize("the<a>cat") == ["the", "<a>", "cat"]
