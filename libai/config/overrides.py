@@ -81,9 +81,8 @@ def _lookup(cfg: Any, key: str) -> tuple[Any, Any]:
         if isinstance(node, DictConfig):
             if part not in node.keys():
                 return (node if last else _MISSING), _MISSING
-            child = node._get_node(part)
             if last:
-                return node, child
+                return node, node._get_node(part)
             node_value = _step(node, part, key, parts[: depth + 1])
         elif isinstance(node, ListConfig):
             if not part.lstrip("-").isdigit() or not -len(node) <= int(part) < len(node):

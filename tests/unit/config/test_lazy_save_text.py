@@ -15,6 +15,7 @@ from collections import namedtuple
 import cloudpickle
 import pytest
 import torch
+from locales import ascii_locale
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from libai.config import LazyConfig
@@ -160,6 +161,13 @@ def test_save_writes_utf8_under_an_ascii_locale(tmp_path):
     )
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "c.yaml").read_bytes() == "{name: café}\n".encode()
+
+
+def test_save_writes_utf8_under_an_ascii_locale_in_process(tmp_path):
+    # the same in this process (the test above starts a fresh interpreter)
+    with ascii_locale():
+        LazyConfig.save(OmegaConf.create({"name": "caf\u00e9"}), str(tmp_path / "c.yaml"))
+    assert (tmp_path / "c.yaml").read_bytes() == "{name: caf\u00e9}\n".encode()
 
 
 def test_only_values_past_column_9999_are_folded(tmp_path, caplog):

@@ -45,24 +45,28 @@ def test_a_new_dtype_starts_a_new_bucket_and_frozen_parameters_are_left_out():
     assert id(ps[0]) not in reducer.bucket_of
 
 
+def record_launches(reducer) -> list[int]:
+    """Replace ``reducer``'s launch with one that records the bucket index and advances the
+    reducer's state as ``_launch`` does, without the collective; returns the record."""
+    launched = []
+
+    def launch(b):
+        launched.append(b)
+        reducer._next = b + 1
+
+    reducer._launch = launch
+    return launched
+
+
 def test_remove_takes_the_hooks_off():
     # armed hooks launch each bucket as its gradients come in (the launches are recorded
     # here, not sent: no process group is needed); after remove() nothing is launched
     ps = params((3, torch.float32), (3, torch.float32))
     hooked = OverlappedGradReducer(ps, group=None, dp_size=2, bucket_bytes=12)
     removed = OverlappedGradReducer(ps, group=None, dp_size=2, bucket_bytes=12)
-    launches = {id(hooked): [], id(removed): []}
-
-    def recorder(reducer):
-        def launch(b):  # what _launch does to the reducer's state, without the collective
-            launches[id(reducer)].append(b)
-            reducer._next = b + 1
-
-        return launch
-
-    for reducer in (hooked, removed):
-        reducer._launch = recorder(reducer)
-        reducer.arm()
+    launches = {id(r): record_launches(r) for r in (hooked, removed)}
+    hooked.arm()
+    removed.arm()
     removed.remove()
     removed.remove()  # twice is harmless
     sum(p.sum() for p in ps).backward()
@@ -76,13 +80,7 @@ def test_finish_launches_the_buckets_backward_left_and_disarms():
     # out during backward: finish() launches them, in bucket order, then needs a new arm()
     ps = params((4, torch.float32), (4, torch.float32), (4, torch.float32))
     reducer = OverlappedGradReducer(ps, group=None, dp_size=2, bucket_bytes=16)
-    launched = []
-
-    def launch(b):  # what _launch does to the reducer's state, without the collective
-        launched.append(b)
-        reducer._next = b + 1
-
-    reducer._launch = launch
+    launched = record_launches(reducer)
     reducer.arm()
     (ps[0].sum() + ps[2].sum()).backward()  # buckets [[2], [1], [0]]: [1] gets no gradient
     assert launched == [0] and reducer.launched_in_backward == 1
