@@ -34,6 +34,8 @@ setup(
     extras_require={
         # libai.accelerate (libai-accelerate): unmodified Hugging Face models on local data
         "accelerate": ["transformers", "datasets"],
+        # train.amp.fp8: torchao's float8 training (libai/layers/float8.py)
+        "fp8": ["torchao>=0.14"],
         # transformers: the reference models of the parity tests and the benchmarks' baseline;
         # jinja2: chat templates (projects/chat_sft); import-linter: the import rule
         "test": [
@@ -43,6 +45,7 @@ setup(
             "datasets",
             "jinja2>=3.1",
             "import-linter",
+            "torchao>=0.14",  # the fp8 tests (emulated float8 on the CPU)
             "mutmut==3.8.1",  # tools/mutation.sh (docs/testing.md, "Mutation testing")
         ],
     },

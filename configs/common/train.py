@@ -45,7 +45,11 @@ train = dict(
     # loss scaler starting at init_scale (ours: dtype, init_scale)
     # level "O1": autocast, fp32 parameters; "O2" (ours, FleetX's / Megatron's): parameters
     # and gradients in dtype, fp32 master weights in the optimizer
-    amp=dict(enabled=False, dtype="bf16", init_scale=65536.0, level="O1"),
+    # fp8 (ours, torchao's recipes): "rowwise" or "tensorwise" runs the large Linear layers'
+    # matmuls in float8 (pip install 'libai[fp8]'); fp8_min_size=False converts small ones too
+    amp=dict(
+        enabled=False, dtype="bf16", init_scale=65536.0, level="O1", fp8=None, fp8_min_size=True
+    ),
     # Recompute each TransformerLayer in backward instead of storing its activations;
     # mode "full", or "selective": keep matmul / attention outputs, recompute the rest (ours);
     # "full_attn" / "core_attn" (FleetX's): only the attention sub-layer / attention core.

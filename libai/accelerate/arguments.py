@@ -17,6 +17,7 @@ import shlex
 from libai.accelerate.megatron_args import add_megatron_names, set_megatron_names
 from libai.accelerate.pretraining import add_megatron_model_flags, check_pretraining_args
 from libai.accelerate.tasks import TASKS
+from libai.layers.float8 import FP8_RECIPES
 from libai.runtime.spec import (
     ActivationCheckpointSpec,
     AmpSpec,
@@ -135,6 +136,13 @@ def build_parser(prog: str = "libai-accelerate") -> argparse.ArgumentParser:
         choices=["bf16", "fp16"],
         default="bf16",
         help="fp16 adds a dynamic loss scaler",
+    )
+    g.add_argument(
+        "--fp8",
+        choices=list(FP8_RECIPES),
+        default=None,
+        help="float8 matmuls in the large Linear layers (torchao's recipe; pip install "
+        "'libai[fp8]'); the lm_head stays in high precision",
     )
     g.add_argument(
         "--zero-1-memory-optimization",
@@ -323,7 +331,9 @@ def train_namespace(args, *, train_iter: int, dist_cfg: dict) -> RunSpec:
         num_accumulation_steps=args.num_accumulation_steps,
         log_period=args.log_interval,
         seed=args.seed,
-        amp=AmpSpec(enabled=bool(args.mixed_precision), dtype=args.mixed_precision_dtype),
+        amp=AmpSpec(
+            enabled=bool(args.mixed_precision), dtype=args.mixed_precision_dtype, fp8=args.fp8
+        ),
         activation_checkpoint=ActivationCheckpointSpec(
             enabled=bool(args.checkpoint_activations), mode=args.recompute_granularity
         ),

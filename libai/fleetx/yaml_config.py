@@ -7,7 +7,7 @@ A config has the sections of PaddleFleetX's::
     Engine:      {run_mode, max_steps, num_train_epochs, accumulate_steps, logging_freq,
                   eval_freq, eval_iters, test_iters, compile,
                   mix_precision: {enable, dtype, level, scale_loss, custom_black_list,
-                                  custom_white_list},
+                                  custom_white_list, fp8 (ours)},
                   save_load: {save_steps, save_epoch, output_dir, ckpt_dir, max_to_keep}}
     Model:       {module, use_recompute, recompute_granularity (full | selective), ...the
                   model's hyper-parameters}
@@ -86,6 +86,7 @@ DEFAULTS: dict[str, Any] = {
             "scale_loss": 32768.0,
             "custom_black_list": None,
             "custom_white_list": None,
+            "fp8": None,  # ours: "rowwise" / "tensorwise" float8 matmuls (train.amp.fp8)
         },
         "save_load": {
             "save_steps": -1,

@@ -210,6 +210,7 @@ def train_namespace(
             dtype=amp_dtype,
             init_scale=engine.mix_precision.scale_loss,
             level=str(engine.mix_precision.level or "O1").upper(),
+            fp8=engine.mix_precision.get("fp8") if mode == "train" else None,
         ),
         activation_checkpoint=recompute_spec(cfg),
         zero_optimization=ZeroSpec(

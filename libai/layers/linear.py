@@ -13,6 +13,7 @@ from libai.layers.collectives import (
     reduce_from_tp,
     reduce_scatter_to_sp,
 )
+from libai.layers.float8 import Float8Matmul, float8_linear
 from libai.layers.param import (
     InitMethod,
     create_parameter,
@@ -86,6 +87,8 @@ class Linear(nn.Module):
                 mark_sequence_parallel(self.bias)
         else:
             self.register_parameter("bias", None)
+        #: float8 matmul settings (``train.amp.fp8``; :mod:`libai.layers.float8`), or None
+        self.float8: Float8Matmul | None = None
 
     def forward(self, x: torch.Tensor):
         weight = local_value(self.weight)
@@ -98,12 +101,12 @@ class Linear(nn.Module):
                 # [S(0), B] -> [S(0), B]  (no comm forward; all-reduce dx backward)
                 x = copy_to_tp(x)
             # [S(0), B] x [B, S(0)]^T -> [S(0), S(-1)]
-            out = F.linear(x, weight, None if self.skip_bias_add else bias)
+            out = self._matmul(x, weight, None if self.skip_bias_add else bias)
         elif self.parallel == "row":
             if x.shape[-1] != weight.shape[1]:  # a shape comparison: no compute, no sync
                 self._raise_row_input(x.shape[-1], weight.shape[1])
             # [S(0), S(-1)] x [B, S(1)]^T -> [S(0), P]
-            partial = F.linear(x, weight)
+            partial = self._matmul(x, weight, None)
             if self.sequence_parallel:
                 # [S(0), P] -> reduce-scatter -> [S(0), S(1)]  (all-gather dy backward)
                 out = reduce_scatter_to_sp(partial)
@@ -114,10 +117,15 @@ class Linear(nn.Module):
                 out = out + bias
         else:
             # [S(0), B] x [B, B]^T -> [S(0), B]
-            out = F.linear(x, weight, None if self.skip_bias_add else bias)
+            out = self._matmul(x, weight, None if self.skip_bias_add else bias)
         if self.skip_bias_add:
             return out, bias
         return out
+
+    def _matmul(self, x, weight, bias):
+        if self.float8 is None:
+            return F.linear(x, weight, bias)
+        return float8_linear(x, weight, bias, self.float8)
 
     def _raise_row_input(self, given: int, local: int):
         tp = self.in_features // local
@@ -136,4 +144,5 @@ class Linear(nn.Module):
             f"in_features={self.in_features}, out_features={self.out_features}, "
             f"bias={self.bias is not None}, parallel={self.parallel}, layer_idx={self.layer_idx}"
             + (", sequence_parallel=True" if self.sequence_parallel else "")
+            + (f", float8={self.float8.recipe}" if self.float8 is not None else "")
         )

@@ -23,6 +23,7 @@ from typing import NamedTuple
 import torch
 
 from libai import dist
+from libai.layers.float8 import check_fp8_layout, enable_float8_training, hardware_has_fp8
 from libai.runtime.amp import DynamicLossScaler
 from libai.runtime.master_weights import MasterWeights
 from libai.runtime.parallel import ModelRunner
@@ -82,6 +83,7 @@ def parallelize(
             "supported: use ZeRO stage 1 or 2 with O2, or level O1 (autocast) with stage 3"
         )
     zero_stage = spec.zero_stage(util.layout)  # may raise
+    _enable_fp8(model, spec, util)  # may raise
     runner = ModelRunner(
         model,
         num_microbatches=spec.num_accumulation_steps,
@@ -103,6 +105,36 @@ def parallelize(
         runner, zero_stage, hsdp_replicate_size=spec.zero_optimization.hsdp_replicate_size
     )
     return RunnerParts(runner, grad_scaler, zero_stage)
+
+
+def _enable_fp8(model: torch.nn.Module, spec: RunSpec, util) -> None:
+    """``train.amp.fp8``: the large Linear layers' matmuls in float8 (before the pipeline
+    split copies stages and before compile traces them); emulated where this rank's device
+    has no float8 matmul."""
+    recipe = spec.amp.fp8_recipe()
+    if recipe is None:
+        return
+    check_fp8_layout(util.layout)
+    emulate = not hardware_has_fp8(util.device)
+    # the output head stays in high precision (torchtitan's default): lm_head is a Hugging
+    # Face model's; libai's models compute logits in LMLogits, not a Linear
+    names = enable_float8_training(
+        model, recipe, emulate=emulate, min_size=spec.amp.fp8_min_size, skip=("lm_head",)
+    )
+    if names:
+        logger.info(
+            "fp8 (%s%s): %d Linear layers, e.g. %s",
+            recipe,
+            ", emulated: no float8 matmul on this device" if emulate else "",
+            len(names),
+            names[0],
+        )
+    else:
+        logger.warning(
+            "train.amp.fp8=%r: no Linear layer is large enough to gain from float8 "
+            "(set train.amp.fp8_min_size=False to convert every layer whose dims divide by 16)",
+            recipe,
+        )
 
 
 def shard_optimizer_for(parts: RunnerParts, optimizer: torch.optim.Optimizer):

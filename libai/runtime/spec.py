@@ -27,6 +27,7 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from libai import dist
 from libai.layers.checkpointing import resolve_mode
+from libai.layers.float8 import check_recipe
 from libai.runtime.amp import resolve_amp_dtype
 from libai.runtime.zero import resolve_zero_stage
 
@@ -63,12 +64,21 @@ class AmpSpec:
     """Mixed precision: autocast to ``dtype`` ("bf16" or "fp16"); fp16 adds a dynamic loss
     scaler starting at ``init_scale``. ``level`` "O1" keeps fp32 parameters (autocast only);
     "O2" also stores parameters and gradients in ``dtype`` with fp32 master weights in the
-    optimizer (:mod:`libai.runtime.master_weights`)."""
+    optimizer (:mod:`libai.runtime.master_weights`). ``fp8`` "rowwise" or "tensorwise"
+    (torchao's recipes) runs the large Linear layers' matmuls in float8
+    (:mod:`libai.layers.float8`); None: off. ``fp8_min_size`` False converts every layer
+    whose dims divide by 16, not only those large enough to gain on an H100."""
 
     enabled: bool = False
     dtype: str = "bf16"
     init_scale: float = 65536.0
     level: str = "O1"
+    fp8: str | None = None
+    fp8_min_size: bool = True
+
+    def fp8_recipe(self) -> str | None:
+        """The checked float8 recipe, ``None`` when off; a wrong name raises naming the key."""
+        return check_recipe(self.fp8)
 
     def torch_dtype(self) -> torch.dtype | None:
         """The autocast dtype, ``None`` for fp32; an unknown name raises naming the key."""
@@ -188,6 +198,7 @@ class RunSpec:
         except OmegaConfBaseException as err:
             raise ValueError(_error_line(err)) from None
         spec = OmegaConf.to_object(merged)
+        spec.amp.fp8_recipe()  # a wrong recipe name: raised here, naming the key
         dist.dist_config_items(spec.dist)  # an unknown layout key: named with the close ones
         return spec
 

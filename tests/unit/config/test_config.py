@@ -244,6 +244,8 @@ def test_packaged_configs_have_libai_shape():
         "dtype": "bf16",
         "init_scale": 65536.0,
         "level": "O1",
+        "fp8": None,
+        "fp8_min_size": True,
     }
     assert train.activation_checkpoint.enabled is False
     assert dict(train.zero_optimization) == {

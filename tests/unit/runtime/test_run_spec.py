@@ -83,6 +83,8 @@ def test_the_three_doors_hand_the_runtime_a_spec(tmp_path):
             "--train-iters",
             "20",
             "--mixed-precision",
+            "--fp8",
+            "tensorwise",
             "--save-interval",
             "7",
             "--save",
@@ -93,9 +95,11 @@ def test_the_three_doors_hand_the_runtime_a_spec(tmp_path):
     assert isinstance(spec, RunSpec)
     assert (spec.train_micro_batch_size, spec.checkpointer.period) == (4, 7)
     assert spec.amp.enabled and spec.output_dir == str(tmp_path / "out")
+    assert spec.amp.fp8_recipe() == "tensorwise"
 
     yaml = ROOT / "projects" / "gpt" / "configs" / "pretrain_gpt_345M_single_card.yaml"
-    cfg = load_yaml_config(str(yaml), ["Engine.save_load.save_steps=3", "Engine.logging_freq=2"])
+    overrides = ["Engine.save_load.save_steps=3", "Engine.logging_freq=2"]
+    cfg = load_yaml_config(str(yaml), [*overrides, "Engine.mix_precision.fp8=rowwise"])
     from libai.fleetx.yaml_config import resolve_batch_config
 
     resolve_batch_config(cfg, 1)
@@ -103,3 +107,8 @@ def test_the_three_doors_hand_the_runtime_a_spec(tmp_path):
     assert isinstance(spec, RunSpec)
     assert (spec.train_iter, spec.checkpointer.period, spec.log_period) == (9, 3, 2)
     assert spec.seed == cfg.Global.seed and not spec.evaluation.enabled
+    assert spec.amp.fp8_recipe() == "rowwise"
+    export = yaml_train_namespace(
+        cfg, train_iter=9, steps_per_epoch=None, mode="export", has_eval=0
+    )
+    assert export.amp.fp8 is None
