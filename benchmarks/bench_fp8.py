@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from libai import dist  # noqa: E402
+from libai.layers.float8 import enable_float8_training  # noqa: E402
 from libai.models import LlamaForCausalLM  # noqa: E402
 from libai.runtime.parallelize import parallelize  # noqa: E402
 from libai.runtime.spec import AmpSpec, RunSpec  # noqa: E402
@@ -69,6 +70,12 @@ def parse_args(argv=None):
     p.add_argument("--batches", type=int, default=8, help="distinct batches, taken in turn")
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--no-compile", action="store_true")
+    p.add_argument(
+        "--emulate",
+        action="store_true",
+        help="fp8 rows: emulated float8 (scaling and casts, high-precision matmul) even on a "
+        "GPU with float8 matmuls, to tell the hardware gemm's numerics from float8's",
+    )
     p.add_argument("--min-size", choices=["auto", "off"], default="auto", help="layer filter")
     p.add_argument("--peak-tflops", type=float, default=989.0)
     p.add_argument("--json", default=None, help="also write the results here")
@@ -82,8 +89,12 @@ def flops_per_token(model, cfg: dict, seq: int) -> float:
 
 def run_row(base, recipe, batches, args, fpt) -> dict:
     model = copy.deepcopy(base)
+    min_size = args.min_size == "auto"
+    if recipe and args.emulate:  # converted here, so the run spec leaves fp8 off
+        enable_float8_training(model, recipe, emulate=True, min_size=min_size)
+    spec_fp8 = None if args.emulate else recipe
     spec = RunSpec(
-        amp=AmpSpec(enabled=True, dtype="bf16", fp8=recipe, fp8_min_size=args.min_size == "auto"),
+        amp=AmpSpec(enabled=True, dtype="bf16", fp8=spec_fp8, fp8_min_size=min_size),
         num_accumulation_steps=1,
     )
     runner = parallelize(model, spec, compile=not args.no_compile).runner
@@ -137,7 +148,7 @@ def main(argv=None) -> int:
     print(
         f"Llama {'tiny' if args.tiny else '3.2-1B'} {cfg}, seq {seq}, batch {batch}; "
         f"{args.steps} steps over {args.batches} batches; bf16 autocast, AdamW lr {args.lr}; "
-        f"compile {not args.no_compile}; torch {torch.__version__}, {device_name}",
+        f"compile {not args.no_compile}; emulated fp8 {args.emulate}; torch {torch.__version__}, {device_name}",
         flush=True,
     )
     rows = []
