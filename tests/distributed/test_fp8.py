@@ -1,6 +1,6 @@
-"""FP8 training (``train.amp.fp8``, emulated on the CPU) on two data-parallel ranks, with and
-without ZeRO-1, against one process running the same two micro-batches (the scales are
-taken per micro-batch, so that is the run dp2 must equal)."""
+"""FP8 training (``train.amp.fp8``, emulated on the CPU) on two data-parallel ranks, plain,
+with ZeRO-1 and with ZeRO-3 (FSDP2), against one process running the same two micro-batches
+(the scales are taken per micro-batch, so that is the run dp2 must equal)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from launch import torchrun
 
 from libai import dist
 
-LAYOUTS = [{"fp8": "tensorwise"}, {"fp8": "rowwise", "zero": 1}]
+LAYOUTS = [{"fp8": "tensorwise"}, {"fp8": "rowwise", "zero": 1}, {"fp8": "tensorwise", "zero": 3}]
 
 
 def _single_process(fp8: str) -> dict:
@@ -25,11 +25,12 @@ def _single_process(fp8: str) -> dict:
     return {"first_loss": first_loss, "grads": grads, "losses": train(parts, optimizer, 3)}
 
 
-def test_fp8_on_dp2_and_zero1_equals_one_process_on_the_same_micro_batches():
+def test_fp8_on_dp2_zero1_and_zero3_equals_one_process_on_the_same_micro_batches():
     """Loss and every gradient of the first step equal the one-process run (fp32 parameters,
     float8 matmuls emulated) within 1e-5; three steps' losses too. Layout: both ranks run
     the same 8 Linear layers in float8 (query_key_value, dense, dense_h_to_4h,
-    dense_4h_to_h of both blocks)."""
+    dense_4h_to_h of both blocks); under ZeRO-3 each rank holds half of the parameters
+    (the float8 casts take the all-gathered weight; float8 all-gather is not used)."""
     ranks = torchrun("fp8_layouts.py", 2, json.dumps(LAYOUTS))
     singles = [_single_process(layout["fp8"]) for layout in LAYOUTS]
     for rank in ranks:
@@ -44,3 +45,5 @@ def test_fp8_on_dp2_and_zero1_equals_one_process_on_the_same_micro_batches():
             assert got["losses"] == pytest.approx(want["losses"], rel=1e-5)
             assert len(got["fp8_layers"]) == 8, got["fp8_layers"]
             assert all("layers." in n for n in got["fp8_layers"])
+        shares = [layout["param_share"] for layout in rank["layouts"]]
+        assert shares[:2] == [1.0, 1.0] and shares[2] == pytest.approx(0.5, abs=0.02)

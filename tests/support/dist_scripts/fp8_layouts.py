@@ -14,8 +14,8 @@ from fp8_cases import batch_of, build, train
 from libai import dist
 
 
-def _local(t):
-    return t.to_local() if hasattr(t, "to_local") else t
+def _full(t):
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
 def run_layout(layout: dict) -> dict:
@@ -28,7 +28,7 @@ def run_layout(layout: dict) -> dict:
     model = parts.runner.model
     batch = {k: v.chunk(dp)[rank] for k, v in batch_of(0).items()}
     first_loss = float(parts.runner.forward_backward(batch))
-    grads = {n: _local(p.grad).tolist() for n, p in model.named_parameters() if p.grad is not None}
+    grads = {n: _full(p.grad).tolist() for n, p in model.named_parameters() if p.grad is not None}
     optimizer.zero_grad(set_to_none=True)
     parts, optimizer = build(
         layout["fp8"], zero=layout.get("zero"), dist_cfg={"data_parallel_size": 2}
@@ -37,7 +37,15 @@ def run_layout(layout: dict) -> dict:
     fp8_layers = sorted(
         n for n, m in parts.runner.model.named_modules() if getattr(m, "float8", None) is not None
     )
-    return {"first_loss": first_loss, "grads": grads, "losses": losses, "fp8_layers": fp8_layers}
+    params = list(parts.runner.model.parameters())
+    local = sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in params)
+    return {
+        "first_loss": first_loss,
+        "grads": grads,
+        "losses": losses,
+        "fp8_layers": fp8_layers,
+        "param_share": local / sum(p.numel() for p in params),
+    }
 
 
 def main():
