@@ -44,10 +44,12 @@ class _StopStrings:
         return hit
 
 
-def _eos_hit(last_tokens: torch.Tensor, eos_ids: list[int]) -> torch.Tensor:
-    if not eos_ids:
+def _eos_hit(last_tokens: torch.Tensor, eos_ids: list[int] | torch.Tensor) -> torch.Tensor:
+    if len(eos_ids) == 0:
         return torch.zeros_like(last_tokens, dtype=torch.bool)
-    return torch.isin(last_tokens, torch.tensor(eos_ids, device=last_tokens.device))
+    if not isinstance(eos_ids, torch.Tensor):
+        eos_ids = torch.tensor(eos_ids, device=last_tokens.device)
+    return torch.isin(last_tokens, eos_ids)
 
 
 def _left_pad_counts(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
@@ -79,6 +81,10 @@ def sample_search(
     processors += list(extra_processors)
     stop = _StopStrings(config.stop_string_list, tokenizer, prompt_len)
     unfinished = torch.ones(sequences.shape[0], dtype=torch.bool, device=sequences.device)
+    # with neither eos nor stop strings no row can finish early: no device read per token
+    # (the host then queues the next step while the device runs this one)
+    can_stop = bool(eos) or bool(stop.stop_strings)
+    eos_ids = torch.tensor(eos, device=sequences.device) if eos else []
     for _ in range(config.max_new_tokens):
         logits = stepper.next_logits(sequences, attention_mask)
         tokens = None
@@ -101,7 +107,9 @@ def sample_search(
         attention_mask = torch.cat((attention_mask, attention_mask.new_ones(len(tokens), 1)), 1)
         if streamer is not None:
             streamer(tokens)
-        unfinished &= ~(_eos_hit(tokens, eos) | stop(sequences))
+        if not can_stop:
+            continue
+        unfinished &= ~(_eos_hit(tokens, eos_ids) | stop(sequences))
         if not bool(unfinished.any()):
             break
     return sequences
