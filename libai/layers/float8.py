@@ -20,8 +20,10 @@ checks the numbers through it; speed is a GPU question (``docs/benchmarks.md``).
 torchao is an optional dependency: ``pip install 'libai[fp8]'``.
 
 Layout: each rank scales its own local operands. Under data parallelism and ZeRO-1/2 every
-rank holds whole weights, so the scales are those of one process; tensor parallelism would
-scale per shard, and is refused (see :func:`check_fp8_layout`).
+rank holds whole weights, and under ZeRO-3 FSDP2 all-gathers a block's weights before its
+forward (in high precision: float8 all-gather is not used), so the scales are those of one
+process running the same micro-batch. Tensor parallelism would scale per shard, and is
+refused (see :func:`check_fp8_layout`).
 """
 
 from __future__ import annotations
