@@ -64,6 +64,7 @@ FLEETX += [f"modules.{m}" for m in ("base", "classification", "gpt", "llama", "v
 MOVED = [(f"libai.engine.{m}", f"libai.runtime.{m}") for m in RUNTIME]
 MOVED += [(f"libai.engine.{m}", f"libai.fleetx.{m}") for m in FLEETX]
 MOVED += [("libai.utils.checkpoint", "libai.checkpoint.checkpointer")]  # LiBai's path
+MOVED += [("libai.utils.memory_estimator", "libai.runtime.memory_estimator")]
 
 
 @pytest.mark.parametrize("old, new", MOVED)
@@ -120,3 +121,19 @@ def test_libai_paths_of_earlier_releases_are_the_same_modules():
     assert distributed is libai.dist
     assert checkpoint is libai.checkpoint.checkpointer
     assert distributed.DistLayout is libai.dist.DistLayout
+
+
+def test_importing_libai_engine_leaves_fleetx_alone():
+    """LiBai's door does not pay for FleetX's: ``import libai.engine`` (a fresh interpreter)
+    imports no ``libai.fleetx`` module until an old FleetX path is used, and the module
+    imported through an old path keeps its own name and spec."""
+    code = (
+        "import sys, libai.engine\n"
+        "print(sorted(m for m in sys.modules if m.startswith('libai.fleetx')))\n"
+        "from libai.engine.modules import gpt\n"
+        "print(gpt.__name__, gpt.__spec__.name)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    ).stdout.splitlines()
+    assert out == ["[]", "libai.fleetx.modules.gpt libai.fleetx.modules.gpt"]

@@ -82,10 +82,17 @@ def missing_pipeline_members(model) -> list[str]:
     return missing
 
 
+def loss_terms(outputs: Mapping[str, torch.Tensor | None]) -> dict[str, torch.Tensor]:
+    """The entries of a model's output dict with "loss" in their key (``None`` entries
+    skipped): the terms the trainer logs one by one (LiBai logs BERT's ``lm_loss`` and
+    ``sop_loss``, for example)."""
+    return {k: v for k, v in outputs.items() if "loss" in k and v is not None}
+
+
 def total_loss(outputs: Mapping[str, torch.Tensor | None]) -> torch.Tensor:
-    """The training loss of a model's output dict: the sum of its entries with "loss" in
-    their key (``None`` entries skipped). ``KeyError`` naming the keys when there is none."""
-    losses = [v for k, v in outputs.items() if "loss" in k and v is not None]
+    """The training loss of a model's output dict: the sum of its :func:`loss_terms`.
+    ``KeyError`` naming the keys when there is none."""
+    losses = list(loss_terms(outputs).values())
     if not losses:
         raise KeyError(f"the model returned no loss (keys: {sorted(outputs)})")
     return sum(losses[1:], losses[0])

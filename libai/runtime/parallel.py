@@ -36,6 +36,7 @@ from libai.models.contract import (
     PipelineInputs,
     PipelineStageInputs,
     PipelineTarget,
+    loss_terms,
     missing_pipeline_members,
     total_loss,
 )
@@ -176,6 +177,9 @@ class ModelRunner:
         self.overlap_grad_reduce = overlap_grad_reduce
         self._grad_reducer = None
         self.last_step_skipped, self.last_grad_norm = False, None
+        #: the last step's loss terms (the output's "loss" entries), reduced like the loss;
+        #: empty under pipeline parallelism and for a ``loss_fn`` returning a tensor
+        self.last_loss_terms: dict[str, torch.Tensor] = {}
         #: ZeRO stage 2/3 (libai.runtime.zero): replaces the dp all-reduce; clipping sums over dp
         self.grad_sharder = None
         #: mixed precision O2 (libai.runtime.master_weights): set by parallelize
@@ -229,10 +233,15 @@ class ModelRunner:
 
     def _loss(self, batch) -> torch.Tensor:
         """The loss of one (micro-)batch: ``loss_fn(batch)`` or ``model(**batch)``'s."""
-        if self.loss_fn is None:
-            return total_loss(self.model(**batch))
-        out = self.loss_fn(batch)
-        return out if isinstance(out, torch.Tensor) else total_loss(out)
+        return self._loss_and_terms(batch)[0]
+
+    def _loss_and_terms(self, batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The loss of one (micro-)batch and its terms (the output's "loss" entries; none
+        when ``loss_fn`` returns a tensor)."""
+        out = self.model(**batch) if self.loss_fn is None else self.loss_fn(batch)
+        if self.loss_fn is not None and isinstance(out, torch.Tensor):
+            return out, {}
+        return total_loss(out), loss_terms(out)
 
     def _backward(self, loss: torch.Tensor) -> None:
         if self.backward_fn is None:
@@ -308,29 +317,40 @@ class ModelRunner:
         Returns the mean loss over micro-batches and data-parallel ranks, detached, equal on
         every rank.
         """
-        loss = self._pipeline_step(batch) if self.pipeline else self._local_step(batch)
+        terms: dict[str, torch.Tensor] = {}
+        if self.pipeline:  # the schedule's loss: its terms stay on the last stage
+            loss = self._pipeline_step(batch)
+        else:
+            loss, terms = self._local_step(batch)
         self.sync_gradients()
-        return self._reduce_loss(loss)
+        # the loss and its terms in one reduction: [total, term_1, ...]
+        reduced = self._reduce_loss(torch.stack([loss, *terms.values()]))
+        self.last_loss_terms = dict(zip(terms, reduced[1:]))
+        return reduced[0]
 
-    def _local_step(self, batch) -> torch.Tensor:
+    def _local_step(self, batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """This rank's mean loss over the micro-batches and the mean of each term."""
         n, scale = self.num_microbatches, self._loss_scale
         reducer = self._overlapped_reducer()
         if n == 1:  # the common case pays for no split, scaling or accumulation
             with self.autocast():
-                loss = self._loss(batch)
+                loss, terms = self._loss_and_terms(batch)
             if reducer is not None:
                 reducer.arm()
             self._backward(loss if scale == 1.0 else loss * scale)
-            return loss.detach().float()
+            return loss.detach().float(), {k: v.detach().float() for k, v in terms.items()}
         total = torch.zeros((), device=self.util.device)
+        sums: dict[str, torch.Tensor] = {}
         for i, chunk in enumerate(split_batch(batch, n)):
             with self.autocast():
-                loss = self._loss(chunk)
+                loss, terms = self._loss_and_terms(chunk)
             if reducer is not None and i == n - 1:  # gradients are final in the last one
                 reducer.arm()
             self._backward(loss * (scale / n))
             total += loss.detach().float() / n
-        return total
+            for key, value in terms.items():
+                sums[key] = sums.get(key, 0) + value.detach().float() / n
+        return total, sums
 
     def _overlapped_reducer(self):
         """The dp all-reduce overlapped with backward, when it applies (built on first use,

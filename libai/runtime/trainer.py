@@ -117,8 +117,10 @@ def count_tokens(batch) -> int | None:
 
 class EagerTrainer(TrainerBase):
     """One step = fetch a batch, ``ModelRunner.train_step`` (forward, backward, grad sync,
-    clipping, optimizer step). Records ``total_loss``, ``data_time``, ``grad_norm`` and the
-    fp16 loss scale, and counts the samples consumed (the data position a resume restores).
+    clipping, optimizer step). Records ``total_loss``, each "loss" entry of the model's
+    output (BERT's ``lm_loss`` and ``sop_loss``, ...; not under pipeline parallelism, whose
+    schedule returns the total only), ``data_time``, ``grad_norm`` and the fp16 loss scale,
+    and counts the samples consumed (the data position a resume restores).
 
     This is the one training loop of the library: ``DefaultTrainer`` (LiBai configs) and
     ``Engine`` (FleetX task modules) both run it, with their hooks.
@@ -203,7 +205,8 @@ class EagerTrainer(TrainerBase):
         )
         self.consumed_train_samples += self.global_batch_size
         storage = get_event_storage()
-        storage.put_scalars(total_loss=loss, data_time=data_time)
+        terms = {k: v for k, v in self.runner.last_loss_terms.items() if k != "total_loss"}
+        storage.put_scalars(total_loss=loss, data_time=data_time, **terms)
         if self.runner.last_grad_norm is not None:
             storage.put_scalar("grad_norm", self.runner.last_grad_norm)
         if self.runner.loss_scaler is not None:
