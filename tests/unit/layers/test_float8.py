@@ -188,3 +188,90 @@ def test_a_hugging_face_model_gets_torchaos_float8_linear_except_its_head():
     assert hf.model.layers[0].mlp.up_proj.weight is up
     fp8 = float(hf(input_ids=ids, labels=ids).loss)
     assert fp8 == pytest.approx(plain, rel=0.01) and fp8 != plain
+
+
+def test_off_spellings_and_a_bad_value(monkeypatch):
+    for off in (None, False, "", "none", "None"):
+        assert fp8_mod.check_recipe(off) is None
+    for bad in (True, "NONE", "Rowwise"):
+        with pytest.raises(ValueError, match="train.amp.fp8 must be one of"):
+            fp8_mod.check_recipe(bad)
+    assert fp8_mod.check_recipe("rowwise", key="Engine.mix_precision.fp8") == "rowwise"
+    with pytest.raises(ValueError, match="Engine.mix_precision.fp8 must be"):
+        fp8_mod.check_recipe("x", key="Engine.mix_precision.fp8")
+
+
+def test_float8_hardware_is_cuda_from_compute_capability_8_9(monkeypatch):
+    asked = []
+    capability = {"value": (9, 0)}
+
+    def get_capability(device=None):
+        asked.append(device)
+        return capability["value"]
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", get_capability)
+    assert fp8_mod.hardware_has_fp8() and fp8_mod.hardware_has_fp8("cuda:1")
+    assert asked == [torch.device("cuda"), torch.device("cuda", 1)]
+    assert not fp8_mod.hardware_has_fp8("cpu")
+    for value, has in [((8, 9), True), ((8, 6), False), ((8, 10), True), ((9, 9), True)]:
+        capability["value"] = value
+        assert fp8_mod.hardware_has_fp8("cuda") is has, value
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert not fp8_mod.hardware_has_fp8("cuda") and not fp8_mod.hardware_has_fp8()
+
+
+@pytest.mark.parametrize("recipe", ["rowwise", "tensorwise"])
+def test_the_gemm_settings_are_those_torchaos_float8_linear_builds(recipe):
+    """The three gemms' settings (emulation, fast accumulation, padding) equal those of
+    torchao's own ``Float8Linear`` for the same config."""
+    from torchao.float8.float8_linear import Float8Linear
+
+    for emulate in (True, False):
+        ours = fp8_mod.Float8Matmul.for_recipe(recipe, emulate=emulate)
+        assert ours.config.emulate is emulate and ours.recipe == recipe
+        theirs = Float8Linear.from_float(torch.nn.Linear(32, 32), config=ours.config)
+        assert ours.mm_config == theirs.linear_mm_config
+        assert ours.config == torchao_config(recipe, emulate)
+
+
+def torchao_config(recipe, emulate):
+    import dataclasses
+
+    from torchao.float8 import Float8LinearConfig
+
+    return dataclasses.replace(Float8LinearConfig.from_recipe_name(recipe), emulate=emulate)
+
+
+def test_conversion_passes_emulate_and_names_both_kinds_of_linear():
+    """``emulate`` reaches every converted layer, libai's and a plain ``nn.Linear`` (torchao's
+    ``Float8Linear`` then carries the recipe's config); the names of both are returned."""
+    from torchao.float8.float8_linear import Float8Linear
+
+    dist.setup_dist_util({})
+    model = torch.nn.ModuleDict({"ours": Linear(32, 32), "plain": torch.nn.Linear(32, 32)})
+    names = fp8_mod.enable_float8_training(model, "rowwise", emulate=False, min_size=False)
+    assert names == ["ours", "plain"]
+    assert model["ours"].float8.emulate is False
+    assert isinstance(model["plain"], Float8Linear)
+    assert model["plain"].config == torchao_config("rowwise", False)
+
+
+def test_mixed_input_dtypes_and_autocast_behave_as_f_linear(layer):
+    """Without autocast a bf16 input meets fp32 weights in fp32 (the output is fp32); under
+    autocast the layer keeps its input for backward in the autocast dtype, as F.linear
+    does (half the activation memory)."""
+    fp8_mod.enable_float8_training(layer, "tensorwise", emulate=True, min_size=False)
+    x = _input().detach()
+    assert layer(x.bfloat16()).dtype == torch.float32
+    saved = []
+
+    def pack(t):
+        saved.append((tuple(t.shape), t.dtype))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            layer(x.requires_grad_())
+    inputs = [dtype for shape, dtype in saved if shape == (10, 64)]
+    assert inputs and set(inputs) == {torch.bfloat16}
