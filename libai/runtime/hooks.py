@@ -167,17 +167,15 @@ class BestCheckpointer(HookBase):
 
 
 class PeriodicWriter(HookBase):
-    """Calls every writer's ``write()`` every ``period`` iterations and at the end. The last
-    iteration is written once, at the end (``after_train``), after the final evaluation put
-    its metrics at that iteration: one complete line, not a line and then its repeat."""
+    """Calls every writer's ``write()`` every ``period`` iterations and at the end."""
 
     def __init__(self, writers, period: int = 20):
         self._writers, self._period = list(writers), period
 
     def after_step(self):
-        if self.trainer.iter == self.trainer.max_iter - 1:
-            return  # written by after_train, with the final evaluation
-        if (self.trainer.iter + 1) % self._period == 0:
+        if (
+            self.trainer.iter + 1
+        ) % self._period == 0 or self.trainer.iter == self.trainer.max_iter - 1:
             for writer in self._writers:
                 writer.write()
 

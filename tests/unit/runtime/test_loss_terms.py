@@ -83,32 +83,3 @@ def test_the_trainer_records_every_term_beside_total_loss():
         assert {"total_loss", "mse_loss", "l1_loss"} <= set(latest)
         total = latest["total_loss"][0]
         assert total == pytest.approx(latest["mse_loss"][0] + latest["l1_loss"][0], rel=1e-6)
-
-
-def test_metrics_json_has_one_complete_line_per_written_iteration(tmp_path):
-    """A run of 4 steps, written every 2, evaluated every 2 and after the last: lines for
-    iterations 1 and 3 only; the last holds the final evaluation and the loss terms."""
-    import json
-
-    from libai.runtime.hooks import EvalHook, PeriodicWriter
-    from libai.utils.events import JSONWriter
-
-    model = TwoLosses()
-    trainer = EagerTrainer(
-        ModelRunner(model),
-        iter([batch(s) for s in range(4)]),
-        torch.optim.SGD(model.parameters(), lr=0.1),
-    )
-    evals = iter(range(10))
-    path = tmp_path / "metrics.json"
-    trainer.register_hooks(
-        [
-            EvalHook(2, lambda: {"ppl": float(next(evals))}),
-            PeriodicWriter([JSONWriter(str(path), window_size=1)], period=2),
-        ]
-    )
-    trainer.train(0, 4)
-    records = [json.loads(line) for line in path.read_text().splitlines()]
-    assert [r["iteration"] for r in records] == [1, 3]
-    assert records[0]["ppl"] == 0.0 and records[1]["ppl"] == 1.0  # the final evaluation
-    assert {"total_loss", "mse_loss", "l1_loss"} <= set(records[1])
