@@ -88,11 +88,13 @@ def hardware_has_fp8(device: torch.device | str | None = None) -> bool:
 @dataclass(frozen=True)
 class Float8Matmul:
     """What a converted :class:`~libai.layers.Linear` needs to run its float8 matmul:
-    torchao's ``Float8LinearConfig`` and the per-gemm settings derived from it."""
+    torchao's ``Float8LinearConfig``, the per-gemm settings derived from it and torchao's
+    matmul (an autograd function), looked up once here rather than in every forward."""
 
     recipe: str
     config: Any
     mm_config: Any
+    matmul: Any
 
     @property
     def emulate(self) -> bool:
@@ -102,7 +104,7 @@ class Float8Matmul:
     def for_recipe(cls, recipe: str, *, emulate: bool | None = None) -> Float8Matmul:
         """The matmul settings of torchao's ``recipe``; ``emulate`` None: emulate where
         the current device has no float8 matmul."""
-        config_cls, _, mm_config_cls, scaled_mm_cls = _torchao_float8()
+        config_cls, matmul, mm_config_cls, scaled_mm_cls = _torchao_float8()
         config = config_cls.from_recipe_name(check_recipe(recipe))
         if emulate is None:
             emulate = not hardware_has_fp8()
@@ -116,7 +118,7 @@ class Float8Matmul:
             gemm(config.gemm_config_grad_input),
             gemm(config.gemm_config_grad_weight),
         )
-        return cls(recipe, config, mm_config)
+        return cls(recipe, config, mm_config, matmul)
 
 
 def float8_linear(
@@ -124,7 +126,6 @@ def float8_linear(
 ) -> torch.Tensor:
     """``x W^T + b`` with torchao's float8 matmul; under autocast the input is cast to the
     autocast dtype first, so the output has the dtype ``F.linear`` would give."""
-    _, matmul, _, _ = _torchao_float8()
     device_type = x.device.type
     if torch.is_autocast_enabled(device_type):
         x = x.to(torch.get_autocast_dtype(device_type))
@@ -132,7 +133,7 @@ def float8_linear(
         x = x.to(weight.dtype)
     shape = x.shape
     # the float8 matmul takes 2-d operands: [..., K] -> [M, K] -> [M, N] -> [..., N]
-    out = matmul.apply(x.reshape(-1, shape[-1]), weight.t(), fp8.mm_config, fp8.config)
+    out = fp8.matmul.apply(x.reshape(-1, shape[-1]), weight.t(), fp8.mm_config, fp8.config)
     out = out.reshape(*shape[:-1], out.shape[-1])
     if bias is not None:
         out = out + bias.to(out.dtype)
