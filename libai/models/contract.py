@@ -85,7 +85,13 @@ def missing_pipeline_members(model) -> list[str]:
 def loss_terms(outputs: Mapping[str, torch.Tensor | None]) -> dict[str, torch.Tensor]:
     """The entries of a model's output dict with "loss" in their key (``None`` entries
     skipped): the terms the trainer logs one by one (LiBai logs BERT's ``lm_loss`` and
-    ``sop_loss``, for example)."""
+    ``sop_loss``, for example). ``TypeError`` when ``outputs`` is not a mapping."""
+    if not isinstance(outputs, Mapping):
+        raise TypeError(
+            f"the model returned a {type(outputs).__name__}, not a dict of outputs: training "
+            "needs forward(**batch) to return a mapping with its loss under a key containing "
+            '"loss" (e.g. {"loss": ...}), or a loss_fn(batch) returning the loss'
+        )
     return {k: v for k, v in outputs.items() if "loss" in k and v is not None}
 
 

@@ -83,3 +83,27 @@ def test_the_trainer_records_every_term_beside_total_loss():
         assert {"total_loss", "mse_loss", "l1_loss"} <= set(latest)
         total = latest["total_loss"][0]
         assert total == pytest.approx(latest["mse_loss"][0] + latest["l1_loss"][0], rel=1e-6)
+
+
+def test_a_loss_fn_returning_a_mapping_has_its_terms_and_their_sum():
+    model = TwoLosses()
+    runner = ModelRunner(model, loss_fn=lambda b: model(**b))
+    data = batch()
+    loss = runner.forward_backward(data)
+    with torch.no_grad():
+        out = model(**data)
+    terms = runner.last_loss_terms
+    assert sorted(terms) == ["l1_loss", "mse_loss"]
+    assert float(terms["mse_loss"]) == pytest.approx(float(out["mse_loss"]), rel=1e-6)
+    assert float(loss) == pytest.approx(float(out["mse_loss"] + out["l1_loss"]), rel=1e-6)
+
+
+class BareLoss(TwoLosses):
+    def forward(self, x, y):
+        return super().forward(x, y)["mse_loss"]
+
+
+def test_a_model_returning_a_bare_tensor_is_told_the_contract():
+    runner = ModelRunner(BareLoss())
+    with pytest.raises(TypeError, match=r"returned a Tensor, not a dict.*loss_fn"):
+        runner.forward_backward(batch())
