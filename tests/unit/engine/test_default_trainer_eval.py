@@ -1,12 +1,14 @@
-"""``DefaultTrainer.evaluate`` in one process, on a tiny LM: LiBai's ``cfg.dataloader.test``
+"""``DefaultTrainer`` in one process, on a tiny LM. Evaluation: LiBai's ``cfg.dataloader.test``
 loaders (used when the train builder gives no valid loader, as LiBai's vision configs do)
 are each evaluated, their keys prefixed ``test<i>/`` when there are several; an explicit
 loader is evaluated as given. The reference is the perplexity of each dataset computed here
-from the same model: ``exp(sum of token losses / tokens)``."""
+from the same model: ``exp(sum of token losses / tokens)``. Resume: a run stopped and resumed
+ends with the weights of the run trained straight through."""
 
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 
 import pytest
@@ -19,6 +21,7 @@ from libai.config import LazyCall, LazyConfig
 from libai.data.build import build_nlp_test_loader, build_nlp_train_loader
 from libai.engine.default import DefaultTrainer, default_setup
 from libai.evaluation import AccEvaluator, PPLEvaluator
+from libai.runtime.trainer import HookBase
 
 VOCAB, SEQ = 11, 6
 
@@ -85,6 +88,13 @@ def config(tmp_path, test_sets, evaluator=PPLEvaluator):
     return cfg
 
 
+def recording_test_loader(dataset, test_batch_size, seed, collate_fn):
+    """LiBai's test loader builder's arguments, kept on the loader it builds."""
+    loader = build_nlp_test_loader(dataset, test_batch_size, seed=seed, collate_fn=collate_fn)
+    loader.given = {"test_batch_size": test_batch_size, "seed": seed}
+    return loader
+
+
 def reference_ppl(model, n, seed):
     data = Tokens(n, seed)
     with torch.no_grad():
@@ -96,9 +106,14 @@ def reference_ppl(model, n, seed):
 def trainer_for(tmp_path, monkeypatch):
     monkeypatch.chdir(__file__.rsplit("/tests/", 1)[0])  # configs/ of this checkout
 
-    def build(test_sets, evaluator=PPLEvaluator):
-        cfg = config(tmp_path, test_sets, evaluator)
-        args = argparse.Namespace(fast_dev_run=False, resume=False)
+    def build(
+        test_sets, evaluator=PPLEvaluator, output_dir=None, resume=False, period=None, **train
+    ):
+        cfg = config(output_dir or tmp_path, test_sets, evaluator)
+        cfg.train.update(train)
+        if period is not None:
+            cfg.train.checkpointer.period = period
+        args = argparse.Namespace(fast_dev_run=False, resume=resume)
         default_setup(cfg, args)
         trainer = DefaultTrainer(cfg)
         return trainer
@@ -146,3 +161,104 @@ def test_an_evaluator_that_needs_predictions_gets_the_logits(trainer_for):
         logits = trainer.model.pipeline_forward(data.ids[:, :-1])
     hits = (logits.argmax(-1) == data.ids[:, 1:]).float().mean()
     assert results == {"Acc@1": pytest.approx(100 * float(hits))}
+
+
+def test_a_single_test_loader_node_gets_the_run_batch_size_and_seed(trainer_for):
+    """``dataloader.test`` may be one node rather than a list (LiBai accepts both); each
+    gets ``train.test_micro_batch_size`` and ``train.seed``, as LiBai's trainer passes."""
+    trainer = trainer_for([])
+    cfg = trainer.cfg
+    cfg.dataloader.test = LazyCall(recording_test_loader)(
+        dataset=[Tokens(5, 6)], collate_fn=collate
+    )
+    cfg.train.seed, cfg.train.test_micro_batch_size = 77, 2
+    (loader,) = DefaultTrainer.build_test_loader(cfg)
+    assert loader.given == {"test_batch_size": 2, "seed": 77}
+    assert [len(b["input_ids"]) for b in loader] == [2, 2, 1]
+
+
+class MeanLoss:
+    """A duck-typed evaluator (no DatasetEvaluator base, no ``needs_predictions``): the
+    mean of the batch losses it is given, and the output keys it saw."""
+
+    def reset(self):
+        self.losses, self.keys = [], set()
+
+    def process(self, inputs, outputs):
+        self.keys |= set(outputs)
+        self.losses.append(float(outputs["lm_loss"]))
+
+    def evaluate(self):
+        return {"mean_loss": sum(self.losses) / len(self.losses), "keys": sorted(self.keys)}
+
+
+def test_an_evaluator_without_the_predictions_flag_gets_the_loss_only(trainer_for):
+    trainer = trainer_for([(6, 5)], evaluator=MeanLoss)
+    results = trainer.evaluate()
+    data = Tokens(6, 5)
+    with torch.no_grad():
+        want = [
+            float(trainer.model(data.ids[r, :-1], data.ids[r, 1:])["lm_loss"])
+            for r in (slice(0, 3), slice(3, 6))
+        ]  # test_micro_batch_size=3
+    assert results == {"mean_loss": pytest.approx(sum(want) / 2), "keys": ["lm_loss"]}
+
+
+class Stopped(Exception):
+    pass
+
+
+class StopAfter(HookBase):
+    """Stops the run after ``n`` iterations, as a kill would."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def after_step(self):
+        if self.trainer.iter + 1 == self.n:
+            raise Stopped
+
+
+def weights(trainer):
+    return {k: v.clone() for k, v in trainer.model.state_dict().items()}
+
+
+def test_a_resumed_run_ends_bitwise_where_the_straight_run_ends(trainer_for, tmp_path, caplog):
+    first = trainer_for([], output_dir=tmp_path / "a", train_iter=5, period=3)
+    first.resume_or_load(resume=True)  # nothing saved yet: starts at 0
+    assert (first.start_iter, first.consumed_train_samples) == (0, 0)
+    first.register_hooks([StopAfter(3)])  # after the checkpointer's hook: killed once saved
+    with pytest.raises(Stopped):
+        first.train()
+    resumed = trainer_for([], output_dir=tmp_path / "a", resume=True, train_iter=5)
+    resumed.resume_or_load(resume=resumed.cfg.train.resume)
+    assert (resumed.start_iter, resumed.consumed_train_samples) == (3, 3 * 4)
+    assert resumed.cfg.train.consumed_train_samples == 12
+    assert resumed.train()
+    straight = trainer_for([], output_dir=tmp_path / "b", train_iter=5)
+    straight.resume_or_load(resume=True)
+    assert straight.train()
+    got, want = weights(resumed), weights(straight)
+    assert all(torch.equal(got[k], want[k]) for k in want)
+    assert not torch.equal(weights(first)["head.weight"], want["head.weight"])
+
+    again = trainer_for([], output_dir=tmp_path / "a", resume=True, train_iter=5)
+    again.resume_or_load(resume=True)
+    assert again.start_iter == 5
+    with caplog.at_level(logging.INFO, logger="libai.engine.default"):
+        assert again.train() is False
+    assert "Nothing left to train" in caplog.text
+    assert "at iteration 5 of train.train_iter=5" in caplog.text
+
+
+def test_loading_weights_without_resume_starts_at_zero(trainer_for, tmp_path):
+    first = trainer_for([], output_dir=tmp_path / "a", train_iter=2, period=2)
+    first.train()
+    saved = weights(first)
+    loaded = trainer_for(
+        [], output_dir=tmp_path / "b", train_iter=2, load_weight=str(tmp_path / "a" / "model_final")
+    )
+    loaded.resume_or_load(resume=False)
+    assert (loaded.start_iter, loaded.consumed_train_samples) == (0, 0)
+    got = weights(loaded)
+    assert all(torch.equal(got[k], saved[k]) for k in saved)
