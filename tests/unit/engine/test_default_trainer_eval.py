@@ -262,3 +262,24 @@ def test_loading_weights_without_resume_starts_at_zero(trainer_for, tmp_path):
     assert (loaded.start_iter, loaded.consumed_train_samples) == (0, 0)
     got = weights(loaded)
     assert all(torch.equal(got[k], saved[k]) for k in saved)
+
+
+def test_evaluation_stops_after_eval_iter_batches(trainer_for):
+    trainer = trainer_for([(9, 7)], evaluator=MeanLoss)
+    trainer.cfg.train.evaluation.eval_iter = 2  # of the 3 batches of 3
+    results = trainer.evaluate()
+    data = Tokens(9, 7)
+    with torch.no_grad():
+        want = [
+            float(trainer.model(data.ids[r, :-1], data.ids[r, 1:])["lm_loss"])
+            for r in (slice(0, 3), slice(3, 6))
+        ]
+    assert results["mean_loss"] == pytest.approx(sum(want) / 2)
+
+
+def test_resume_or_load_resumes_by_default(trainer_for, tmp_path):
+    first = trainer_for([], output_dir=tmp_path / "a", train_iter=2, period=2)
+    first.train()
+    resumed = trainer_for([], output_dir=tmp_path / "a", train_iter=4)
+    resumed.resume_or_load()
+    assert (resumed.start_iter, resumed.consumed_train_samples) == (2, 8)
