@@ -32,7 +32,7 @@ class TinyLM(nn.Module):
 
     pipeline_input_key, pipeline_target_key = "input_ids", "labels"
 
-    def __init__(self):
+    def __init__(self, cfg=None):
         super().__init__()
         self.embed = nn.Embedding(VOCAB, 8)
         self.head = nn.Linear(8, VOCAB)
@@ -283,3 +283,41 @@ def test_resume_or_load_resumes_by_default(trainer_for, tmp_path):
     resumed = trainer_for([], output_dir=tmp_path / "a", train_iter=4)
     resumed.resume_or_load()
     assert (resumed.start_iter, resumed.consumed_train_samples) == (2, 8)
+
+
+def test_the_console_writer_counts_global_batch_times_sequence_length_tokens(trainer_for):
+    trainer = trainer_for([])
+    trainer.cfg.model.cfg = {"max_seq_length": 6}
+    (printer,) = [w for w in trainer.build_hooks()[-1]._writers if hasattr(w, "_tokens_per_iter")]
+    assert printer._tokens_per_iter == trainer.global_batch_size * 6 == 24
+    trainer.cfg.model.cfg = {}
+    (printer,) = [w for w in trainer.build_hooks()[-1]._writers if hasattr(w, "_tokens_per_iter")]
+    assert printer._tokens_per_iter is None  # no sequence length: no tokens/s
+
+
+def test_the_train_loader_gets_libais_batch_sizes_and_sample_counts(trainer_for):
+    """As LiBai's trainer: the per-rank batch is micro x accumulation, the test batch the
+    test micro batch, and the sample counts train_iter x global batch and eval_iter x test
+    batch x dp (dp is 1 here) for the valid and test splits."""
+    trainer = trainer_for([], train_iter=3, num_accumulation_steps=2)
+    cfg = trainer.cfg
+    cfg.dataloader.train._target_ = f"{__name__}.record_train_loader_arguments"
+    _given.clear()
+    cfg.train.evaluation.eval_iter = 5
+    cfg.train.test_micro_batch_size = 3
+    DefaultTrainer.build_train_loader(cfg)
+    assert _given == {
+        "train_batch_size": 4 * 2,
+        "test_batch_size": 3,
+        "train_val_test_num_samples": [3 * 8, 5 * 3, 5 * 3],
+        "consumed_samples": 0,
+        "seed": cfg.train.seed,
+    }
+
+
+_given: dict = {}  # the arguments record_train_loader_arguments was last called with
+
+
+def record_train_loader_arguments(dataset, collate_fn, **kwargs):
+    _given.update(kwargs)
+    return None, None, None
