@@ -20,7 +20,7 @@ from libai import dist
 from libai.config import LazyCall, LazyConfig
 from libai.data.build import build_nlp_test_loader, build_nlp_train_loader
 from libai.engine.default import DefaultTrainer, default_setup
-from libai.evaluation import AccEvaluator, PPLEvaluator
+from libai.evaluation import AccEvaluator, DatasetEvaluators, PPLEvaluator
 from libai.runtime.trainer import HookBase
 
 VOCAB, SEQ = 11, 6
@@ -306,6 +306,7 @@ def test_the_train_loader_gets_libais_batch_sizes_and_sample_counts(trainer_for)
     cfg.train.evaluation.eval_iter = 5
     cfg.train.test_micro_batch_size = 3
     DefaultTrainer.build_train_loader(cfg)
+    del _given["dataset"]
     assert _given == {
         "train_batch_size": 4 * 2,
         "test_batch_size": 3,
@@ -319,5 +320,42 @@ _given: dict = {}  # the arguments record_train_loader_arguments was last called
 
 
 def record_train_loader_arguments(dataset, collate_fn, **kwargs):
-    _given.update(kwargs)
+    _given.update(kwargs, dataset=dataset)
     return None, None, None
+
+
+class TokenizedTokens(Tokens):
+    """A dataset that takes the run's tokenizer, as LiBai's text datasets do."""
+
+    def __init__(self, n, seed, tokenizer=None):
+        super().__init__(n, seed)
+        self.tokenizer = tokenizer
+
+
+def test_the_train_datasets_get_the_runs_tokenizer(trainer_for):
+    trainer = trainer_for([])
+    cfg = trainer.cfg
+    cfg.dataloader.train._target_ = f"{__name__}.record_train_loader_arguments"
+    cfg.dataloader.train.dataset = [LazyCall(TokenizedTokens)(n=4, seed=0)]
+    tokenizer = object()
+    _given.clear()
+    DefaultTrainer.build_train_loader(cfg, tokenizer)
+    assert _given["dataset"][0].tokenizer is tokenizer
+    assert "tokenizer" not in cfg.dataloader.train.dataset[0]  # the saved config keeps none
+
+
+def test_an_evaluator_of_loss_and_predictions_gets_both(trainer_for):
+    """One evaluator needing predictions makes the combined one get the logits and the loss
+    (perplexity and accuracy from one forward)."""
+    evaluator = LazyCall(DatasetEvaluators)(
+        evaluators=[LazyCall(PPLEvaluator)(), LazyCall(AccEvaluator)()]
+    )
+    trainer = trainer_for([(7, 8)])
+    trainer.cfg.train.evaluation.evaluator = evaluator
+    results = trainer.evaluate()
+    data = Tokens(7, 8)
+    with torch.no_grad():
+        logits = trainer.model.pipeline_forward(data.ids[:, :-1])
+    hits = (logits.argmax(-1) == data.ids[:, 1:]).float().mean()
+    assert results["Acc@1"] == pytest.approx(100 * float(hits))
+    assert results["ppl"] == pytest.approx(reference_ppl(trainer.model, 7, 8))
