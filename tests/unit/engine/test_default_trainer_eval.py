@@ -102,6 +102,24 @@ def reference_ppl(model, n, seed):
     return math.exp(float(out["lm_loss"]))
 
 
+def reference_acc(model, n, seed):
+    """Acc@1 in percent: the share of next tokens that are the logits' argmax."""
+    data = Tokens(n, seed)
+    with torch.no_grad():
+        logits = model.pipeline_forward(data.ids[:, :-1])
+    return 100 * float((logits.argmax(-1) == data.ids[:, 1:]).float().mean())
+
+
+def batch_losses(model, n, seed, batches):
+    """The model's loss on each of the first ``batches`` batches of 3 (the test batch)."""
+    data = Tokens(n, seed)
+    with torch.no_grad():
+        return [
+            float(model(data.ids[i : i + 3, :-1], data.ids[i : i + 3, 1:])["lm_loss"])
+            for i in range(0, 3 * batches, 3)
+        ]
+
+
 @pytest.fixture
 def trainer_for(tmp_path, monkeypatch):
     monkeypatch.chdir(__file__.rsplit("/tests/", 1)[0])  # configs/ of this checkout
@@ -156,11 +174,7 @@ def test_no_test_loader_config_gives_none(trainer_for):
 def test_an_evaluator_that_needs_predictions_gets_the_logits(trainer_for):
     trainer = trainer_for([(7, 4)], evaluator=AccEvaluator)
     results = trainer.evaluate()
-    data = Tokens(7, 4)
-    with torch.no_grad():
-        logits = trainer.model.pipeline_forward(data.ids[:, :-1])
-    hits = (logits.argmax(-1) == data.ids[:, 1:]).float().mean()
-    assert results == {"Acc@1": pytest.approx(100 * float(hits))}
+    assert results == {"Acc@1": pytest.approx(reference_acc(trainer.model, 7, 4))}
 
 
 def test_a_single_test_loader_node_gets_the_run_batch_size_and_seed(trainer_for):
@@ -195,12 +209,7 @@ class MeanLoss:
 def test_an_evaluator_without_the_predictions_flag_gets_the_loss_only(trainer_for):
     trainer = trainer_for([(6, 5)], evaluator=MeanLoss)
     results = trainer.evaluate()
-    data = Tokens(6, 5)
-    with torch.no_grad():
-        want = [
-            float(trainer.model(data.ids[r, :-1], data.ids[r, 1:])["lm_loss"])
-            for r in (slice(0, 3), slice(3, 6))
-        ]  # test_micro_batch_size=3
+    want = batch_losses(trainer.model, 6, 5, batches=2)  # test_micro_batch_size=3
     assert results == {"mean_loss": pytest.approx(sum(want) / 2), "keys": ["lm_loss"]}
 
 
@@ -268,12 +277,7 @@ def test_evaluation_stops_after_eval_iter_batches(trainer_for):
     trainer = trainer_for([(9, 7)], evaluator=MeanLoss)
     trainer.cfg.train.evaluation.eval_iter = 2  # of the 3 batches of 3
     results = trainer.evaluate()
-    data = Tokens(9, 7)
-    with torch.no_grad():
-        want = [
-            float(trainer.model(data.ids[r, :-1], data.ids[r, 1:])["lm_loss"])
-            for r in (slice(0, 3), slice(3, 6))
-        ]
+    want = batch_losses(trainer.model, 9, 7, batches=2)
     assert results["mean_loss"] == pytest.approx(sum(want) / 2)
 
 
@@ -353,9 +357,5 @@ def test_an_evaluator_of_loss_and_predictions_gets_both(trainer_for):
     trainer = trainer_for([(7, 8)])
     trainer.cfg.train.evaluation.evaluator = evaluator
     results = trainer.evaluate()
-    data = Tokens(7, 8)
-    with torch.no_grad():
-        logits = trainer.model.pipeline_forward(data.ids[:, :-1])
-    hits = (logits.argmax(-1) == data.ids[:, 1:]).float().mean()
-    assert results["Acc@1"] == pytest.approx(100 * float(hits))
+    assert results["Acc@1"] == pytest.approx(reference_acc(trainer.model, 7, 8))
     assert results["ppl"] == pytest.approx(reference_ppl(trainer.model, 7, 8))
