@@ -145,3 +145,70 @@ def test_edited_tests_are_profiled_again_and_no_tests_verdicts_rerun(tmp_path, m
     }
     (work / "mutants" / "libai" / "pkg" / "__init__.py.meta").write_text(json.dumps(meta))
     assert run.no_tests_with_tests_now(target, work) == ["libai.pkg.x_f__mutmut_1"]
+
+
+def _pkg_target(tmp_path, monkeypatch, exit_codes: dict[str, int]):
+    """A target ``libai/pkg`` whose cached verdicts are ``exit_codes`` (mutmut's meta file)."""
+    monkeypatch.syspath_prepend(str(TOOL))
+    import run
+
+    monkeypatch.setattr(run, "WORK_ROOT", tmp_path / "work")
+    target = run.Target("libai/pkg", ["tests/unit"])
+    pkg = target.workdir / "mutants" / "libai" / "pkg"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py.meta").write_text(json.dumps({"exit_code_by_key": exit_codes}))
+    return run, target
+
+
+def test_mutants_killed_by_a_signal_run_again_with_one_child(tmp_path, monkeypatch):
+    """A verdict of -9 / -11 (mutmut's "segfault": the process died of a signal, not of a
+    failed test) under two children is run again with one child, for the mutants the run
+    asked for (names or globs, or all when none), and within the sample."""
+    codes = {
+        "libai.pkg.x_f__mutmut_1": -9,
+        "libai.pkg.x_f__mutmut_2": -11,
+        "libai.pkg.x_g__mutmut_1": -9,
+        "libai.pkg.x_g__mutmut_2": 0,  # survived: not run again
+        "libai.pkg.x_g__mutmut_3": 1,  # killed: not run again
+    }
+    run, target = _pkg_target(tmp_path, monkeypatch, codes)
+    calls = []
+    monkeypatch.setattr(
+        run, "mutmut", lambda work, *args, fast_seconds=None: calls.append(args) or 0
+    )
+
+    def rerun(names, sample=None):
+        calls.clear()
+        assert run.rerun_signalled(target, target.workdir, names, sample, None) == 0
+        return [list(c) for c in calls]
+
+    f1, f2, g1 = "libai.pkg.x_f__mutmut_1", "libai.pkg.x_f__mutmut_2", "libai.pkg.x_g__mutmut_1"
+    assert rerun([]) == [["run", "--max-children", "1", f1, f2, g1]]
+    assert rerun(["libai.pkg.x_f__*"]) == [["run", "--max-children", "1", f1, f2]]
+    assert rerun([g1, "libai.pkg.x_g__mutmut_2"]) == [["run", "--max-children", "1", g1]]
+    assert rerun([], sample=[f2, "libai.pkg.x_g__mutmut_3"]) == [["run", "--max-children", "1", f2]]
+    assert rerun(["libai.pkg.x_g__mutmut_3"]) == []
+
+
+def test_processes_left_by_a_target_run_are_killed_and_no_others(tmp_path, monkeypatch):
+    """Processes with mutmut's command line working in the target's copy are killed after the
+    run; one working elsewhere, and one in the copy without mutmut's command line, live on."""
+    run, target = _pkg_target(tmp_path, monkeypatch, {})
+    copy = target.workdir / "mutants"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    sleeper = "import time; time.sleep(120)  # from mutmut.__main__ import cli"
+    plain = "import time; time.sleep(120)"
+    procs = {
+        "stray": subprocess.Popen([sys.executable, "-c", sleeper], cwd=copy / "libai"),
+        "elsewhere": subprocess.Popen([sys.executable, "-c", sleeper], cwd=elsewhere),
+        "not mutmut": subprocess.Popen([sys.executable, "-c", plain], cwd=copy),
+    }
+    try:
+        assert run.reap_strays(target.workdir) == 1
+        assert procs["stray"].wait(timeout=30) == -9
+        assert procs["elsewhere"].poll() is None and procs["not mutmut"].poll() is None
+    finally:
+        for proc in procs.values():
+            proc.kill()
+            proc.wait()
