@@ -47,6 +47,7 @@ setup(
             "import-linter",
             "torchao>=0.14",  # the fp8 tests (emulated float8 on the CPU)
             "mutmut==3.8.1",  # tools/mutation.sh (docs/testing.md, "Mutation testing")
+            "jieba",  # BertTokenizer(do_chinese_wwm=True): LiBai's Chinese whole-word masking
         ],
     },
     entry_points={"console_scripts": ["libai-accelerate=libai.accelerate.cli:console_main"]},

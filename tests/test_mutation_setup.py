@@ -212,3 +212,21 @@ def test_processes_left_by_a_target_run_are_killed_and_no_others(tmp_path, monke
         for proc in procs.values():
             proc.kill()
             proc.wait()
+
+
+def test_a_changed_list_of_tests_drops_the_results_but_a_report_keeps_them(tmp_path, monkeypatch):
+    """Verdicts hold for the tests they ran against: when a target's tests change, a run
+    starts again (a "no tests" or "survived" would stand otherwise); a report only says so."""
+    run, target = _pkg_target(tmp_path, monkeypatch, {"libai.pkg.x_f__mutmut_1": 0})
+    monkeypatch.setattr(run, "REPO", ROOT)
+    meta = target.workdir / "mutants" / "libai" / "pkg" / "__init__.py.meta"
+    run.prepare_workdir(target)  # the first run records the list
+    assert meta.exists()
+    run.prepare_workdir(run.Target("libai/pkg", ["tests/unit"]))  # the same list: kept
+    assert meta.exists()
+    changed = run.Target("libai/pkg", ["tests/unit", "tests/distributed"])
+    run.prepare_workdir(changed, report_only=True)
+    assert meta.exists()
+    run.prepare_workdir(changed)
+    assert not meta.exists()
+    assert (target.workdir / "tests.list").read_text() == "tests/unit\ntests/distributed\n"

@@ -273,6 +273,8 @@ class PreTrainedTokenizer:
         ``convert_tokens_to_string``, added tokens as they are, joined by spaces (or not)."""
         if hasattr(token_ids, "tolist"):
             token_ids = token_ids.tolist()
+        if isinstance(token_ids, int):  # one id (or a 0-d tensor): its token, as transformers
+            token_ids = [token_ids]
         tokens = self.convert_ids_to_tokens(token_ids, skip_special_tokens=skip_special_tokens)
         parts, run = [], []
         for token in tokens:

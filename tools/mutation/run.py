@@ -237,8 +237,9 @@ def mutmut_section(target: Target) -> str:
     return "\n".join(lines)
 
 
-def prepare_workdir(target: Target) -> Path:
-    """Links to the checkout, the generated pyproject.toml, and the links mutmut skips."""
+def prepare_workdir(target: Target, report_only: bool = False) -> Path:
+    """Links to the checkout, the generated pyproject.toml, and the links mutmut skips; the
+    results dropped when the target's tests changed (unless only reporting them)."""
     work = target.workdir
     work.mkdir(parents=True, exist_ok=True)
     for name in ["libai", "tests", *ALSO_COPY]:
@@ -259,6 +260,18 @@ def prepare_workdir(target: Target) -> Path:
         print(f"tests are credited differently now: the results of {target.path} are dropped")
         shutil.rmtree(work / "mutants", ignore_errors=True)
     stamp.write_text(f"{CREDITING_VERSION}\n")
+    # a verdict holds for the tests it ran against: a target whose list of tests changed
+    # (targets.toml or --tests) starts again, or "no tests" and "survived" would stand
+    listed = work / "tests.list"
+    tests = "\n".join(target.tests) + "\n"
+    if listed.exists() and listed.read_text(encoding="utf-8") != tests:
+        if report_only:
+            print(f"the tests of {target.path} changed since these results (a run drops them)")
+        else:
+            print(f"the tests of {target.path} changed: its results are dropped")
+            shutil.rmtree(work / "mutants", ignore_errors=True)
+    if not report_only or not listed.exists():
+        listed.write_text(tests, encoding="utf-8")
     # os.walk does not follow links, so mutmut does not copy libai/config/configs (a link
     # to ../../configs): make the same link in the copy
     configs = work / "mutants" / "libai" / "config" / "configs"
@@ -714,7 +727,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.equivalent:
         record_equivalent(target, *args.equivalent)
         return 0
-    work = prepare_workdir(target)
+    work = prepare_workdir(target, report_only=args.report)
     sample = sample_of(all_mutant_names(target, work), args.sample) if args.sample else None
     rounds = AllTestsRounds(work)
     if not args.report:
