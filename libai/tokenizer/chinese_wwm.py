@@ -15,6 +15,7 @@ the ordinary BERT pipeline.
 from __future__ import annotations
 
 import re
+import unicodedata
 
 #: CJK unified ideographs and their extensions / compatibility blocks (BERT's definition)
 _CJK = (
@@ -38,6 +39,22 @@ def jieba_segmenter():
             "pip install jieba"
         ) from e
     return lambda text: jieba.lcut(text, HMM=False)
+
+
+def clean_for_segmentation(text: str, strip_accents: bool) -> str:
+    """``text`` as BERT's normalizer cleans it, before jieba sees the Chinese runs (as LiBai's
+    ``BasicTokenizer`` cleans first): the characters it drops (NUL, U+FFFD, control and format
+    characters such as a zero-width space) are gone, so they cannot split a word; with accents
+    stripped, Chinese runs are NFD-normalized (a CJK compatibility ideograph becomes its
+    unified one, ``\uf900 -> \u8c48``)."""
+    text = "".join(
+        c
+        for c in text
+        if c in "\t\n\r" or not (c in "\x00\ufffd" or unicodedata.category(c).startswith("C"))
+    )
+    if strip_accents:
+        text = CJK_RUN.sub(lambda m: unicodedata.normalize("NFD", m.group()), text)
+    return text
 
 
 def word_pieces(word: str, vocab: dict[str, int], unk: str) -> list[str]:

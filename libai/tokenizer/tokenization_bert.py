@@ -12,7 +12,12 @@ import logging
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
-from libai.tokenizer.chinese_wwm import CJK_RUN, jieba_segmenter, wwm_encode
+from libai.tokenizer.chinese_wwm import (
+    CJK_RUN,
+    clean_for_segmentation,
+    jieba_segmenter,
+    wwm_encode,
+)
 from libai.tokenizer.tokenization_base import BaseTokenizer, add_special_tokens, check_file
 
 logger = logging.getLogger(__name__)
@@ -94,6 +99,7 @@ class BertTokenizer(BaseTokenizer):
             vocab_file, "vocab_file", "BertTokenizer", "a BERT vocab.txt (one token per line)"
         )
         self.do_lower_case = do_lower_case
+        self._strips_accents = do_lower_case if strip_accents is None else bool(strip_accents)
         self.do_chinese_wwm = bool(do_chinese_wwm)
         self._segment = None  # jieba, imported on the first Chinese text
         vocab = _read_wordpiece_vocab(self.vocab_file)
@@ -138,7 +144,7 @@ class BertTokenizer(BaseTokenizer):
         if self._segment is None:
             self._segment = jieba_segmenter()
         ids = wwm_encode(
-            text,
+            clean_for_segmentation(text, self._strips_accents),
             self._segment,
             lambda part: super(BertTokenizer, self)._encode(part, False),
             self._tokenizer.get_vocab(with_added_tokens=True),

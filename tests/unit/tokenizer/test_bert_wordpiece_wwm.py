@@ -41,6 +41,7 @@ VOCAB = [
     *"他来到了网易杭研大厦中国人我爱北京天安门你好",
     "北京",  # a whole Chinese word in the vocabulary
     *["##国", "##人", "##易", "##厦", "##安", "##门", "##好"],  # no ##到: its id is [UNK]'s
+    "\u8c48",  # the unified ideograph of the compatibility ideograph U+F900
 ]
 ID = {token: i for i, token in enumerate(VOCAB)}
 
@@ -368,3 +369,37 @@ def test_chinese_wwm_tokens_are_libais(vocab_file):
         # a ## piece missing from vocab.txt (##到) is [UNK] here; LiBai keeps its string
         want = [t if t in ID else "[UNK]" for t in full.tokenize(text)]
         assert tok.tokenize(text) == want, text
+
+
+#: text BERT's normalizer cleans before LiBai segments it -> its tokens, by hand
+CLEANED_CASES = {
+    "中\u200b国人": "中 ##国 人".split(),  # a zero-width space does not split 中国
+    "中\x00国人\ufffd": "中 ##国 人".split(),
+    "\uf900 fox": ["\u8c48", "fox"],  # NFD (accents stripped): the unified ideograph
+    "FOX中国人": "fox 中 ##国 人".split(),  # letters are kept (and lower-cased)
+}
+
+
+@pytest.mark.skipif(not HAS_JIEBA, reason="jieba is not installed")
+def test_chinese_wwm_cleans_text_before_segmenting_as_libai(vocab_file):
+    """Characters BERT's cleaning drops cannot split a Chinese word, and a compatibility
+    ideograph is normalized when accents are stripped: LiBai's FullTokenizer, by hand."""
+    full = libai_bert_tokenization().FullTokenizer(
+        str(vocab_file), do_lower_case=True, do_chinese_wwm=True
+    )
+    tok = BertTokenizer(vocab_file, do_chinese_wwm=True)
+    for text, want in CLEANED_CASES.items():
+        assert full.tokenize(text) == want, text
+        assert tok.tokenize(text) == want, text
+        assert tok.encode(text, add_special_tokens=False) == ids(want), text
+    # cased, accents kept: U+F900 stays itself (not in the vocabulary), as LiBai keeps it
+    cased = libai_bert_tokenization().FullTokenizer(
+        str(vocab_file), do_lower_case=False, do_chinese_wwm=True
+    )
+    kept = BertTokenizer(vocab_file, do_chinese_wwm=True, do_lower_case=False)
+    assert cased.tokenize("\uf900 fox") == ["[UNK]", "fox"]
+    assert kept.tokenize("\uf900 fox") == ["[UNK]", "fox"]
+    stripped = BertTokenizer(
+        vocab_file, do_chinese_wwm=True, do_lower_case=False, strip_accents=True
+    )
+    assert stripped.tokenize("\uf900 fox") == ["\u8c48", "fox"]
