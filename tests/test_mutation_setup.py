@@ -230,3 +230,30 @@ def test_a_changed_list_of_tests_drops_the_results_but_a_report_keeps_them(tmp_p
     run.prepare_workdir(changed)
     assert not meta.exists()
     assert (target.workdir / "tests.list").read_text() == "tests/unit\ntests/distributed\n"
+
+
+def test_tests_marked_not_under_mutation_are_left_out_of_the_tools_runs(tmp_path):
+    """The plugin deselects ``not_under_mutation`` tests; without it both tests run."""
+    (tmp_path / "test_two.py").write_text(
+        "import pytest\n\n"
+        "def test_kept():\n    pass\n\n"
+        "@pytest.mark.not_under_mutation(reason='counts compiled graphs')\n"
+        "def test_left_out():\n    pass\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TOOL / "site"), str(ROOT)])}
+    base = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rN", "-W", "ignore"]
+
+    def passed(*plugin) -> str:
+        proc = subprocess.run(
+            [*base, *plugin, str(tmp_path / "test_two.py")],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return proc.stdout.strip().splitlines()[-1]
+
+    assert passed("-p", "libai_mutation_plugin").startswith("1 passed, 1 deselected")
+    assert passed().startswith("2 passed")

@@ -103,6 +103,9 @@ SAMPLE = dict(max_new_tokens=NEW, do_sample=True, seed=5, top_k=20, temperature=
 BEAM = dict(max_new_tokens=NEW, num_beams=3, num_return_sequences=2, length_penalty=0.7)
 
 
+@pytest.mark.not_under_mutation(
+    reason="torch.compile traces mutmut's trampolines: 20 graphs where one is asserted"
+)
 @pytest.mark.parametrize("kind", KINDS)
 def test_compiled_static_equals_dynamic_and_transformers(models, kind):
     hf, model = models(kind)

@@ -25,6 +25,9 @@ Two things mutmut 3 does not do on its own, both only while it collects statisti
 * **Fixture time counts.** mutmut times only a test's call phase; a test whose module
   fixture trains a model would get a timeout a hundred times too short. Setup and teardown
   are added to the test's duration, and a shared fixture's setup time to each of its tests.
+* **Tests marked ``not_under_mutation`` are left out** of every run of the tool: those that
+  cannot hold under mutmut's trampolines whatever the mutant (torch.compile traces through
+  them, so a test that counts compiled graphs sees twenty where it asserts one).
 """
 
 from __future__ import annotations
@@ -129,6 +132,13 @@ def pytest_runtest_makereport(item, call):
 
 
 def pytest_collection_modifyitems(config, items):
+    # tests that cannot hold under mutmut's trampolines (torch.compile traces through them:
+    # a test that counts compiled graphs) are left out of every run of the tool (clean run,
+    # profiling and mutants alike: the trampolines are there whichever mutant is on)
+    left_out = [item for item in items if item.get_closest_marker("not_under_mutation")]
+    if left_out:
+        config.hook.pytest_deselected(items=left_out)
+        items[:] = [item for item in items if item not in left_out]
     limit = os.environ.get("LIBAI_MUTATION_FAST_SECONDS")
     if not limit or os.environ.get("MUTANT_UNDER_TEST") in _PROFILING_MODES:
         return
