@@ -17,12 +17,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib.util
-import locale
 import signal
 import sys
 import types
 
 import pytest
+from locales import ascii_locale
 from train_net_helpers import ROOT
 
 from libai.data.datasets.text_classification import SampleEncoder
@@ -146,12 +146,8 @@ def test_vocab_lines_are_utf8_tokens_whatever_the_locale(vocab_file):
     keeps its ``X``), read as UTF-8 even in a POSIX locale: as both of transformers' readers."""
     hf = hf_fast(vocab_file, do_lower_case=False)
     legacy = hf_slow(vocab_file, do_lower_case=False)
-    old = locale.setlocale(locale.LC_CTYPE)
-    locale.setlocale(locale.LC_CTYPE, "C")  # open()'s default encoding is ASCII now
-    try:
+    with ascii_locale():  # open()'s default encoding is ASCII now
         tok = BertTokenizer(vocab_file, do_lower_case=False)
-    finally:
-        locale.setlocale(locale.LC_CTYPE, old)
     assert tok.get_vocab() == hf.get_vocab() == legacy.get_vocab() == ID
     text = "hello FOX 中国人 你好"
     want = ids(["hello", "FOX", "中", "国", "人", "你", "好"])

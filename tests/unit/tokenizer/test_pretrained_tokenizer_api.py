@@ -13,13 +13,13 @@ tokenizers, which LiBai's follows. Nothing is downloaded; all files are under tm
 from __future__ import annotations
 
 import json
-import locale
 import logging
 import os
 
 import numpy as np
 import pytest
 import torch
+from locales import ascii_locale
 from test_pretrained_tokenizer import VOCAB, WordTokenizer
 from transformers.models.bert.tokenization_bert_legacy import (
     BasicTokenizer,
@@ -150,12 +150,8 @@ def word_vocab(tmp_path):
 @pytest.fixture
 def c_locale():
     """The POSIX locale (ASCII as the default file encoding), as on a bare container."""
-    old = locale.setlocale(locale.LC_CTYPE)
-    locale.setlocale(locale.LC_CTYPE, "C")
-    try:
+    with ascii_locale():
         yield
-    finally:
-        locale.setlocale(locale.LC_CTYPE, old)
 
 
 def test_clean_up_tokenization_is_transformers_rules(bert_vocab):

@@ -338,24 +338,8 @@ def test_get_vocab_includes_added_tokens(qwen_dir, tmp_path):
 @pytest.fixture(scope="module")
 def t5_overlap_dir(tmp_path_factory):
     """A sentencepiece model with two user-defined pieces, one a prefix of the other."""
-    import sentencepiece as spm
-
     out = tmp_path_factory.mktemp("t5_overlap")
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(CORPUS),
-        model_prefix=str(out / "spiece"),
-        model_type="unigram",
-        vocab_size=150,
-        hard_vocab_limit=False,
-        pad_id=0,
-        eos_id=1,
-        unk_id=2,
-        bos_id=-1,
-        user_defined_symbols=["<sep>", "<sep><sep>"],
-        character_coverage=1.0,
-        minloglevel=2,
-    )
-    return out
+    return zoo.train_t5_spiece(out, user_defined_symbols=["<sep>", "<sep><sep>"])
 
 
 @pytest.mark.parametrize("extra_ids", [0, 3])

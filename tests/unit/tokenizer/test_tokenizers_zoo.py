@@ -90,11 +90,11 @@ def roberta_files(tmp_path_factory):
     return str(out / "vocab.json"), str(out / "merges.txt")
 
 
-@pytest.fixture(scope="module")
-def t5_dir(tmp_path_factory):
+def train_t5_spiece(out, **options):
+    """A T5-like unigram ``spiece.model`` in ``out`` (pad 0, eos 1, unk 2, no bos) on CORPUS;
+    ``options`` go to sentencepiece's trainer (e.g. ``user_defined_symbols``)."""
     import sentencepiece as spm
 
-    out = tmp_path_factory.mktemp("t5")
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(CORPUS),
         model_prefix=str(out / "spiece"),
@@ -107,8 +107,14 @@ def t5_dir(tmp_path_factory):
         bos_id=-1,
         character_coverage=1.0,
         minloglevel=2,
+        **options,
     )
     return out
+
+
+@pytest.fixture(scope="module")
+def t5_dir(tmp_path_factory):
+    return train_t5_spiece(tmp_path_factory.mktemp("t5"))
 
 
 def _train_json(out, model, specials, configure, config):
