@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from layer_helpers import randn, single_process  # noqa: F401 (single_process: an autouse fixture)
 from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
@@ -27,17 +28,6 @@ from libai.runtime.memory_estimator import CountingDistUtil
 
 HIDDEN, HEADS, HEAD_SIZE, FFN = 16, 4, 4, 32
 INIT = init_method_normal(0.3)  # O(1) scores: a near-uniform softmax would hide bugs
-
-
-@pytest.fixture(autouse=True)
-def single_process():
-    dist.setup_dist_util({})
-    yield
-    dist.reset_dist_util()
-
-
-def randn(*shape, seed=0, dtype=torch.float32):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
 
 
 def randomize(module: nn.Module, seed: int = 1) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from layer_helpers import single_process  # noqa: F401 (single_process: an autouse fixture)
 from torch import nn
 
 from libai import dist
@@ -20,13 +21,6 @@ from libai.layers.param import create_parameter, init_method_normal
 from libai.runtime.memory_estimator import CountingDistUtil
 
 INIT = init_method_normal(0.5)
-
-
-@pytest.fixture(autouse=True)
-def single_process():
-    dist.setup_dist_util({})
-    yield
-    dist.reset_dist_util()
 
 
 def next_seed(torch_seed: int) -> int:

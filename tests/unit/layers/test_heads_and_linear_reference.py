@@ -18,6 +18,7 @@ import pytest
 import torch
 import torch.distributed as torch_dist
 import torch.nn.functional as F
+from layer_helpers import randn, single_process  # noqa: F401 (single_process: an autouse fixture)
 from torch import nn
 from torch.distributed.tensor import DTensor, Shard
 from torch.testing._internal.distributed.fake_pg import FakeStore
@@ -28,13 +29,6 @@ from libai.layers import Linear, LMLogits, ParallelCrossEntropyLoss, VocabEmbedd
 from libai.layers.cross_entropy import vocab_parallel_cross_entropy
 from libai.layers.lm_logits import enter_head
 from libai.runtime.sequence_parallel import sequence_parallel_parameter_names
-
-
-@pytest.fixture(autouse=True)
-def single_process():
-    dist.setup_dist_util({})
-    yield
-    dist.reset_dist_util()
 
 
 @contextlib.contextmanager
@@ -52,10 +46,6 @@ def fake_rank(rank: int, world_size: int, dist_cfg: dict):
         torch_dist.destroy_process_group()
         dist.reset_dist_util()
         dist.setup_dist_util({})
-
-
-def randn(*shape, seed=0):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
 
 
 def close(got, want):

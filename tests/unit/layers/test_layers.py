@@ -9,10 +9,10 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from layer_helpers import randn, single_process  # noqa: F401 (single_process: an autouse fixture)
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from libai import dist
 from libai.layers import (
     MLP,
     Linear,
@@ -29,17 +29,6 @@ from libai.layers import (
 
 HIDDEN, HEADS, HEAD_SIZE = 16, 4, 4
 INIT = init_method_normal(0.3)  # O(1) activations: a near-uniform softmax would hide bugs
-
-
-@pytest.fixture(autouse=True, scope="module")
-def single_process():
-    dist.setup_dist_util({})
-    yield
-    dist.reset_dist_util()
-
-
-def randn(*shape, seed=0):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
 
 
 def randomize_biases(module: nn.Module, seed: int = 1) -> None:

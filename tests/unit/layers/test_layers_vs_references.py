@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import transformers
+from layer_helpers import randn, single_process  # noqa: F401 (single_process: an autouse fixture)
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers.activations import QuickGELUActivation
@@ -38,17 +39,6 @@ from libai.layers.rotary import rope_type
 from libai.layers.soft_target_cross_entropy import SoftTargetCrossEntropy
 
 HEAD_SIZE, THETA, MAX_POS = 64, 5e5, 32
-
-
-@pytest.fixture(autouse=True, scope="module")
-def single_process():
-    dist.setup_dist_util({})
-    yield
-    dist.reset_dist_util()
-
-
-def randn(*shape, seed=0):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
 
 
 def llama_config(rope_parameters: dict, max_position_embeddings: int = MAX_POS):
