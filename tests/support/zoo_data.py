@@ -1,5 +1,6 @@
 """Tiny local data for the zoo's task tests: an SFT JSON-lines file with a byte-level BPE
-tokenizer.json, and an image folder of coloured noise (one class per colour)."""
+tokenizer.json, an image folder of coloured noise (one class per colour), and sentence-split
+indexed corpora."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from libai.data.data_utils import MMapIndexedDatasetBuilder
 
 WORDS = "add the numbers please answer with one word red green blue sum of two and three".split()
 COLORS = [(220, 30, 30), (30, 200, 40), (40, 60, 230)]  # one class per dominant colour
@@ -139,3 +142,15 @@ def build_text_classification(root: Path, model_type: str = "bert") -> tuple[Pat
             writer.writerows(part)
         paths.append(path)
     return hf_dir, paths[0], paths[1]
+
+
+def write_sentences(prefix, docs, dtype=np.uint16) -> str:
+    """One item per sentence, documents delimited (the ``--split-sentences`` layout)."""
+    prefix = str(prefix)
+    builder = MMapIndexedDatasetBuilder(prefix + ".bin", dtype=dtype)
+    for doc in docs:
+        for sentence in doc:
+            builder.add_item(np.asarray(sentence))
+        builder.end_document()
+    builder.finalize(prefix + ".idx")
+    return prefix

@@ -4,23 +4,16 @@ hand-built torch models with differences planted on purpose, numbers worked out 
 from __future__ import annotations
 
 import importlib
-import os
 
 import pytest
 import torch
-from safetensors.torch import save_file
+from align_dumps import write_params
 from torch import nn
 
 from libai.align.auto_diff import auto_diff
 from libai.align.checker import check_weights
 from libai.align.dump_format import (
-    FORMAT,
-    PARAMS,
-    WEIGHTS,
-    dtype_name,
     step_dir,
-    tensor_stats,
-    write_json,
 )
 from libai.align.recorder import create_model
 from libai.align.tree_log import HERE
@@ -42,36 +35,11 @@ def _linear(w=(1.0, -2.0), b=0.5) -> nn.Linear:
     return lin
 
 
-def _write_params(path, params, *, rename=False):
-    """params.json + weights.safetensors; ``params`` maps key -> (name, weight)."""
-    os.makedirs(path, exist_ok=True)
-    entries = [
-        {
-            "name": name,
-            "key": key,
-            "shape": list(w.shape),
-            "dtype": dtype_name(w.dtype),
-            "stats": tensor_stats(w),
-            "grad_stats": None,
-            "placements": None,
-            "mesh": None,
-        }
-        for key, (name, w) in params.items()
-    ]
-    meta = {"format": FORMAT, "model": "tiny", "model_class": "Tiny", "step": 0, "rank": 0}
-    meta.update({"world_size": 1, "layout": {}, "params": entries})
-    if rename:
-        meta["rename"] = True
-        meta["model_class"] = rename
-    write_json(os.path.join(path, PARAMS), meta)
-    save_file({k: w for k, (_, w) in params.items()}, os.path.join(path, WEIGHTS))
-
-
 def _params(bias=0.5, head=4.0):
     return {
-        "fc.weight": ("model.fc.weight", torch.tensor([[1.0, 2.0]])),
-        "fc.bias": ("model.fc.bias", torch.tensor([bias])),
-        "head.weight": ("model.head.weight", torch.tensor([[head]])),
+        "fc.weight": ("model.fc.weight", torch.tensor([[1.0, 2.0]]), None),
+        "fc.bias": ("model.fc.bias", torch.tensor([bias]), None),
+        "head.weight": ("model.head.weight", torch.tensor([[head]]), None),
     }
 
 
@@ -164,8 +132,8 @@ def test_weights_summary_log_and_title_by_hand(tmp_path, capsys):
     (max_abs 1, max_rel 0.2); fc.weight equal. The printed summary, one item a line, and the
     log rows are written out by hand."""
     a_dir, b_dir = step_dir(str(tmp_path), "a", 0, 0), step_dir(str(tmp_path), "b", 0, 0)
-    _write_params(a_dir, _params())
-    _write_params(b_dir, _params(bias=0.75, head=5.0))
+    write_params(a_dir, _params(), grads=False)
+    write_params(b_dir, _params(bias=0.75, head=5.0), grads=False)
     assert check_weights(str(tmp_path / "a"), str(tmp_path / "b")) is False
     log_path = str(tmp_path / "align_log" / "weights_step_0_rank_0.log")
     assert capsys.readouterr().out.splitlines() == [
@@ -198,8 +166,8 @@ def test_weights_ok_title_and_lone_key_names_its_parameter(tmp_path, capsys):
     a_dir, b_dir = step_dir(str(tmp_path), "a", 0, 0), step_dir(str(tmp_path), "b", 0, 0)
     params_b = _params()
     del params_b["head.weight"]
-    _write_params(a_dir, _params(), rename="Tiny")
-    _write_params(b_dir, params_b, rename="TinyPort")
+    write_params(a_dir, _params(), rename="Tiny", grads=False)
+    write_params(b_dir, params_b, rename="TinyPort", grads=False)
     assert check_weights(str(tmp_path / "a"), str(tmp_path / "b")) is True
     out = capsys.readouterr().out.splitlines()
     assert out[0] == f"[libai.align] weights step 0 rank 0: ok ({DEFAULT_CONF})"

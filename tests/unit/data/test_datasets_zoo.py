@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from zoo_data import write_sentences
 
 from libai import dist
 from libai.config import LazyCall, LazyConfig, instantiate
@@ -29,7 +30,6 @@ from libai.data import (
     build_train_valid_test_datasets,
     get_indexed_dataset,
 )
-from libai.data.data_utils import MMapIndexedDatasetBuilder
 from libai.data.datasets.t5_dataset import (
     random_spans_noise_mask,
     resolve_sentinel_ids,
@@ -123,18 +123,6 @@ def make_docs(tok, num_docs: int, seed: int, min_sent: int = 2, max_sent: int = 
         [rng.choice(encoded) for _ in range(rng.randint(min_sent, max_sent))]
         for _ in range(num_docs)
     ]
-
-
-def write_sentences(prefix, docs, dtype=np.uint16) -> str:
-    """One item per sentence, documents delimited (the ``--split-sentences`` layout)."""
-    prefix = str(prefix)
-    builder = MMapIndexedDatasetBuilder(prefix + ".bin", dtype=dtype)
-    for doc in docs:
-        for sentence in doc:
-            builder.add_item(np.asarray(sentence))
-        builder.end_document()
-    builder.finalize(prefix + ".idx")
-    return prefix
 
 
 @pytest.fixture(scope="module")

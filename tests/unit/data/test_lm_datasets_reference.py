@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 import torch
+from zoo_data import write_sentences
 
 from libai import dist
 from libai.data.data_utils import MMapIndexedDatasetBuilder, get_indexed_dataset
@@ -44,18 +45,6 @@ class MaskedLMIds:
 
     def get_vocab(self) -> dict[str, int]:
         return {f"w{i}": i for i in range(self.vocab_size)}
-
-
-def write_corpus(prefix, docs, dtype=np.uint16) -> str:
-    """One indexed item per sentence; ``docs`` are lists of sentences (lists of ids)."""
-    prefix = str(prefix)
-    builder = MMapIndexedDatasetBuilder(prefix + ".bin", dtype=dtype)
-    for doc in docs:
-        for sentence in doc:
-            builder.add_item(np.asarray(sentence))
-        builder.end_document()
-    builder.finalize(prefix + ".idx")
-    return prefix
 
 
 def unmasked(sample) -> list[int]:
@@ -101,7 +90,7 @@ def test_bert_next_sentence_swap_is_coin_strictly_below_one_half(tmp_path, coin,
     swaps. Two-sentence documents: A is sentence 0 and B sentence 1 (no trimming)."""
     ids = MaskedLMIds()
     docs = [[[5, 6, 7], [8, 9]], [[10, 11], [12, 13, 14]]]
-    prefix = write_corpus(tmp_path / "nsp", docs)
+    prefix = write_sentences(tmp_path / "nsp", docs)
 
     class CoinBert(BertDataset):
         def sample_rng(self, idx):
@@ -127,14 +116,14 @@ def test_bert_mapping_runs_have_two_sentences_at_least(tmp_path):
     ids = MaskedLMIds()
     # sentences 0-1 | 2-3 | 4 (alone, skipped) | 5-7
     docs = [[[5, 6], [7]], [[8], [9, 10]], [[11, 12]], [[5], [6], [7]]]
-    prefix = write_corpus(tmp_path / "a", docs)
+    prefix = write_sentences(tmp_path / "a", docs)
     ds = BertDataset("b", ids, data_prefix=prefix, max_seq_length=32, short_seq_prob=0.0)
     rows = sorted(map(tuple, ds.samples_mapping.tolist()))
     assert rows == [(0, 2, 29), (2, 4, 29), (5, 8, 29)]
 
     # target 8 - 3 = 5 tokens: 3 + 3 >= 5 after two sentences with two left -> cut there
     four = [[[5, 6, 7], [8, 9, 10], [11, 12, 13], [14, 15, 16]]]
-    prefix = write_corpus(tmp_path / "b", four)
+    prefix = write_sentences(tmp_path / "b", four)
     ds = BertDataset("b", ids, data_prefix=prefix, max_seq_length=8, short_seq_prob=0.0)
     assert sorted(map(tuple, ds.samples_mapping.tolist())) == [(0, 2, 5), (2, 4, 5)]
 
@@ -145,7 +134,7 @@ def test_bert_mapping_without_short_runs_draws_no_lengths(tmp_path):
     alone: ``runs[default_rng(seed).permutation(n)]``."""
     ids = MaskedLMIds()
     docs = [[[5 + d, 6], [7, 8 + d]] for d in range(9)]
-    prefix = write_corpus(tmp_path / "c", docs)
+    prefix = write_sentences(tmp_path / "c", docs)
     ds = BertDataset("b", ids, data_prefix=prefix, max_seq_length=16, short_seq_prob=0.0, seed=7)
     runs = np.asarray([(2 * d, 2 * d + 2, 13) for d in range(9)], dtype=np.int64)
     expected = runs[np.random.default_rng(7).permutation(9)]
@@ -212,7 +201,7 @@ def test_roberta_masking_style_predicts_at_least_one_token(tmp_path):
     len(tokens))))`` tokens: a sample ``<s> x </s>`` (one candidate) at p = 0.15 with
     max_seq_length 16 gets exactly one prediction, on ``x``."""
     ids = MaskedLMIds()
-    prefix = write_corpus(tmp_path / "one", [[[7]]])
+    prefix = write_sentences(tmp_path / "one", [[[7]]])
     ds = RobertaDataset("r", ids, data_prefix=prefix, max_seq_length=16, masking_style="bert")
     s = ds[0]
     assert unmasked(s)[:3] == [ids.cls, 7, ids.sep]
@@ -224,7 +213,7 @@ def test_roberta_smallest_sample_length_is_three(tmp_path):
     """``max_seq_length`` must be >= 3 (``<s>``, one token, ``</s>``): 3 is accepted and
     gives ``<s> x </s>``; 2 is refused."""
     ids = MaskedLMIds()
-    prefix = write_corpus(tmp_path / "one", [[[7]]])
+    prefix = write_sentences(tmp_path / "one", [[[7]]])
     ds = RobertaDataset("r", ids, data_prefix=prefix, max_seq_length=3)
     s = ds[0]
     assert unmasked(s) == [ids.cls, 7, ids.sep] and s["loss_mask"].tolist() == [0, 1, 0]
@@ -238,7 +227,7 @@ def test_roberta_short_seq_prob_one_packs_every_run_short(tmp_path):
     their ``</s>``) a run holds ``max(1, budget // 2)`` documents, so sample lengths
     ``1 + 2 * docs`` vary and are odd. Above 1 is refused."""
     ids = MaskedLMIds()
-    prefix = write_corpus(tmp_path / "many", [[[5 + d % 10]] for d in range(200)])
+    prefix = write_sentences(tmp_path / "many", [[[5 + d % 10]] for d in range(200)])
     ds = RobertaDataset("r", ids, data_prefix=prefix, max_seq_length=16, short_seq_prob=1.0)
     lengths = {int(ds[i]["attention_mask"].sum()) for i in range(len(ds))}
     assert len(lengths) > 3 and all(n % 2 == 1 and 3 <= n <= 15 for n in lengths)
@@ -251,7 +240,7 @@ def test_roberta_short_seq_prob_one_packs_every_run_short(tmp_path):
 def test_roberta_for_split_keeps_max_seq_length(tmp_path):
     """The loader builder's per-split copy keeps the sample length (and the other options)."""
     ids = MaskedLMIds()
-    prefix = write_corpus(tmp_path / "many", [[[5 + d % 10, 6]] for d in range(20)])
+    prefix = write_sentences(tmp_path / "many", [[[5 + d % 10, 6]] for d in range(20)])
     ds = RobertaDataset("r", ids, data_prefix=prefix, max_seq_length=12, mask_lm_prob=0.3)
     part = ds.for_split("r/train", ds.indexed_dataset, np.arange(10), None)
     assert (part.max_seq_length, part.mask_lm_prob) == (12, 0.3)
@@ -286,7 +275,7 @@ def test_gpt_epochs_count_the_one_token_overlap(tmp_path):
         while (epochs * tokens - 1) // seq < n:
             epochs += 1
         assert _num_epochs(tokens, seq, n) == epochs
-    prefix = write_corpus(tmp_path / "gpt", [[list(range(10, 20))]])
+    prefix = write_sentences(tmp_path / "gpt", [[list(range(10, 20))]])
     ds = GPT2Dataset("g", None, prefix, max_seq_length=5, num_samples=2)
     stream = list(range(10, 20)) * 2
     expected = sorted(stream[5 * k : 5 * k + 6] for k in range(2))
