@@ -138,6 +138,23 @@ def test_decoder_only_parity_and_layout(exports, name):
     assert set(outputs["present.0.key"]) >= {"batch_size", kv_heads, 8}
 
 
+def test_axis_renaming_keeps_the_weights_the_exporter_wrote_outside(exports):
+    """The exporter writes the large initializers to ``model.onnx.data``; renaming the
+    symbolic axes afterwards rewrites ``model.onnx`` but must leave those weights outside it
+    (a graph over 2 GB cannot be saved inline: protobuf's limit). Checked with onnx's own
+    external-data helper, and the data file holds at least the bytes of those tensors."""
+    import onnx
+    from onnx.external_data_helper import uses_external_data
+
+    _, _, specs = exports("gpt2")
+    path = specs[0].path
+    proto = onnx.load(str(path), load_external_data=False)
+    external = [t for t in proto.graph.initializer if uses_external_data(t)]
+    assert external, "no initializer left in external data"
+    sizes = [int({e.key: e.value for e in t.external_data}["length"]) for t in external]
+    assert path.with_name(path.name + ".data").stat().st_size >= sum(sizes)
+
+
 def test_bert_parity(exports):
     hf, _, specs = exports("bert")
     diffs = verify_onnx(specs)
@@ -262,6 +279,13 @@ def test_ort_greedy_generation_matches_transformers(exports, name):
     seq, step_mask = torch.cat([seq, token], 1)[rev], torch.cat([step_mask, token * 0 + 1], 1)[rev]
     second = stepper.next_logits(seq, step_mask)
     assert torch.equal(second.argmax(-1), want[rev, 1])
+    # from the second step on the with-past graph reads only the tokens after the cache: a
+    # prefix the cache already holds, overwritten here, is not read again, so the next token
+    # is still transformers' (a stepper recomputing the whole sequence reads the zeros)
+    token = second.argmax(-1, keepdim=True)
+    seq, step_mask = torch.cat([seq, token], 1), torch.cat([step_mask, token * 0 + 1], 1)
+    third = stepper.next_logits(torch.cat([torch.zeros_like(seq[:, :-1]), token], 1), step_mask)
+    assert torch.equal(third.argmax(-1), want[rev, 2])
 
 
 # ---- errors -----------------------------------------------------------------------------------
