@@ -262,3 +262,15 @@ def assert_exported(path, hf_cls, want: dict, source=None) -> None:
         assert torch.equal(got[name], value), name
     if source is not None:
         assert_same_config(path, source)
+
+
+def edit_config(directory, drop=(), **update) -> None:
+    """Rewrite ``directory/config.json`` without the keys ``drop`` and with ``update`` (a
+    checkpoint whose config lacks a key, to compare with transformers' default for it)."""
+    path = Path(directory) / "config.json"
+    config = json.loads(path.read_text())
+    for key in drop:
+        config.pop(key, None)
+    config.update(update)
+    path.write_text(json.dumps(config))
+    assert not set(drop) & set(json.loads(path.read_text()))

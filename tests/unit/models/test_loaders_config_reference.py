@@ -12,6 +12,7 @@ import json
 import pytest
 import torch
 import transformers
+from hf_parity import edit_config
 from safetensors.torch import save_file
 from torch import nn
 
@@ -54,16 +55,6 @@ def single_process():
     dist.setup_dist_util({})
     yield
     dist.reset_dist_util()
-
-
-def edit_config(directory, drop=(), **update) -> None:
-    """Rewrite ``directory/config.json`` without the keys ``drop``, with ``update``."""
-    path = directory / "config.json"
-    config = json.loads(path.read_text())
-    for key in drop:
-        config.pop(key, None)
-    config.update(update)
-    path.write_text(json.dumps(config))
 
 
 def t5_logits(model, hf, ids, dec):

@@ -6,12 +6,11 @@ default for it (the libai model gives the transformers model's logits)."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 import torch.nn.functional as F
 import transformers
+from hf_parity import edit_config
 from test_swin import hf_swin
 
 from libai import dist
@@ -19,18 +18,6 @@ from libai.models import BertForClassification, SwinTransformer
 from libai.models.utils import load_huggingface, save_huggingface
 
 TOL = 1e-5
-
-
-def drop_keys(path, *keys, **values) -> dict:
-    """Remove ``keys`` from ``path/config.json`` (and set ``values``); returns the new JSON."""
-    config = json.loads((path / "config.json").read_text())
-    for key in keys:
-        config.pop(key, None)
-    config.update(values)
-    (path / "config.json").write_text(json.dumps(config))
-    for key in keys:
-        assert key not in json.loads((path / "config.json").read_text())
-    return config
 
 
 def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -91,7 +78,7 @@ def test_bert_config_with_num_labels_but_no_id2label(tmp_path):
         num_labels=3,
     )
     transformers.BertForSequenceClassification(config).save_pretrained(tmp_path)
-    drop_keys(tmp_path, "id2label", "label2id", num_labels=3)
+    edit_config(tmp_path, drop=["id2label", "label2id"], num_labels=3)
     hf = transformers.BertForSequenceClassification.from_pretrained(tmp_path).eval()
     assert hf.config.num_labels == 3
     dist.setup_dist_util({})
@@ -153,7 +140,7 @@ def swin_dir(tmp_path):
 def test_swin_config_without_hidden_act_uses_transformers_default(swin_dir):
     """No ``hidden_act`` in config.json: transformers' SwinConfig default ("gelu") applies,
     which the loader supports; the libai eval logits equal transformers'."""
-    drop_keys(swin_dir, "hidden_act")
+    edit_config(swin_dir, drop=["hidden_act"])
     hf = transformers.SwinForImageClassification.from_pretrained(swin_dir).eval()
     assert hf.config.hidden_act == transformers.SwinConfig().hidden_act == "gelu"
     dist.setup_dist_util({})
@@ -169,7 +156,7 @@ def test_swin_config_without_attention_dropout_uses_transformers_default(swin_di
     """No ``attention_probs_dropout_prob`` in config.json: transformers' SwinConfig default
     (0.0) applies, so a training step (no other dropout, no drop path) is deterministic and
     its loss equals transformers' train-mode cross entropy."""
-    drop_keys(swin_dir, "attention_probs_dropout_prob")
+    edit_config(swin_dir, drop=["attention_probs_dropout_prob"])
     default = transformers.SwinConfig().attention_probs_dropout_prob
     hf = transformers.SwinForImageClassification.from_pretrained(swin_dir).train()
     assert hf.config.attention_probs_dropout_prob == default == 0.0
@@ -220,7 +207,7 @@ def _vit_matches_transformers(path) -> None:
 def test_vit_config_without_patch_size_uses_transformers_default(vit_dir):
     """No ``patch_size`` in config.json: transformers' ViTConfig default (16) applies; the
     libai model loads with it and gives transformers' logits."""
-    drop_keys(vit_dir, "patch_size")
+    edit_config(vit_dir, drop=["patch_size"])
     assert transformers.ViTConfig().patch_size == 16
     _vit_matches_transformers(vit_dir)
 
@@ -228,14 +215,14 @@ def test_vit_config_without_patch_size_uses_transformers_default(vit_dir):
 def test_vit_config_without_hidden_act_uses_transformers_default(vit_dir):
     """No ``hidden_act`` in config.json: transformers' ViTConfig default ("gelu") applies;
     the libai model loads with it and gives transformers' logits."""
-    drop_keys(vit_dir, "hidden_act")
+    edit_config(vit_dir, drop=["hidden_act"])
     assert transformers.ViTConfig().hidden_act == "gelu"
     _vit_matches_transformers(vit_dir)
 
 
 def test_vit_non_square_patch_error_names_the_key(vit_dir):
     """A rectangular ``patch_size`` is refused with a message naming config.json's key."""
-    drop_keys(vit_dir, patch_size=[16, 8])
+    edit_config(vit_dir, patch_size=[16, 8])
     dist.setup_dist_util({})
     with pytest.raises(ValueError, match=r"ViT patch_size=\[16, 8\]: only square"):
         load_huggingface(str(vit_dir))
