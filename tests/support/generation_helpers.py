@@ -85,15 +85,13 @@ def make_llama_dir(root: Path) -> str:
     return str(out)
 
 
-def make_t5_dir(root: Path) -> str:
+def train_spiece(directory: Path) -> None:
+    """A unigram ``spiece.model`` of T5's special ids (pad 0, eos 1, unk 2) trained on CORPUS."""
     import sentencepiece as spm
-    import transformers
 
-    out = root / "t5"
-    out.mkdir(parents=True, exist_ok=True)
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(CORPUS),
-        model_prefix=str(out / "spiece"),
+        model_prefix=str(Path(directory) / "spiece"),
         model_type="unigram",
         vocab_size=120,
         hard_vocab_limit=False,
@@ -104,6 +102,14 @@ def make_t5_dir(root: Path) -> str:
         character_coverage=1.0,
         minloglevel=2,
     )
+
+
+def make_t5_dir(root: Path) -> str:
+    import transformers
+
+    out = root / "t5"
+    out.mkdir(parents=True, exist_ok=True)
+    train_spiece(out)
     tokenizer = transformers.T5Tokenizer.from_pretrained(out, extra_ids=0)
     torch.manual_seed(2)
     config = transformers.T5Config(

@@ -26,6 +26,21 @@ ROBERTA_MASKED = [t.replace("[MASK]", "<mask>") for t in BERT_MASKED]
 LABELS = {0: "negative", 1: "neutral", 2: "positive"}
 
 
+def train_wordpiece_vocab(directory) -> None:
+    """A lowercasing WordPiece ``vocab.txt`` of 200 entries trained on CORPUS, in ``directory``."""
+    from tokenizers import BertWordPieceTokenizer
+
+    wordpiece = BertWordPieceTokenizer(lowercase=True)
+    wordpiece.train_from_iterator(
+        CORPUS,
+        vocab_size=200,
+        min_frequency=1,
+        special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"],
+        show_progress=False,
+    )
+    wordpiece.save_model(str(directory))
+
+
 def _bert_config(**kw):
     base = dict(
         hidden_size=32,
@@ -44,20 +59,11 @@ def make_bert_dir(root, head: str = "pretraining", seed: int = 0, num_layers: in
     """A BERT directory (``head``: ``pretraining`` or ``classification`` with 3 labels)
     with a WordPiece tokenizer trained on CORPUS; returns its path."""
     import transformers
-    from tokenizers import BertWordPieceTokenizer
 
     root = Path(root)
     vocab_dir = root / "vocab"
     vocab_dir.mkdir(parents=True, exist_ok=True)
-    wordpiece = BertWordPieceTokenizer(lowercase=True)
-    wordpiece.train_from_iterator(
-        CORPUS,
-        vocab_size=200,
-        min_frequency=1,
-        special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"],
-        show_progress=False,
-    )
-    wordpiece.save_model(str(vocab_dir))
+    train_wordpiece_vocab(vocab_dir)
     tokenizer = transformers.BertTokenizer.from_pretrained(vocab_dir)  # vocab_file= is ignored
     out = root / f"bert_{head}_{num_layers}"
     tokenizer.save_pretrained(out)

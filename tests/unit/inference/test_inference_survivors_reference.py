@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from inference_helpers import CORPUS, assert_same_results, make_images
+from generation_helpers import train_spiece
+from inference_helpers import CORPUS, assert_same_results, make_images, train_wordpiece_vocab
 
 from libai import dist
 from libai.inference.generation import GenerationConfig, generate
@@ -223,26 +224,12 @@ def test_gpt2_tokenizer_from_vocab_and_merges(tmp_path):
     assert len(ours.encode("the quick brown fox")) < len("the quick brown fox")  # merged
 
 
-def _wordpiece_vocab(directory: Path) -> None:
-    from tokenizers import BertWordPieceTokenizer
-
-    wordpiece = BertWordPieceTokenizer(lowercase=True)
-    wordpiece.train_from_iterator(
-        CORPUS,
-        vocab_size=200,
-        min_frequency=1,
-        special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"],
-        show_progress=False,
-    )
-    wordpiece.save_model(str(directory))
-
-
 @pytest.mark.parametrize("lower", [None, False, True], ids=["absent", "cased", "uncased"])
 def test_bert_tokenizer_do_lower_case_from_config(tmp_path, lower):
     """vocab.txt: tokenizer_config.json's do_lower_case is honoured and, when absent,
     BERT's default (lower case) applies: tokens equal transformers' BertTokenizer with the
     same setting."""
-    _wordpiece_vocab(tmp_path)
+    train_wordpiece_vocab(tmp_path)
     kwargs = {}
     if lower is not None:
         (tmp_path / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": lower}))
@@ -257,21 +244,7 @@ def test_bert_tokenizer_do_lower_case_from_config(tmp_path, lower):
 
 def test_t5_tokenizer_from_spiece(tmp_path):
     """spiece.model: tokens and ids equal transformers' T5Tokenizer of the same file."""
-    import sentencepiece as spm
-
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(CORPUS),
-        model_prefix=str(tmp_path / "spiece"),
-        model_type="unigram",
-        vocab_size=120,
-        hard_vocab_limit=False,
-        pad_id=0,
-        eos_id=1,
-        unk_id=2,
-        bos_id=-1,
-        character_coverage=1.0,
-        minloglevel=2,
-    )
+    train_spiece(tmp_path)
     ours = load_tokenizer(find_tokenizer_files(tmp_path))
     theirs = transformers.T5Tokenizer.from_pretrained(tmp_path)
     for text in SAMPLES:
