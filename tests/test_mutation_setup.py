@@ -24,6 +24,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 TOOL = ROOT / "tools" / "mutation"
 TARGET = "libai/evaluation/utils.py"
@@ -103,8 +105,9 @@ def test_a_fixed_sample_of_mutants_gets_its_known_verdicts(tmp_path, monkeypatch
 
 def test_edited_tests_are_profiled_again_and_no_tests_verdicts_rerun(tmp_path, monkeypatch):
     """mutmut profiles a test once by name and lets every verdict stand: the tool drops the
-    tests of an edited file from mutmut's stats (profiled again as new tests) and names
-    again the "no tests" mutants whose function a test calls now."""
+    tests of an edited file from mutmut's stats (profiled again as new tests), names again
+    the "no tests" mutants whose function a test calls now, and knows the test files not
+    profiled yet (their mutants' fast tests are known only after the run profiled them)."""
     monkeypatch.syspath_prepend(str(TOOL))
     import run
 
@@ -145,6 +148,13 @@ def test_edited_tests_are_profiled_again_and_no_tests_verdicts_rerun(tmp_path, m
     }
     (work / "mutants" / "libai" / "pkg" / "__init__.py.meta").write_text(json.dumps(meta))
     assert run.no_tests_with_tests_now(target, work) == ["libai.pkg.x_f__mutmut_1"]
+
+    # a new test file is profiled by the next run: until then its calls are unknown
+    assert run.unprofiled_test_files(target, work) == ["tests/unit/test_a.py"]
+    (repo / "tests" / "unit" / "test_c.py").write_text("def test_three(): pass\n")
+    after["duration_by_test"][one] = 0.5
+    stats_path.write_text(json.dumps(after))
+    assert run.unprofiled_test_files(target, work) == ["tests/unit/test_c.py"]
 
 
 def _pkg_target(tmp_path, monkeypatch, exit_codes: dict[str, int]):
@@ -192,7 +202,8 @@ def test_mutants_killed_by_a_signal_run_again_with_one_child(tmp_path, monkeypat
 
 def test_processes_left_by_a_target_run_are_killed_and_no_others(tmp_path, monkeypatch):
     """Processes with mutmut's command line working in the target's copy are killed after the
-    run; one working elsewhere, and one in the copy without mutmut's command line, live on."""
+    run; one working elsewhere, one in the copy without mutmut's command line, and those of a
+    run going on while ``--show`` reads a mutant, live on."""
     run, target = _pkg_target(tmp_path, monkeypatch, {})
     copy = target.workdir / "mutants"
     elsewhere = tmp_path / "elsewhere"
@@ -208,6 +219,11 @@ def test_processes_left_by_a_target_run_are_killed_and_no_others(tmp_path, monke
         assert run.reap_strays(target.workdir) == 1
         assert procs["stray"].wait(timeout=30) == -9
         assert procs["elsewhere"].poll() is None and procs["not mutmut"].poll() is None
+        # a --show while a run goes on: the run's processes live on
+        procs["a run's"] = subprocess.Popen([sys.executable, "-c", sleeper], cwd=copy)
+        run.mutmut(target.workdir, "show", "libai.pkg.x_f__mutmut_1")
+        with pytest.raises(subprocess.TimeoutExpired):  # a killed one would end at once
+            procs["a run's"].wait(timeout=2)
     finally:
         for proc in procs.values():
             proc.kill()
@@ -257,3 +273,38 @@ def test_tests_marked_not_under_mutation_are_left_out_of_the_tools_runs(tmp_path
 
     assert passed("-p", "libai_mutation_plugin").startswith("1 passed, 1 deselected")
     assert passed().startswith("2 passed")
+
+
+def test_the_slow_round_runs_the_unconfirmed_not_killed_and_the_unchecked(tmp_path, monkeypatch):
+    """``--slow`` runs, with every test, the not-killed mutants whose verdict came from the
+    fast tests only and those the fast round never ran (no fast test calls their function);
+    a verdict of a run with every test stands, unless a test file was added since."""
+    codes = {
+        "libai.pkg.x_f__mutmut_1": 0,  # survived the fast tests
+        "libai.pkg.x_f__mutmut_2": 0,  # survived every test: confirmed
+        "libai.pkg.x_g__mutmut_1": None,  # never run: no fast test calls g
+        "libai.pkg.x_g__mutmut_2": 1,  # killed
+    }
+    run, target = _pkg_target(tmp_path, monkeypatch, codes)
+    target = run.Target(target.path, target.tests, fast_seconds=1.0)
+    work = target.workdir
+    calls = []
+    monkeypatch.setattr(
+        run, "mutmut", lambda work, *args, fast_seconds=None: calls.append(args) or 0
+    )
+    monkeypatch.setattr(run, "function_hashes", lambda work: {"libai.pkg.x_f": "h"})
+    rounds = run.AllTestsRounds(work)
+    rounds.record(["libai.pkg.x_f__mutmut_2"], {"libai.pkg.x_f": "h"})
+    args = run.parse_args(["libai/pkg", "--slow", "--max-children", "1"])
+    assert run.run_round(target, work, args, None, rounds) == 0
+    assert calls[0] == (
+        "run",
+        "--max-children",
+        "1",
+        "libai.pkg.x_f__mutmut_1",
+        "libai.pkg.x_g__mutmut_1",
+    )
+    # a sample limits the round to its mutants
+    calls.clear()
+    assert run.run_round(target, work, args, ["libai.pkg.x_g__mutmut_1"], rounds) == 0
+    assert calls[0] == ("run", "--max-children", "1", "libai.pkg.x_g__mutmut_1")

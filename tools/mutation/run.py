@@ -315,6 +315,8 @@ def mutmut(work: Path, *args: str, fast_seconds: float | None = None) -> int:
     env = mutmut_env(work)
     if fast_seconds is not None:
         env["LIBAI_MUTATION_FAST_SECONDS"] = str(fast_seconds)
+    if args[0] != "run":  # `show` starts no fork server: a run going on meanwhile is left alone
+        return subprocess.call(cmd, cwd=work, env=env)
     try:
         return subprocess.call(cmd, cwd=work, env=env)
     finally:
@@ -647,17 +649,36 @@ def no_tests_with_tests_now(target: Target, work: Path) -> list[str]:
     ]
 
 
+def unprofiled_test_files(target: Target, work: Path) -> list[str]:
+    """The test files of the target's list none of whose tests mutmut has profiled yet (new
+    files: the next mutmut run profiles them before it runs any mutant)."""
+    stats_path = work / "mutants" / "mutmut-stats.json"
+    if not stats_path.exists():
+        return []
+    stats = json.loads(stats_path.read_text(encoding="utf-8"))
+    profiled = {test.partition("::")[0] for test in stats["duration_by_test"]}
+    files = (str(f.relative_to(REPO)) for f in test_files(target))
+    return [f for f in files if f not in profiled]
+
+
 def run_round(target: Target, work: Path, args, sample, rounds: AllTestsRounds) -> int:
     """One mutmut run: the asked-for mutants (all without a result, by default), against
     the fast tests (a two-round target) or every test (--slow, or a one-round target)."""
     previous = Results.load(target)
     names: list[str] = list(args.mutants or [])
+    # what new test files call is known after mutmut profiled them, in this run
+    new_files = unprofiled_test_files(target, work)
+    if new_files:
+        print(f"new test files, profiled in this run: {', '.join(new_files)}")
     if args.slow:
         if target.fast_seconds is None:
             raise SystemExit(f"{target.path} has one round (no fast_seconds in targets.toml)")
         not_killed = previous.names(*NOT_KILLED)
-        confirmed = rounds.confirmed(not_killed, function_hashes(work))
+        # a verdict with every test stands until a test file is added
+        confirmed = set() if new_files else rounds.confirmed(not_killed, function_hashes(work))
         names += [n for n in not_killed if n not in confirmed]
+        # and those the fast round left unchecked (no fast test calls their function)
+        names += previous.names("not checked")
     elif args.retest_survivors:
         names += previous.names(*NOT_KILLED, "timeout")
     elif sample is not None and not args.mutants:
@@ -671,7 +692,7 @@ def run_round(target: Target, work: Path, args, sample, rounds: AllTestsRounds) 
     all_tests = args.slow or target.fast_seconds is None
     fast = None if all_tests else target.fast_seconds
     runnable = functions_with_fast_tests(work, fast) if fast is not None else None
-    if runnable is not None and names:
+    if runnable is not None and names and not new_files:
         # a run of named mutants none of whose tests is fast would end in an empty clean run
         names = [n for n in names if "*" in n or n.partition("__mutmut_")[0] in runnable]
         if not names:
