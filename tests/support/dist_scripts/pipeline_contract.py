@@ -2,7 +2,9 @@
 tests/unit/runtime/test_pipeline_stages.py.
 
 ``microbatches``: 1F1B with one micro-batch for two stages is refused by ``ModelRunner`` on
-every rank alike, before a stage is built. ``int_output``: a model handing the next stage
+every rank alike, before a stage is built; then a last stage that returns an integer tensor
+next to its logits (it hands nothing on, so nothing refuses it) trains, and its loss is
+returned. ``int_output``: a model handing the next stage
 an integer tensor is refused on the stage that hands it, naming the fix.
 """
 
@@ -29,14 +31,41 @@ class IntHandingGPT(GPTForPreTraining):
         return out
 
 
+#: no dropout: the loss of a step is that of one process on the same batch
+NO_DROPOUT = dict(embedding_dropout_prob=0.0, attention_dropout_prob=0.0, output_dropout_prob=0.0)
+
+
+class IntEndingGPT(GPTForPreTraining):
+    """The last stage returns a count of integers next to its logits; its loss reads the
+    logits."""
+
+    def pipeline_forward(self, x, mask=None):
+        out = super().pipeline_forward(x)
+        if self.GPT_model.lm_head is None:
+            return out
+        return out, torch.ones(x.shape[:2], dtype=torch.long)
+
+    def pipeline_loss(self, output, labels):
+        return super().pipeline_loss(output[0], labels)
+
+
 def checks(case: str) -> dict:
     dist.setup_dist_util(dict(PP, pipeline_schedule="1F1B"))
     if case == "microbatches":
         try:
             ModelRunner(build_model(), num_microbatches=1)
         except ValueError as exc:
-            return {"error": str(exc)}
-        return {"error": None}
+            error = str(exc)
+        else:
+            error = None
+        torch.manual_seed(SEED)
+        runner = ModelRunner(IntEndingGPT(**TINY_GPT, **NO_DROPOUT), num_microbatches=2)
+        loss = float(runner.forward_backward(make_batch(0)))
+        # 3 rows, padded to the training batch and cut back: the last stage's pair, 3 rows each
+        out = runner.predict({k: v[:3] for k, v in make_batch(0).items()})
+        if out is not None:
+            out = {"shapes": [list(t.shape) for t in out], "logits_sum": float(out[0].sum())}
+        return {"error": error, "int_ending_loss": loss, "predicted": out}
     assert case == "int_output", case
     torch.manual_seed(SEED)
     runner = ModelRunner(IntHandingGPT(**TINY_GPT), num_microbatches=2)

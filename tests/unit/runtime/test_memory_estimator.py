@@ -259,3 +259,20 @@ def test_mixed_precision_o2_state_bytes_equal_the_run():
     assert grads - row.gradients == 2 * norm_share
     # the estimator counts norm masters too (they are stepped directly: 4 bytes of parameter)
     assert row.optimizer == moments + masters + 4 * norm_share
+
+
+def test_a_configs_micro_batches_per_step_are_the_ones_in_flight():
+    """pp2 with 4 micro-batches per step: GPipe keeps all 4 in flight on each stage, 1F1B
+    one per stage still to pass (2 on the first, 1 on the last)."""
+    for schedule, flight in (("GPipe", [4, 4]), ("1F1B", [2, 1])):
+        cfg = load(
+            [
+                *TINY,
+                "train.dist.pipeline_parallel_size=2",
+                f"train.dist.pipeline_schedule={schedule}",
+                "train.num_accumulation_steps=4",
+            ]
+        )
+        layout, settings, rows = estimate_config(cfg)
+        assert layout.pipeline_parallel_size == 2 and settings.num_microbatches == 4
+        assert [r.in_flight for r in rows] == flight, schedule

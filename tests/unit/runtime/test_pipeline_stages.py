@@ -12,6 +12,7 @@ import pytest
 import torch
 from launch import torchrun
 
+from libai import dist
 from libai.runtime.pipeline_stages import check_schedule_microbatches, check_stage_outputs
 
 
@@ -41,9 +42,12 @@ def test_each_schedule_accepts_exactly_the_counts_it_runs(schedule):
 def test_one_f_one_b_with_fewer_micro_batches_than_stages_names_the_fix():
     with pytest.raises(ValueError) as exc:
         check_schedule_microbatches("1F1B", 1, 2)
-    message = str(exc.value)
-    assert "1 micro-batch(es) for 2 stages" in message
-    assert "pipeline_schedule='GPipe'" in message
+    assert str(exc.value) == (
+        "pipeline schedule 1F1B needs at least one micro-batch per stage: got 1 "
+        "micro-batch(es) for 2 stages; set train.num_accumulation_steps (the pipeline's "
+        "micro-batches per step) accordingly, or train.dist.pipeline_schedule='GPipe', which "
+        "runs any count"
+    )
 
 
 def test_only_floating_point_activations_cross_a_stage():
@@ -56,11 +60,35 @@ def test_only_floating_point_activations_cross_a_stage():
 
 
 def test_pp2_refuses_a_micro_batch_count_on_every_rank_before_building_stages():
+    """...and lets a last stage return an integer tensor (it hands nothing on): its loss is
+    one process's loss of the same model on the same batch, and its predictions of a smaller
+    batch are both tensors of the pair, cut back to the real rows."""
+    from gpt_reference import SEED, TINY_GPT, make_batch
+
+    from libai.models import GPTForPreTraining
+
     results = torchrun("pipeline_contract.py", 2, "microbatches")
     errors = [r["error"] for r in results]
     assert all(r["ok"] for r in results), results
     assert errors[0] == errors[1] and errors[0] is not None
     assert "1F1B needs at least one micro-batch per stage" in errors[0]
+    torch.manual_seed(SEED)
+    no_dropout = dict(embedding_dropout_prob=0.0, attention_dropout_prob=0.0)
+    reference = GPTForPreTraining(**TINY_GPT, **no_dropout, output_dropout_prob=0.0)
+    dist.setup_dist_util({})
+    try:
+        want = float(reference(**make_batch(0))["lm_loss"])
+        reference.eval()
+        logits = reference(make_batch(0)["input_ids"][:3])["logits"]
+    finally:
+        dist.reset_dist_util()
+    for result in results:
+        assert result["int_ending_loss"] == pytest.approx(want, rel=1e-5)
+    # predictions of 3 rows (padded to the batch of 8 inside): the last stage's pair, cut back
+    assert results[0]["predicted"] is None
+    predicted = results[1]["predicted"]
+    assert predicted["shapes"] == [list(logits.shape), [3, logits.shape[1]]]
+    assert predicted["logits_sum"] == pytest.approx(float(logits.sum()), rel=1e-4, abs=1e-3)
 
 
 def test_pp2_refuses_an_integer_tensor_handed_to_the_next_stage():
