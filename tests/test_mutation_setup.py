@@ -75,7 +75,7 @@ def test_a_fixed_sample_of_mutants_gets_its_known_verdicts(tmp_path, monkeypatch
     assert {name: first["status"][name] for name in waiting} == dict.fromkeys(waiting, "no tests")
     assert first["fast_tests_only"] == waiting
     # second round: those two against every test
-    report = _tool(tmp_path, "--fast-seconds", "1", "--slow")
+    report = _tool(tmp_path, "--fast-seconds", "1", "--slow", "--mutants", *EXPECTED)
     assert {name: report["status"][name] for name in EXPECTED} == EXPECTED
     assert report["fast_tests_only"] == []
 
@@ -308,3 +308,9 @@ def test_the_slow_round_runs_the_unconfirmed_not_killed_and_the_unchecked(tmp_pa
     calls.clear()
     assert run.run_round(target, work, args, ["libai.pkg.x_g__mutmut_1"], rounds) == 0
     assert calls[0] == ("run", "--max-children", "1", "libai.pkg.x_g__mutmut_1")
+    # named mutants: the unchecked ones among them only, each name once
+    calls.clear()
+    named = ["libai.pkg.x_f__*", "libai.pkg.x_f__mutmut_1"]
+    args = run.parse_args(["libai/pkg", "--slow", "--max-children", "1", "--mutants", *named])
+    assert run.run_round(target, work, args, None, rounds) == 0
+    assert calls[0] == ("run", "--max-children", "1", "libai.pkg.x_f__*", "libai.pkg.x_f__mutmut_1")

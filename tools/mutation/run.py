@@ -677,13 +677,20 @@ def run_round(target: Target, work: Path, args, sample, rounds: AllTestsRounds) 
         # a verdict with every test stands until a test file is added
         confirmed = set() if new_files else rounds.confirmed(not_killed, function_hashes(work))
         names += [n for n in not_killed if n not in confirmed]
-        # and those the fast round left unchecked (no fast test calls their function)
-        names += previous.names("not checked")
+        # and those the fast round left unchecked (no fast test calls their function), of the
+        # asked-for ones when mutants are named
+        unchecked = previous.names("not checked")
+        if args.mutants:
+            unchecked = [
+                n for n in unchecked if any(fnmatch.fnmatchcase(n, p) for p in args.mutants)
+            ]
+        names += unchecked
     elif args.retest_survivors:
         names += previous.names(*NOT_KILLED, "timeout")
     elif sample is not None and not args.mutants:
         # the sample's mutants without a result yet (a cached result stands)
         names += [n for n in sample if previous.status.get(n, "not checked") == "not checked"]
+    names = list(dict.fromkeys(names))  # a named mutant may also be a survivor
     if sample is not None and (args.slow or args.retest_survivors):
         names = [n for n in names if n in set(sample)]
     if (args.slow or args.retest_survivors or sample is not None) and not names:
