@@ -315,12 +315,11 @@ def mutmut(work: Path, *args: str, fast_seconds: float | None = None) -> int:
     env = mutmut_env(work)
     if fast_seconds is not None:
         env["LIBAI_MUTATION_FAST_SECONDS"] = str(fast_seconds)
-    if args[0] != "run":  # `show` starts no fork server: a run going on meanwhile is left alone
-        return subprocess.call(cmd, cwd=work, env=env)
     try:
         return subprocess.call(cmd, cwd=work, env=env)
     finally:
-        reaped = reap_strays(work)
+        # only after a run: `show` starts no fork server, and a run going on is left alone
+        reaped = reap_strays(work) if args[0] == "run" else 0
         if reaped:
             print(f"killed {reaped} mutant processes left running by mutmut's fork server")
 
@@ -649,6 +648,11 @@ def no_tests_with_tests_now(target: Target, work: Path) -> list[str]:
     ]
 
 
+def _named(name: str, patterns) -> bool:
+    """Whether ``name`` matches one of ``patterns`` (mutant names or globs)."""
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
+
+
 def unprofiled_test_files(target: Target, work: Path) -> list[str]:
     """The test files of the target's list none of whose tests mutmut has profiled yet (new
     files: the next mutmut run profiles them before it runs any mutant)."""
@@ -680,11 +684,7 @@ def run_round(target: Target, work: Path, args, sample, rounds: AllTestsRounds) 
         # and those the fast round left unchecked (no fast test calls their function), of the
         # asked-for ones when mutants are named
         unchecked = previous.names("not checked")
-        if args.mutants:
-            unchecked = [
-                n for n in unchecked if any(fnmatch.fnmatchcase(n, p) for p in args.mutants)
-            ]
-        names += unchecked
+        names += [n for n in unchecked if _named(n, args.mutants)] if args.mutants else unchecked
     elif args.retest_survivors:
         names += previous.names(*NOT_KILLED, "timeout")
     elif sample is not None and not args.mutants:
@@ -736,8 +736,7 @@ def rerun_signalled(target: Target, work: Path, names, sample, fast) -> int:
     signalled = [
         n
         for n in Results.load(target).names("segfault")
-        if (sample is None or n in sample)
-        and (not names or any(fnmatch.fnmatchcase(n, pattern) for pattern in names))
+        if (sample is None or n in sample) and (not names or _named(n, names))
     ]
     if not signalled:
         return 0
