@@ -12,6 +12,7 @@ outputs match it token for token on the same weights.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 import torch
@@ -36,10 +37,13 @@ class _StopStrings:
         if not self.stop_strings:
             return hit
         for row, ids in enumerate(sequences[:, self.prompt_len :].tolist()):
-            before = self.tokenizer.decode(ids[:-1])
             text = self.tokenizer.decode(ids)
+            # the text the newest token left as it was: not all of the text before it when
+            # that ended in part of a character (byte-level BPE decodes it to U+FFFD)
+            kept = len(os.path.commonprefix([self.tokenizer.decode(ids[:-1]), text]))
             for stop in self.stop_strings:
-                if text.find(stop, max(0, len(before) - len(stop) + 1)) != -1:
+                # a match that ends after the kept text: one not found at an earlier step
+                if text.find(stop, max(0, kept - len(stop) + 1)) != -1:
                     hit[row] = True
         return hit
 
@@ -52,9 +56,9 @@ def _eos_hit(last_tokens: torch.Tensor, eos_ids: list[int] | torch.Tensor) -> to
     return torch.isin(last_tokens, eos_ids)
 
 
-def _left_pad_counts(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+def _left_pad_counts(attention_mask: torch.Tensor) -> torch.Tensor | None:
     """Per row, the number of leading padding tokens (None without padding)."""
-    if attention_mask is None or bool(attention_mask.all()):
+    if bool(attention_mask.all()):
         return None
     return (attention_mask != 0).int().argmax(dim=1)
 

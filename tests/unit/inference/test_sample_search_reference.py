@@ -110,3 +110,52 @@ def test_stop_strings_look_at_the_generated_text_only(gpt2):
         tokenizer=gpt2.tok,
     )
     assert torch.equal(got, full), (got, full)
+
+
+class ForceTokens:
+    """A logits processor (transformers' and ours share the ``(ids, scores)`` call) that
+    makes step ``k`` after the prompt pick ``tokens[k]``."""
+
+    def __init__(self, prompt_len: int, tokens: list[int]):
+        self.prompt_len, self.tokens = prompt_len, tokens
+
+    def __call__(self, ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        forced = torch.full_like(scores, -1e9)
+        forced[:, self.tokens[ids.shape[1] - self.prompt_len]] = 0.0
+        return forced
+
+
+@pytest.mark.parametrize(
+    "stop",
+    [
+        "é",  # completed by its second byte token: the text before ends in U+FFFD
+        "aé",  # from the first token through the second byte of "é"
+        "a",  # the whole text of the first generated token
+        "cc",  # after "é", ending one token later
+        "q",  # never generated: decoding runs to max_new_tokens
+    ],
+)
+def test_stop_strings_end_where_transformers_ends(gpt2, stop):
+    """Forced tokens ``a``, the two byte tokens of ``é``, then ``c``s: greedy decoding with
+    a stop string ends at the same token as transformers' ``StopStringCriteria`` on the same
+    tokenizer (a stop string completed by the last byte of a character included)."""
+    e_bytes = gpt2.tok.encode("é")
+    a, c = gpt2.tok.convert_tokens_to_ids(["a", "c"])
+    assert len(e_bytes) == 2 and gpt2.tok.decode(e_bytes[:1]) == "\ufffd"
+    prompt = torch.tensor([[c, a]])
+    mask = torch.ones_like(prompt)
+    forced = ForceTokens(prompt.shape[1], [a, *e_bytes, c, c, c])
+    settings = dict(max_new_tokens=6, eos_token_id=None, stop_strings=[stop])
+    want = gpt2.hf.generate(
+        prompt,
+        attention_mask=mask,
+        do_sample=False,
+        tokenizer=gpt2.tok,
+        logits_processor=transformers.LogitsProcessorList([forced]),
+        pad_token_id=c,
+        **settings,
+    )
+    got = generate(
+        gpt2.stepper, prompt, mask, tokenizer=gpt2.tok, extra_processors=[forced], **settings
+    )
+    assert torch.equal(got, want), (stop, got, want)
