@@ -1,6 +1,13 @@
-"""Every LR schedule of libai.scheduler through the LiBai door (a config file ->
-tools/train_net.py): the learning rate metrics.json records at every iteration equals the closed form written in
-this file (≤1e-12), through the warmup ramp, the decay, the floor and after it."""
+"""Every LR schedule of libai.scheduler through the LiBai door: a user config file that sets
+``train.scheduler``. The learning rate equals the closed form written in this file (≤1e-12)
+at every iteration, through the warmup ramp, the decay, the floor and after it.
+
+Cosine (with and without warmup, ``train.warmup_ratio`` rounded up to iterations) and
+multi-step run the whole door, ``tools/train_net.py``, and read the LR ``metrics.json``
+records. The other schedules differ only in the object the same builder makes: they are
+built from the same user config file by ``DefaultTrainer.build_lr_scheduler``, the door's own
+builder, in this process (each schedule's every setting, alone, is in
+tests/unit/optim/test_scheduler_formulas.py)."""
 
 from __future__ import annotations
 
@@ -33,9 +40,9 @@ def multistep(t, factor, steps, milestones, gamma):
     return BASE_LR * warmup(t, factor, steps) * gamma ** bisect.bisect_right(milestones, t)
 
 
-def recorded_lrs(tmp_path, sample_env, scheduler: str, warmup_ratio: float) -> list[float]:
-    """Train ITERS iterations with a user config that swaps in ``scheduler`` (a LazyCall
-    expression), as a LiBai user does; the LR metrics.json records per iteration."""
+def user_config(tmp_path, scheduler: str):
+    """A user config file that swaps ``scheduler`` (a LazyCall expression) into the GPT-2
+    pretraining config, as a LiBai user does."""
     config = tmp_path / "my_config.py"
     config.write_text(
         textwrap.dedent(
@@ -53,6 +60,13 @@ def recorded_lrs(tmp_path, sample_env, scheduler: str, warmup_ratio: float) -> l
             """
         )
     )
+    return config
+
+
+def recorded_lrs(tmp_path, sample_env, scheduler: str, warmup_ratio: float) -> list[float]:
+    """Train ITERS iterations with the user config; the LR metrics.json records per
+    iteration."""
+    config = user_config(tmp_path, scheduler)
     out = tmp_path / "out"
     opts = [
         *TINY,
@@ -127,11 +141,31 @@ CASES = {
 }
 
 
+def built_lrs(tmp_path, scheduler: str) -> list[float]:
+    """The LR of each of ITERS iterations from the scheduler the door builds out of the user
+    config (``train.train_iter`` ITERS, ``train.warmup_iter`` W, ``optim.lr`` BASE_LR)."""
+    import torch
+
+    from libai.config import LazyConfig
+    from libai.engine import DefaultTrainer
+
+    cfg = LazyConfig.load(str(user_config(tmp_path, scheduler)))
+    cfg.train.train_iter, cfg.train.warmup_iter = ITERS, W
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=BASE_LR)
+    scheduler = DefaultTrainer.build_lr_scheduler(cfg, optimizer)
+    lrs = []
+    for _ in range(ITERS):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    return lrs
+
+
 @pytest.mark.parametrize("case", list(CASES))
-def test_every_other_schedule_equals_its_formula(tmp_path, sample_env, case):
-    """The rest of libai.scheduler through a user config: each parameter set away from its
+def test_every_other_schedule_equals_its_formula(tmp_path, case):
+    """The rest of libai.scheduler from a user config: each parameter set away from its
     default, so ignoring it changes the LR."""
     scheduler, formula = CASES[case]
-    got = recorded_lrs(tmp_path, sample_env, scheduler, W / ITERS)
+    got = built_lrs(tmp_path, scheduler)
     want = [formula(t) for t in range(ITERS)]
     assert max(abs(g - w) for g, w in zip(got, want)) <= 1e-12, (got, want)
