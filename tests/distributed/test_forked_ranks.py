@@ -9,7 +9,7 @@ import os
 
 import forked_ranks
 import pytest
-from launch import SCRIPTS, torchrun
+from launch import SCRIPTS, free_port, torchrun
 
 #: what must not differ between the two launches (random draws are compared apart)
 SAME = ("env", "job_variable", "path0", "cwd", "main", "threads", "sum", "rest")
@@ -55,9 +55,9 @@ def test_a_failing_rank_ends_the_job_with_its_error(tmp_path, monkeypatch):
     argv = [str(SCRIPTS / "launch_probe.py"), "--out", str(tmp_path)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "LAUNCH_PROBE_FAIL": "1"}
     assert forked_ranks.usable(env)
-    proc = forked_ranks.run(argv, 2, env, timeout=60)
+    proc = forked_ranks.run(argv, 2, env, 60, free_port())
     assert proc.returncode != 0 and "process 1 terminated" in proc.stderr, proc
     assert "rank 1 fails on purpose" in (tmp_path / "rank1.json").read_text()
     assert not (tmp_path / "rank0.json").exists()  # stopped while waiting in the all-reduce
     with pytest.raises(Exception, match="timed out after 3 seconds"):
-        forked_ranks.run(argv, 2, {**env, "LAUNCH_PROBE_FAIL": "hang"}, timeout=3)
+        forked_ranks.run(argv, 2, {**env, "LAUNCH_PROBE_FAIL": "hang"}, 3, free_port())

@@ -21,7 +21,6 @@ import multiprocessing
 import os
 import random
 import runpy
-import socket
 import subprocess
 import sys
 import time
@@ -50,12 +49,6 @@ def usable(env: dict) -> bool:
     if not str(Path(libai.__file__).resolve()).startswith(root + os.sep):
         return False
     return _server_env is None or _environment_key(env) == _server_env
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _rank_main(rank: int, argv: list, env: dict, world: int, port: int, cwd: str, logs: str):
@@ -94,9 +87,12 @@ def _rank_main(rank: int, argv: list, env: dict, world: int, port: int, cwd: str
         sys.stderr.flush()
 
 
-def run(argv: list, nproc: int, env: dict, timeout: float) -> subprocess.CompletedProcess:
-    """Run ``argv`` (a script and its arguments) on ``nproc`` forked ranks; the ranks' exit
-    status and output (``stdout``: every rank's log) as ``subprocess.run`` reports them."""
+def run(
+    argv: list, nproc: int, env: dict, timeout: float, port: int
+) -> subprocess.CompletedProcess:
+    """Run ``argv`` (a script and its arguments) on ``nproc`` forked ranks meeting on
+    ``port``; the ranks' exit status and output (``stdout``: every rank's log) as
+    ``subprocess.run`` reports them."""
     global _server_env
     import tempfile
 
@@ -109,7 +105,7 @@ def run(argv: list, nproc: int, env: dict, timeout: float) -> subprocess.Complet
     with tempfile.TemporaryDirectory() as logs:
         job = torch_mp.start_processes(
             _rank_main,
-            args=(argv, env, nproc, _free_port(), os.getcwd(), logs),
+            args=(argv, env, nproc, port, os.getcwd(), logs),
             nprocs=nproc,
             join=False,
             start_method="forkserver",

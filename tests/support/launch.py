@@ -44,18 +44,9 @@ def torchrun(script: str, nproc: int, *args: str, timeout: float = 600) -> list[
     :func:`dist_scripts.common.write_result` on every rank.
     """
     with tempfile.TemporaryDirectory() as out_dir:
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nnodes=1",
-            f"--nproc_per_node={nproc}",
-            str(SCRIPTS / script),
-            "--out",
-            out_dir,
-            *args,
-        ]
+        argv = [str(SCRIPTS / script), "--out", out_dir, *args]
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1"]
+        cmd += [f"--nproc_per_node={nproc}", *argv]
         # tests/support/ for the helpers, then this checkout's root: its libai and projects/,
         # not an editable install of another checkout (a git worktree shares the environment)
         path = [str(SUPPORT), str(ROOT), os.environ.get("PYTHONPATH", "")]
@@ -65,7 +56,7 @@ def torchrun(script: str, nproc: int, *args: str, timeout: float = 600) -> list[
             "PYTHONPATH": os.pathsep.join(filter(None, path)),
         }
         if forked_ranks.usable(env):
-            proc = forked_ranks.run(cmd[cmd.index(str(SCRIPTS / script)) :], nproc, env, timeout)
+            proc = forked_ranks.run(argv, nproc, env, timeout, free_port())
         else:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
         paths = [Path(out_dir) / f"rank{rank}.json" for rank in range(nproc)]

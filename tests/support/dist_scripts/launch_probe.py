@@ -1,5 +1,6 @@
 """What a rank sees of its launch: the job's environment, its argv, path, working directory,
-thread count, random seeds and module state, and a gloo collective over the group."""
+thread count and random draws, and a gloo collective over the group (with
+``LAUNCH_PROBE_FAIL``, rank 1 raises or hangs instead)."""
 
 from __future__ import annotations
 
