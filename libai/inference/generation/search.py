@@ -137,6 +137,9 @@ def beam_search(
     max_length = prompt_len + config.max_new_tokens
     eos = config.eos_token_ids
     keep = max(2, 1 + len(eos)) * k
+    # hypotheses that ended early are padded as transformers' beam search pads them when
+    # there is an eos: with a non-zero pad_token_id, else eos (T5's pad 0 too). Without an
+    # eos: with pad_token_id where transformers writes -1, and -1 without either
     fill = config.pad_token_id if config.pad_token_id else (eos[0] if eos else -1)
     processors = build_processors(config, prompt_len, _left_pad_counts(attention_mask))
     processors += list(extra_processors)
