@@ -134,3 +134,20 @@ def make_generation_dirs(root) -> dict[str, str]:
     """``{"gpt2": dir, "llama": dir, "t5": dir}`` under ``root``."""
     root = Path(root)
     return {"gpt2": make_gpt2_dir(root), "llama": make_llama_dir(root), "t5": make_t5_dir(root)}
+
+
+def load_tiny_gpt2(root: Path):
+    """``make_gpt2_dir(root)`` loaded both ways: its transformers model (eval) and tokenizer,
+    and a libai ``ModelStepper`` on the same weights (the caller sets up the mesh first)."""
+    from types import SimpleNamespace
+
+    import transformers
+
+    from libai.inference.generation import ModelStepper
+    from libai.models.utils import load_huggingface
+
+    path = make_gpt2_dir(root)
+    hf = transformers.GPT2LMHeadModel.from_pretrained(path).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(path)
+    stepper = ModelStepper(load_huggingface(path).eval())
+    return SimpleNamespace(path=path, hf=hf, tok=tok, stepper=stepper)

@@ -8,16 +8,13 @@ starts in the prompt."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 import transformers
-from generation_helpers import make_gpt2_dir
+from generation_helpers import load_tiny_gpt2
 
 from libai import dist
-from libai.inference.generation import ModelStepper, generate
-from libai.models.utils import load_huggingface
+from libai.inference.generation import generate
 
 transformers.logging.set_verbosity_error()
 
@@ -28,10 +25,7 @@ PAD = 1
 def gpt2(tmp_path_factory):
     """The tiny GPT-2 directory, its transformers model and tokenizer, and a stepper."""
     dist.setup_dist_util()
-    path = make_gpt2_dir(tmp_path_factory.mktemp("beam_edges"))
-    hf = transformers.GPT2LMHeadModel.from_pretrained(path).eval()
-    tok = transformers.AutoTokenizer.from_pretrained(path)
-    yield SimpleNamespace(hf=hf, tok=tok, stepper=ModelStepper(load_huggingface(path).eval()))
+    yield load_tiny_gpt2(tmp_path_factory.mktemp("beam_edges"))
     dist.reset_dist_util()
 
 

@@ -7,6 +7,7 @@ compared with transformers on the same files / scores or with a hand-derived val
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -152,28 +153,14 @@ def test_image_pipeline_positional_arguments_and_the_model_image_size(tmp_path, 
     """The image pipeline takes BasePipeline's arguments positionally, and without a
     ``preprocessor_config.json`` it resizes to the model's ``image_size`` (16 here, not the
     224 default): labels and scores equal transformers' pipeline with a ViT image processor
-    of that size."""
-    from inference_helpers import assert_same_results, make_images
+    of that size (default mean and std)."""
+    from inference_helpers import assert_same_results, make_images, make_vit_dir
     from transformers.models.vit.image_processing_pil_vit import ViTImageProcessorPil
 
     from libai.inference import ImageClassificationPipeline
 
-    labels = {i: f"class_{i}" for i in range(3)}
-    torch.manual_seed(0)
-    config = transformers.ViTConfig(
-        image_size=16,
-        patch_size=8,
-        hidden_size=16,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=32,
-        initializer_range=0.3,
-        num_labels=3,
-        id2label=labels,
-        label2id={v: k for k, v in labels.items()},
-    )
-    out = tmp_path / "vit16"
-    transformers.ViTForImageClassification(config).eval().save_pretrained(out)
+    out = Path(make_vit_dir(tmp_path))
+    (out / "preprocessor_config.json").unlink()
     images = make_images(2)
     theirs = transformers.pipeline(
         "image-classification",

@@ -6,16 +6,13 @@ the same tiny GPT-2 or with a hand-derived case."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 import transformers
-from generation_helpers import make_gpt2_dir
+from generation_helpers import load_tiny_gpt2
 
 from libai import dist
-from libai.inference.generation import ModelStepper, generate
-from libai.models.utils import load_huggingface
+from libai.inference.generation import generate
 
 transformers.logging.set_verbosity_error()
 
@@ -24,10 +21,7 @@ transformers.logging.set_verbosity_error()
 def gpt2(tmp_path_factory):
     """The tiny GPT-2 directory, its transformers model and tokenizer, and a stepper."""
     dist.setup_dist_util()
-    path = make_gpt2_dir(tmp_path_factory.mktemp("greedy"))
-    hf = transformers.GPT2LMHeadModel.from_pretrained(path).eval()
-    tok = transformers.AutoTokenizer.from_pretrained(path)
-    yield SimpleNamespace(hf=hf, tok=tok, stepper=ModelStepper(load_huggingface(path).eval()))
+    yield load_tiny_gpt2(tmp_path_factory.mktemp("greedy"))
     dist.reset_dist_util()
 
 
