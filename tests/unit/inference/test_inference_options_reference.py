@@ -224,3 +224,55 @@ def test_generate_without_attention_mask_attends_to_every_token(tmp_path):
         assert torch.equal(got, want), (got, want)
     finally:
         dist.reset_dist_util()
+
+
+# ---- text generation: defaults and parameters given at construction ---------------------------
+def test_eos_from_the_tokenizer_when_the_config_has_none(tmp_path, own_dist):
+    """No eos id in config.json or generation_config.json: the pipeline's default eos is the tokenizer's (the
+    id of ``<|endoftext|>`` in the tokenizer transformers loads from the same directory)."""
+    from generation_helpers import make_gpt2_dir
+
+    from libai.inference.text_generation import TextGenerationPipeline
+
+    path = Path(make_gpt2_dir(tmp_path))
+    for name in ("config.json", "generation_config.json"):
+        if (path / name).exists():
+            config = json.loads((path / name).read_text())
+            config["eos_token_id"] = config["bos_token_id"] = None
+            (path / name).write_text(json.dumps(config))
+    want = transformers.AutoTokenizer.from_pretrained(path).eos_token_id
+    pipe = TextGenerationPipeline(model_path=str(path), mode="huggingface")
+    assert want is not None and pipe.generation_config.eos_token_id == want
+
+
+def test_t5_decoder_start_from_the_config(tmp_path, own_dist):
+    """An encoder-decoder's ``decoder_start_token_id`` from the directory is kept (pad only
+    fills it in when absent): equal to transformers' GenerationConfig of the directory."""
+    from generation_helpers import make_t5_dir
+
+    from libai.inference.text_generation import TextGenerationPipeline
+
+    path = Path(make_t5_dir(tmp_path))
+    for name in ("config.json", "generation_config.json"):  # the second wins where it exists
+        if (path / name).exists():
+            config = json.loads((path / name).read_text())
+            config["decoder_start_token_id"] = 3
+            (path / name).write_text(json.dumps(config))
+    want = transformers.GenerationConfig.from_pretrained(path).decoder_start_token_id
+    pipe = TextGenerationPipeline(model_path=str(path), mode="huggingface")
+    assert want == 3 and pipe.generation_config.decoder_start_token_id == want
+
+
+def test_return_full_text_given_at_construction(tmp_path, own_dist):
+    """``return_full_text=False`` given to the constructor is the call's default: the text
+    returned is the generated part only (hand-derived: the full text less the prompt)."""
+    from generation_helpers import make_gpt2_dir
+
+    from libai.inference.text_generation import TextGenerationPipeline
+
+    path = make_gpt2_dir(tmp_path)
+    prompt = "the quick brown fox"
+    pipe = TextGenerationPipeline(model_path=path, mode="huggingface", return_full_text=False)
+    new = pipe(prompt, max_new_tokens=4)[0]["generated_text"]
+    full = pipe(prompt, max_new_tokens=4, return_full_text=True)[0]["generated_text"]
+    assert full.startswith(prompt) and new == full[len(prompt) :], (new, full)
