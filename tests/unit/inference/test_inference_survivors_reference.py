@@ -41,6 +41,23 @@ transformers.logging.set_verbosity_error()
             dict(num_beams=2, do_sample=True),
             "do_sample=True: beam sampling is not supported; use num_beams=1",
         ),
+        (dict(min_new_tokens=-1), "min_new_tokens=-1: >= 0"),
+        (
+            dict(do_sample=True, temperature=0.0),
+            "temperature=0.0: must be > 0 (use do_sample=False for greedy)",
+        ),
+        (dict(no_repeat_ngram_size=-1), "no_repeat_ngram_size=-1: >= 0"),
+        (dict(early_stopping="sometimes"), "early_stopping='sometimes': True, False or 'never'"),
+        (dict(num_beams=2, num_return_sequences=0), "num_return_sequences=0: >= 1"),
+        (
+            dict(cache_implementation="static", max_cache_len=0),
+            "max_cache_len=0: an integer >= 1 (or None: prompt + max_new_tokens)",
+        ),
+        (
+            dict(num_return_sequences=2),
+            "num_return_sequences=2: greedy search returns one sequence; use do_sample=True "
+            "or num_beams",
+        ),
     ],
 )
 def test_validate_message_names_key_and_rule(settings, message):
