@@ -7,6 +7,7 @@ import os
 import pytest
 from train_net_helpers import train_env
 
+from libai import dist
 from libai.data.sample_corpus import ensure_sample_dataset
 
 
@@ -50,3 +51,10 @@ def accelerate_files(tmp_path_factory):
     files["s2s"] = data.seq2seq_jsonl(root)
     files["pretrain"] = data.pretraining_prefix(root, files["gpt2"])
     return files
+
+
+@pytest.fixture
+def own_dist():
+    """The pipeline builds its single-process mesh; it is dropped afterwards."""
+    yield
+    dist.reset_dist_util()

@@ -151,3 +151,8 @@ def load_tiny_gpt2(root: Path):
     tok = transformers.AutoTokenizer.from_pretrained(path)
     stepper = ModelStepper(load_huggingface(path).eval())
     return SimpleNamespace(path=path, hf=hf, tok=tok, stepper=stepper)
+
+
+def random_prompts(vocab: int, seed: int, shape=(2, 5)) -> torch.Tensor:
+    """Seeded random prompt ids (no special ids 0-2), ``shape`` = (batch, length)."""
+    return torch.randint(3, vocab, shape, generator=torch.Generator().manual_seed(seed))

@@ -12,6 +12,7 @@ import pytest
 import torch
 import transformers
 from generation_helpers import load_tiny_gpt2
+from generation_helpers import random_prompts as prompts
 
 from libai import dist
 from libai.inference.generation import generate
@@ -27,10 +28,6 @@ def gpt2(tmp_path_factory):
     dist.setup_dist_util()
     yield load_tiny_gpt2(tmp_path_factory.mktemp("beam_edges"))
     dist.reset_dist_util()
-
-
-def prompts(vocab: int, seed: int) -> torch.Tensor:
-    return torch.randint(3, vocab, (2, 5), generator=torch.Generator().manual_seed(seed))
 
 
 class PlaceTokens:
@@ -62,12 +59,12 @@ class PlaceTokens:
         return scores
 
 
-def both(gpt2, ids, processors=(), *, eos=None, pad=PAD, mask=None, **settings):
+def both(gpt2, ids, processors=(), *, eos=None, pad=PAD, **settings):
     """(transformers' beam search, ours) on the same prompts and settings, and how many
     hypotheses transformers padded. Without an eos transformers pads the hypotheses that ended
     early with -1 whatever the pad token; ours pads with ``pad_token_id`` when there is one:
     transformers' -1 are then replaced by it."""
-    mask = torch.ones_like(ids) if mask is None else mask
+    mask = torch.ones_like(ids)
     gpt2.hf.generation_config.eos_token_id = eos
     want = gpt2.hf.generate(
         ids,
@@ -174,10 +171,11 @@ def test_stop_string_starting_in_the_prompt_does_not_end_a_beam(gpt2):
 @pytest.mark.parametrize("first_is_eos", [False, True])
 def test_more_candidates_end_than_beams_as_transformers(gpt2, num_beams, first_is_eos):
     """At step 2 the first beam of each input gives ``num_beams + 1`` letters, each a stop
-    string (or the first one the eos), a log-probability of 1: of the ``2 * num_beams`` kept candidates more end than
-    can finish, and fewer than ``num_beams`` go on, so a running beam is one that ended
-    (scored "impossible") while the search goes on (``early_stopping="never"``, length
-    penalty 3). The hypotheses, their order and the search's length equal transformers'."""
+    string (or the first one the eos), a log-probability of 1: of the ``2 * num_beams`` kept
+    candidates more end than can finish, and fewer than ``num_beams`` go on, so a running
+    beam is one that ended (scored "impossible") while the search goes on
+    (``early_stopping="never"``, length penalty 3). The hypotheses, their order and the
+    search's length equal transformers'."""
     ids = prompts(gpt2.hf.config.vocab_size, 1)
     letters = list("abcd"[: num_beams + 1])
     tokens = gpt2.tok.convert_tokens_to_ids(letters)

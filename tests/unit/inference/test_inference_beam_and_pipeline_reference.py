@@ -10,13 +10,13 @@ plain torch, or a hand-derived value."""
 from __future__ import annotations
 
 import random
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 import transformers
-from generation_helpers import make_gpt2_dir
+from generation_helpers import load_tiny_gpt2
+from generation_helpers import random_prompts as prompts
 from launch import torchrun
 
 from libai import dist
@@ -33,15 +33,8 @@ transformers.logging.set_verbosity_error()
 def gpt2(tmp_path_factory):
     """The tiny GPT-2 directory, its transformers model and a stepper on the same weights."""
     dist.setup_dist_util()
-    path = make_gpt2_dir(tmp_path_factory.mktemp("beam"))
-    hf = transformers.GPT2LMHeadModel.from_pretrained(path).eval()
-    stepper = ModelStepper(load_huggingface(path).eval())
-    yield SimpleNamespace(path=path, hf=hf, stepper=stepper)
+    yield load_tiny_gpt2(tmp_path_factory.mktemp("beam"))
     dist.reset_dist_util()
-
-
-def prompts(vocab: int, seed: int) -> torch.Tensor:
-    return torch.randint(3, vocab, (2, 5), generator=torch.Generator().manual_seed(seed))
 
 
 def produced_tokens(hf, ids) -> list[int]:

@@ -1,8 +1,11 @@
-"""Reference checks for inference options a sample of mutants found untested: RoBERTa's
-tokenizer picked from vocab.json + merges.txt by ``model_type``, special tokens written as
-``AddedToken`` dicts in ``tokenizer_config.json``, ``top_k``'s checks, the single-label
-default score function, and ``min_tokens_to_keep`` of the LiBai-style top-p warper. Each is
-compared with transformers on the same files / scores or with a hand-derived value."""
+"""Reference checks for inference options a sample of mutants found untested: the tokenizer
+files (RoBERTa's by ``model_type``, ``AddedToken`` dicts), the classification scores
+(``top_k``'s checks, the default function, float32 as transformers), the LiBai-style top-p
+warper's ``min_tokens_to_keep``, the pipelines' construction (positional arguments, the
+model's image size, a missing checkpoint, parameters given at construction) and defaults
+(eos from the tokenizer, an encoder-decoder's decoder start), and ``generate``'s checks and
+its missing mask. Each is compared with transformers on the same files / scores or with a
+hand-derived value."""
 
 from __future__ import annotations
 
@@ -29,21 +32,14 @@ transformers.logging.set_verbosity_error()
 SAMPLES = ["Hello World, the quick brown fox.", "paris is the capital of France"]
 
 
-@pytest.fixture
-def own_dist():
-    """The pipeline builds its single-process mesh; it is dropped afterwards."""
-    yield
-    dist.reset_dist_util()
-
-
 ROBERTA_SPECIALS = ["<s>", "<pad>", "</s>", "<unk>", "<mask>", "<|endoftext|>"]
 
 
 def test_roberta_tokenizer_from_vocab_and_merges_by_model_type(tmp_path):
     """vocab.json + merges.txt with ``model_type: roberta``: RoBERTa's tokenizer (``<s>`` …
-    ``</s>`` around the ids with the special tokens), equal to transformers' RobertaTokenizer of the same files; the
-    same files without the model type stay GPT-2's (no ``<s>``). ``load_tokenizer`` takes the
-    directory's path as well as the files found in it."""
+    ``</s>`` around the ids with the special tokens), equal to transformers' RobertaTokenizer
+    of the same files; the same files without the model type stay GPT-2's (no ``<s>``).
+    ``load_tokenizer`` takes the directory's path as well as the files found in it."""
     from tokenizers import ByteLevelBPETokenizer
 
     bpe = ByteLevelBPETokenizer()
@@ -199,47 +195,48 @@ def test_max_new_tokens_message_names_the_rule():
 def test_generate_without_attention_mask_attends_to_every_token(tmp_path):
     """No ``attention_mask``: every prompt token counts, the tokens of transformers' greedy
     decoding with an all-ones mask."""
-    from generation_helpers import make_gpt2_dir
+    from generation_helpers import load_tiny_gpt2, random_prompts
 
-    from libai.inference.generation import ModelStepper, generate
-    from libai.models.utils import load_huggingface
+    from libai.inference.generation import generate
 
     dist.setup_dist_util()
     try:
-        path = make_gpt2_dir(tmp_path)
-        hf = transformers.GPT2LMHeadModel.from_pretrained(path).eval()
-        ids = torch.randint(
-            3, hf.config.vocab_size, (2, 5), generator=torch.Generator().manual_seed(8)
-        )
-        want = hf.generate(
+        gpt2 = load_tiny_gpt2(tmp_path)
+        ids = random_prompts(gpt2.hf.config.vocab_size, 8)
+        want = gpt2.hf.generate(
             ids,
             attention_mask=torch.ones_like(ids),
             do_sample=False,
             max_new_tokens=4,
             eos_token_id=None,
         )
-        got = generate(
-            ModelStepper(load_huggingface(path).eval()), ids, max_new_tokens=4, eos_token_id=None
-        )
+        got = generate(gpt2.stepper, ids, max_new_tokens=4, eos_token_id=None)
         assert torch.equal(got, want), (got, want)
     finally:
         dist.reset_dist_util()
 
 
 # ---- text generation: defaults and parameters given at construction ---------------------------
+def set_in_model_files(path: Path, **values) -> None:
+    """``values`` written into config.json and generation_config.json (which wins where it
+    exists: ``save_pretrained`` writes both)."""
+    for name in ("config.json", "generation_config.json"):
+        if (path / name).exists():
+            config = json.loads((path / name).read_text())
+            config.update(values)
+            (path / name).write_text(json.dumps(config))
+
+
 def test_eos_from_the_tokenizer_when_the_config_has_none(tmp_path, own_dist):
-    """No eos id in config.json or generation_config.json: the pipeline's default eos is the tokenizer's (the
-    id of ``<|endoftext|>`` in the tokenizer transformers loads from the same directory)."""
+    """No eos id in config.json or generation_config.json: the pipeline's default eos is the
+    tokenizer's (the id of ``<|endoftext|>`` in the tokenizer transformers loads from the
+    same directory)."""
     from generation_helpers import make_gpt2_dir
 
     from libai.inference.text_generation import TextGenerationPipeline
 
     path = Path(make_gpt2_dir(tmp_path))
-    for name in ("config.json", "generation_config.json"):
-        if (path / name).exists():
-            config = json.loads((path / name).read_text())
-            config["eos_token_id"] = config["bos_token_id"] = None
-            (path / name).write_text(json.dumps(config))
+    set_in_model_files(path, eos_token_id=None, bos_token_id=None)
     want = transformers.AutoTokenizer.from_pretrained(path).eos_token_id
     pipe = TextGenerationPipeline(model_path=str(path), mode="huggingface")
     assert want is not None and pipe.generation_config.eos_token_id == want
@@ -253,11 +250,7 @@ def test_t5_decoder_start_from_the_config(tmp_path, own_dist):
     from libai.inference.text_generation import TextGenerationPipeline
 
     path = Path(make_t5_dir(tmp_path))
-    for name in ("config.json", "generation_config.json"):  # the second wins where it exists
-        if (path / name).exists():
-            config = json.loads((path / name).read_text())
-            config["decoder_start_token_id"] = 3
-            (path / name).write_text(json.dumps(config))
+    set_in_model_files(path, decoder_start_token_id=3)
     want = transformers.GenerationConfig.from_pretrained(path).decoder_start_token_id
     pipe = TextGenerationPipeline(model_path=str(path), mode="huggingface")
     assert want == 3 and pipe.generation_config.decoder_start_token_id == want

@@ -17,7 +17,6 @@ import transformers
 from generation_helpers import train_spiece
 from inference_helpers import CORPUS, assert_same_results, make_images, train_wordpiece_vocab
 
-from libai import dist
 from libai.inference.generation import GenerationConfig, generate
 from libai.inference.generation import logits_process as lp
 from libai.inference.generator import Generator, LogitsProcessorList, TopPLogitsWarper
@@ -154,13 +153,6 @@ def test_generator_reads_defaults_from_get_only_cfg():
     got = model.generate(torch.tensor([[2, 3], [7, 8]]))
     want = torch.tensor([[2, 3, 4, 5, 6, 0, 0], [7, 8, 9, 10, 11, 12, 13]])
     assert torch.equal(got, want), got
-
-
-@pytest.fixture
-def own_dist():
-    """The pipeline builds its single-process mesh; it is dropped afterwards."""
-    yield
-    dist.reset_dist_util()
 
 
 # ---- image classification: default top_k 5 ---------------------------------------------------
