@@ -2,9 +2,10 @@
 files (RoBERTa's by ``model_type``, ``AddedToken`` dicts), the classification scores
 (``top_k``'s checks, the default function, float32 as transformers), the LiBai-style top-p
 warper's ``min_tokens_to_keep``, the pipelines' construction (positional arguments, the
-model's image size, a missing checkpoint, parameters given at construction) and defaults
-(eos from the tokenizer, an encoder-decoder's decoder start), and ``generate``'s checks and
-its missing mask. Each is compared with transformers on the same files / scores or with a
+model's image size, a missing checkpoint, parameters given at construction, a config file's
+hyper-parameters over Hugging Face weights) and defaults (eos from the tokenizer, an
+encoder-decoder's decoder start, the pad id of the prompts' left padding), and
+``generate``'s checks and its missing mask. Each is compared with transformers on the same files / scores or with a
 hand-derived value."""
 
 from __future__ import annotations
@@ -269,3 +270,52 @@ def test_return_full_text_given_at_construction(tmp_path, own_dist):
     new = pipe(prompt, max_new_tokens=4)[0]["generated_text"]
     full = pipe(prompt, max_new_tokens=4, return_full_text=True)[0]["generated_text"]
     assert full.startswith(prompt) and new == full[len(prompt) :], (new, full)
+
+
+GPT_CONFIG_WITH_EXTRAS = """
+from libai.config import LazyCall
+from libai.models import GPTForPreTraining
+
+model = LazyCall(GPTForPreTraining)(cfg=dict(loss_chunk_size=8))
+"""
+
+
+def test_config_file_sets_extra_hyperparameters_in_huggingface_mode(tmp_path, own_dist):
+    """``mode="huggingface"`` with a ``config_file``: the model of the Hugging Face weights
+    takes the config's ``model.cfg`` hyper-parameters that ``config.json`` has no key for
+    (``loss_chunk_size``; without the config it is the class default, ``None``), and
+    generates what the same weights generate without it."""
+    from generation_helpers import make_gpt2_dir
+
+    from libai.inference.text_generation import TextGenerationPipeline
+
+    path = make_gpt2_dir(tmp_path)
+    config = tmp_path / "gpt_extras.py"
+    config.write_text(GPT_CONFIG_WITH_EXTRAS)
+    plain = TextGenerationPipeline(model_path=path, mode="huggingface")
+    want = plain("the quick brown fox", max_new_tokens=4)
+    dist.reset_dist_util()
+    pipe = TextGenerationPipeline(str(config), model_path=path, mode="huggingface")
+    assert plain.model.GPT_model.loss_chunk_size is None
+    assert pipe.model.GPT_model.loss_chunk_size == 8
+    assert pipe("the quick brown fox", max_new_tokens=4) == want
+
+
+def test_prompts_left_padded_with_the_pad_id_as_transformers(tmp_path, own_dist):
+    """Prompts of different lengths are left-padded with the directory's pad id (here 5,
+    not 0): ids and mask equal transformers' tokenizer of the same directory padding on the
+    left with that pad token."""
+    from generation_helpers import PROMPTS, make_gpt2_dir
+
+    from libai.inference.text_generation import TextGenerationPipeline
+
+    path = Path(make_gpt2_dir(tmp_path))
+    set_in_model_files(path, pad_token_id=5)
+    theirs = transformers.AutoTokenizer.from_pretrained(path)
+    theirs.pad_token, theirs.padding_side = theirs.convert_ids_to_tokens(5), "left"
+    want = theirs(PROMPTS, padding=True, return_tensors="pt")
+    pipe = TextGenerationPipeline(model_path=str(path), mode="huggingface")
+    got = pipe.encode_prompts(PROMPTS, add_special_tokens=True)
+    assert bool((want["input_ids"] == 5).any())  # the batch is padded
+    assert torch.equal(got["input_ids"], want["input_ids"])
+    assert torch.equal(got["attention_mask"], want["attention_mask"])

@@ -143,6 +143,7 @@ def test_random_and_libai_modes(dirs, tmp_path):
     case = write_config_case(dirs, tmp_path)
     again = FillMaskPipeline(case["config"], mode="random")  # seeded by train.seed
     assert again(BERT_MASKED[0]) != case["expected"][0]
+    assert again.model_path is None  # no directory: nothing is read from one
     for path in (case["checkpoint"], case["checkpoint"] + "/model_final"):
         pipe = FillMaskPipeline(case["config"], model_path=path, mode="libai")
         assert_same_results(pipe(BERT_MASKED), case["expected"], tol=1e-6)

@@ -150,6 +150,41 @@ def test_encoder_decoder_generate_equals_transformers(t5_models, search):
     assert torch.equal(got, want), (got, want)
 
 
+class ScaledEncoderT5(ProjectT5):
+    """ProjectT5 whose encoder pass takes one more keyword, ``encoder_scale``, that multiplies
+    the encoder's output (a stand-in for a project encoder's own inputs)."""
+
+    def forward(self, *args, encoder_scale=1.0, only_encoder=False, **kwargs):
+        out = super().forward(*args, only_encoder=only_encoder, **kwargs)
+        return out * encoder_scale if only_encoder else out
+
+    def prepare_inputs_for_generation(self, input_ids, encoder_scale=None, **kwargs):
+        return super().prepare_inputs_for_generation(input_ids, **kwargs)
+
+
+def test_generate_keywords_reach_the_encoder_pass(t5_models):
+    """A keyword given to ``generate`` goes to the encoder pass (with only_encoder=True), as
+    the model's other inputs do: the sequences of transformers' T5 generate given the scaled
+    encoder output of the same ids."""
+    from transformers.modeling_outputs import BaseModelOutput
+
+    plain, hf = t5_models
+    ours = ScaledEncoderT5(plain.t5, plain.cfg)
+    ids = torch.randint(3, hf.config.vocab_size, (2, 6), generator=torch.Generator().manual_seed(3))
+    mask = torch.ones_like(ids)
+    with torch.no_grad():
+        states = hf.get_encoder()(input_ids=ids, attention_mask=mask).last_hidden_state
+    search = dict(max_new_tokens=8, num_beams=2, do_sample=False)
+    want = hf.generate(
+        encoder_outputs=BaseModelOutput(last_hidden_state=3.0 * states),
+        attention_mask=mask,
+        **search,
+    )
+    assert not torch.equal(want, hf.generate(ids, attention_mask=mask, **search))  # it tells
+    got = ours.generate(ids, encoder_scale=3.0, max_new_tokens=8, num_beams=2)
+    assert torch.equal(got, want), (got, want)
+
+
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     path = make_gpt2_dir(tmp_path_factory.mktemp("generator"))
