@@ -312,13 +312,18 @@ class DefaultTrainer(TrainerBase):
     @classmethod
     def build_test_loader(cls, cfg, tokenizer=None) -> list:
         """The loaders of ``cfg.dataloader.test`` (a list of lazy loader configs; none when
-        absent), each with ``train.test_micro_batch_size`` and ``train.seed`` as LiBai's."""
+        absent), each with ``train.test_micro_batch_size`` and ``train.seed`` as LiBai's,
+        their datasets that take a tokenizer given ``tokenizer`` (:func:`with_tokenizer`)."""
         tests = try_get_key(cfg, "dataloader.test")
         if tests is None:
             return []
         tests = [tests] if is_lazy_node(tests) else list(tests)
         return [
-            instantiate(t, test_batch_size=cfg.train.test_micro_batch_size, seed=cfg.train.seed)
+            instantiate(
+                with_tokenizer(t, tokenizer),
+                test_batch_size=cfg.train.test_micro_batch_size,
+                seed=cfg.train.seed,
+            )
             for t in tests
         ]
 

@@ -125,10 +125,18 @@ def trainer_for(tmp_path, monkeypatch):
     monkeypatch.chdir(__file__.rsplit("/tests/", 1)[0])  # configs/ of this checkout
 
     def build(
-        test_sets, evaluator=PPLEvaluator, output_dir=None, resume=False, period=None, **train
+        test_sets,
+        evaluator=PPLEvaluator,
+        output_dir=None,
+        resume=False,
+        period=None,
+        edit=None,
+        **train,
     ):
         cfg = config(output_dir or tmp_path, test_sets, evaluator)
         cfg.train.update(train)
+        if edit is not None:
+            edit(cfg)  # what the test changes in the config before the run's setup
         if period is not None:
             cfg.train.checkpointer.period = period
         args = argparse.Namespace(fast_dev_run=False, resume=resume)
@@ -359,3 +367,59 @@ def test_an_evaluator_of_loss_and_predictions_gets_both(trainer_for):
     results = trainer.evaluate()
     assert results["Acc@1"] == pytest.approx(reference_acc(trainer.model, 7, 8))
     assert results["ppl"] == pytest.approx(reference_ppl(trainer.model, 7, 8))
+
+
+def write_vocab(root) -> str:
+    """A BERT vocab.txt of 11 tokens (5 specials and 6 words)."""
+    path = root / "vocab.txt"
+    path.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"abcdef"]) + "\n")
+    return str(path)
+
+
+def test_the_runs_tokenizer_sizes_the_saved_vocab_and_reaches_every_dataset(trainer_for, tmp_path):
+    """As LiBai's trainer: with ``tokenization.tokenizer``, ``model.cfg.vocab_size`` becomes
+    the tokenizer's 11 tokens padded to a multiple of ``make_vocab_size_divisible_by`` (8:
+    16), the run's ``config.yaml`` says so (written again after the resize: the first one,
+    from ``default_setup``, had the config's 3), and the train and test datasets that take a
+    tokenizer get the run's."""
+    from omegaconf import OmegaConf
+
+    from libai.tokenizer import BertTokenizer
+
+    def edit(cfg):
+        cfg.model.cfg = dict(vocab_size=3)
+        cfg.tokenization = dict(
+            tokenizer=LazyCall(BertTokenizer)(vocab_file=write_vocab(tmp_path)),
+            make_vocab_size_divisible_by=8,
+        )
+        cfg.dataloader.train.dataset = [LazyCall(TokenizedTokens)(n=8, seed=0)]
+        cfg.dataloader.test[0].dataset = [LazyCall(TokenizedTokens)(n=5, seed=1)]
+
+    trainer = trainer_for([(5, 1)], edit=edit, output_dir=tmp_path / "run")
+    assert trainer.cfg.model.cfg.vocab_size == -(-11 // 8) * 8 == 16
+    assert OmegaConf.load(tmp_path / "run" / "config.yaml").model.cfg.vocab_size == 16
+    assert isinstance(trainer.tokenizer, BertTokenizer)
+    assert trainer.train_loader.dataset.tokenizer is trainer.tokenizer
+    (test_loader,) = trainer.extra_test_loaders
+    assert test_loader.dataset.tokenizer is trainer.tokenizer
+
+
+def test_a_valid_loader_from_the_train_builder_leaves_dataloader_test_unused(trainer_for):
+    """The train builder's valid loader is what evaluation runs; ``dataloader.test`` is
+    only used without one (LiBai's vision configs): no test loader is built."""
+
+    def edit(cfg):
+        cfg.dataloader.train.valid_dataset = [Tokens(7, 9)]
+
+    trainer = trainer_for([(5, 1)], edit=edit)
+    assert trainer.extra_test_loaders == []
+    results = trainer.evaluate()
+    assert results["ppl"] == pytest.approx(reference_ppl(trainer.model, 7, 9))
+
+
+def test_train_epoch_counts_iterations_from_the_train_set(trainer_for):
+    """LiBai's rule: ``train_iter = max(train_iter, ceil(len(train set) x train_epoch /
+    global batch))``: 8 samples, 3 epochs, a global batch of 4: 6 iterations."""
+    trainer = trainer_for([], train_iter=1, train_epoch=3)
+    assert trainer.global_batch_size == 4
+    assert trainer.cfg.train.train_iter == max(1, -(-8 * 3 // 4)) == 6
