@@ -167,3 +167,18 @@ def test_no_tokenizer_or_no_dataset_returns_the_config_itself():
     assert with_tokenizer(cfg, None) is cfg
     bare = OmegaConf.create({"_target_": "builtins.dict"})
     assert with_tokenizer(bare, object()) is bare
+
+
+@pytest.mark.parametrize(("rank", "written"), [(0, True), (1, False)])
+def test_only_rank_0_writes_the_config(tmp_path, monkeypatch, rank, written):
+    """``config.yaml`` is rank 0's to write (every rank holds the same config; two writers
+    would race on one file); the other ranks' rank is stood in for."""
+    from libai import dist
+    from libai.engine.default import _save_config
+
+    monkeypatch.setattr(dist, "get_rank", lambda: rank)
+    cfg = OmegaConf.create({"train": {"output_dir": str(tmp_path / "out")}, "x": 1})
+    _save_config(cfg)
+    assert (tmp_path / "out" / "config.yaml").exists() is written
+    if written:
+        assert OmegaConf.load(tmp_path / "out" / "config.yaml").x == 1

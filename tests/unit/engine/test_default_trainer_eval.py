@@ -3,7 +3,10 @@ loaders (used when the train builder gives no valid loader, as LiBai's vision co
 are each evaluated, their keys prefixed ``test<i>/`` when there are several; an explicit
 loader is evaluated as given. The reference is the perplexity of each dataset computed here
 from the same model: ``exp(sum of token losses / tokens)``. Resume: a run stopped and resumed
-ends with the weights of the run trained straight through."""
+ends with the weights of the run trained straight through. Building: the loaders' batch
+sizes and sample counts, the tokenizer's padded vocab and its hand-off to the datasets, the
+iterations of ``train_epoch`` and the warmup of ``warmup_ratio``, each LiBai's rule written
+out in the test."""
 
 from __future__ import annotations
 
@@ -307,25 +310,34 @@ def test_the_console_writer_counts_global_batch_times_sequence_length_tokens(tra
     assert printer._tokens_per_iter is None  # no sequence length: no tokens/s
 
 
-def test_the_train_loader_gets_libais_batch_sizes_and_sample_counts(trainer_for):
+@pytest.mark.parametrize(("dp", "pp"), [(1, 1), (2, 1), (1, 2)])
+def test_the_train_loader_gets_libais_batch_sizes_and_sample_counts(
+    trainer_for, monkeypatch, dp, pp
+):
     """As LiBai's trainer: the per-rank batch is micro x accumulation, the test batch the
     test micro batch, and the sample counts train_iter x global batch and eval_iter x test
-    batch x dp (dp is 1 here) for the valid and test splits."""
+    batch x dp for the valid and test splits. Under pipeline parallelism the test batch is
+    the training batch per rank (the stages' buffers are sized by it). The mesh sizes are
+    stood in for: the loader arguments are all this computes from them."""
     trainer = trainer_for([], train_iter=3, num_accumulation_steps=2)
     cfg = trainer.cfg
     cfg.dataloader.train._target_ = f"{__name__}.record_train_loader_arguments"
     _given.clear()
     cfg.train.evaluation.eval_iter = 5
     cfg.train.test_micro_batch_size = 3
+    monkeypatch.setattr(dist, "get_data_parallel_size", lambda: dp)
+    monkeypatch.setattr(dist, "get_pipeline_parallel_size", lambda: pp)
     DefaultTrainer.build_train_loader(cfg)
     del _given["dataset"]
+    test_batch = 4 * 2 if pp > 1 else 3
     assert _given == {
         "train_batch_size": 4 * 2,
-        "test_batch_size": 3,
-        "train_val_test_num_samples": [3 * 8, 5 * 3, 5 * 3],
+        "test_batch_size": test_batch,
+        "train_val_test_num_samples": [3 * 8, 5 * test_batch * dp, 5 * test_batch * dp],
         "consumed_samples": 0,
         "seed": cfg.train.seed,
     }
+    assert all(type(n) is int for n in _given["train_val_test_num_samples"])
 
 
 _given: dict = {}  # the arguments record_train_loader_arguments was last called with
@@ -423,3 +435,18 @@ def test_train_epoch_counts_iterations_from_the_train_set(trainer_for):
     trainer = trainer_for([], train_iter=1, train_epoch=3)
     assert trainer.global_batch_size == 4
     assert trainer.cfg.train.train_iter == max(1, -(-8 * 3 // 4)) == 6
+
+
+def test_warmup_ratio_reaches_the_lr_scheduler(trainer_for):
+    """``warmup_ratio`` 0.3 of 10 iterations: 3 warmup iterations (LiBai's ceil), and the
+    scheduler starts at ``warmup_factor`` (0.001, configs/common/train.py) times the base LR,
+    rising linearly over them (LiBai's linear warmup of the base LR: factor + (1 - factor)
+    x it / 3 at iteration 1; the cosine takes over after the warmup)."""
+    trainer = trainer_for([], train_iter=10, warmup_ratio=0.3)
+    assert trainer.cfg.train.warmup_iter == 3
+    base = trainer.cfg.optim.lr
+    optimizer = trainer.lr_scheduler.optimizer
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(base * 0.001)
+    optimizer.step()  # no gradients: the weights stay; the schedule's order is kept
+    trainer.lr_scheduler.step()
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(base * (0.001 + 0.999 / 3))
