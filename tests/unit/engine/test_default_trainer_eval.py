@@ -388,6 +388,24 @@ def write_vocab(root) -> str:
     return str(path)
 
 
+def with_a_tokenizer(root):
+    """A config edit: a BERT tokenizer of :func:`write_vocab`'s 11 tokens, the vocab padded
+    to a multiple of 8, and train / test datasets that take a tokenizer."""
+    from libai.tokenizer import BertTokenizer
+
+    def edit(cfg):
+        cfg.model.cfg = dict(vocab_size=3)
+        cfg.tokenization = dict(
+            tokenizer=LazyCall(BertTokenizer)(vocab_file=write_vocab(root)),
+            make_vocab_size_divisible_by=8,
+        )
+        cfg.dataloader.train.dataset = [LazyCall(TokenizedTokens)(n=8, seed=0)]
+        if cfg.dataloader.test:
+            cfg.dataloader.test[0].dataset = [LazyCall(TokenizedTokens)(n=5, seed=1)]
+
+    return edit
+
+
 def test_the_runs_tokenizer_sizes_the_saved_vocab_and_reaches_every_dataset(trainer_for, tmp_path):
     """As LiBai's trainer: with ``tokenization.tokenizer``, ``model.cfg.vocab_size`` becomes
     the tokenizer's 11 tokens padded to a multiple of ``make_vocab_size_divisible_by`` (8:
@@ -396,21 +414,10 @@ def test_the_runs_tokenizer_sizes_the_saved_vocab_and_reaches_every_dataset(trai
     tokenizer get the run's."""
     from omegaconf import OmegaConf
 
-    from libai.tokenizer import BertTokenizer
-
-    def edit(cfg):
-        cfg.model.cfg = dict(vocab_size=3)
-        cfg.tokenization = dict(
-            tokenizer=LazyCall(BertTokenizer)(vocab_file=write_vocab(tmp_path)),
-            make_vocab_size_divisible_by=8,
-        )
-        cfg.dataloader.train.dataset = [LazyCall(TokenizedTokens)(n=8, seed=0)]
-        cfg.dataloader.test[0].dataset = [LazyCall(TokenizedTokens)(n=5, seed=1)]
-
-    trainer = trainer_for([(5, 1)], edit=edit, output_dir=tmp_path / "run")
+    trainer = trainer_for([(5, 1)], edit=with_a_tokenizer(tmp_path), output_dir=tmp_path / "run")
     assert trainer.cfg.model.cfg.vocab_size == -(-11 // 8) * 8 == 16
     assert OmegaConf.load(tmp_path / "run" / "config.yaml").model.cfg.vocab_size == 16
-    assert isinstance(trainer.tokenizer, BertTokenizer)
+    assert type(trainer.tokenizer).__name__ == "BertTokenizer"
     assert trainer.train_loader.dataset.tokenizer is trainer.tokenizer
     (test_loader,) = trainer.extra_test_loaders
     assert test_loader.dataset.tokenizer is trainer.tokenizer
@@ -450,3 +457,32 @@ def test_warmup_ratio_reaches_the_lr_scheduler(trainer_for):
     optimizer.step()  # no gradients: the weights stay; the schedule's order is kept
     trainer.lr_scheduler.step()
     assert optimizer.param_groups[0]["lr"] == pytest.approx(base * (0.001 + 0.999 / 3))
+
+
+def test_a_resumed_runs_new_train_loader_gets_the_tokenizer(trainer_for, tmp_path):
+    """Resuming rebuilds the train loader at the consumed samples: its datasets get the
+    run's tokenizer as the first loader's did."""
+    edit = with_a_tokenizer(tmp_path)
+    trainer_for([], edit=edit, output_dir=tmp_path / "a", train_iter=2, period=2).train()
+    resumed = trainer_for([], edit=edit, output_dir=tmp_path / "a", train_iter=4)
+    resumed.resume_or_load(resume=True)
+    assert resumed.consumed_train_samples == 8
+    assert resumed.train_loader.dataset.tokenizer is resumed.tokenizer is not None
+
+
+def test_load_weight_without_resume_ignores_the_output_dirs_checkpoint(trainer_for, tmp_path):
+    """``resume=False`` with ``load_weight``: the given weights at iteration 0, even where
+    ``output_dir`` holds a later checkpoint of another run (which ``resume=True`` picks)."""
+    other = trainer_for([], output_dir=tmp_path / "b", train_iter=1, period=1, seed=5)
+    other.train()
+    trainer_for([], output_dir=tmp_path / "a", train_iter=2, period=2).train()
+    load = str(tmp_path / "b" / "model_final")
+    loaded = trainer_for([], output_dir=tmp_path / "a", train_iter=4, load_weight=load)
+    loaded.resume_or_load(resume=False)
+    assert (loaded.start_iter, loaded.consumed_train_samples) == (0, 0)
+    got, want = weights(loaded), weights(other)
+    assert all(torch.equal(got[k], want[k]) for k in want)
+    resumed = trainer_for([], output_dir=tmp_path / "a", train_iter=4, load_weight=load)
+    resumed.resume_or_load(resume=True)
+    assert resumed.start_iter == 2
+    assert not torch.equal(weights(resumed)["head.weight"], want["head.weight"])
