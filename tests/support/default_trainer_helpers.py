@@ -126,16 +126,18 @@ def build_trainer(
     resume=False,
     period=None,
     edit=None,
+    fast_dev_run=False,
     **train,
 ):
     """``DefaultTrainer`` of :func:`config` with ``train`` updated, ``edit(cfg)`` applied
-    and ``checkpointer.period`` set, after ``default_setup`` (run from the checkout's root:
-    the config reads ``configs/``)."""
+    and ``checkpointer.period`` set, after ``default_setup`` with the command line's
+    ``--fast-dev-run`` / ``--resume`` (run from the checkout's root: the config reads
+    ``configs/``)."""
     cfg = config(output_dir, test_sets, evaluator)
     cfg.train.update(train)
     if edit is not None:
         edit(cfg)  # what the test changes in the config before the run's setup
     if period is not None:
         cfg.train.checkpointer.period = period
-    default_setup(cfg, argparse.Namespace(fast_dev_run=False, resume=resume))
+    default_setup(cfg, argparse.Namespace(fast_dev_run=fast_dev_run, resume=resume))
     return DefaultTrainer(cfg)

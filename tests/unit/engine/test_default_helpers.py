@@ -182,3 +182,14 @@ def test_only_rank_0_writes_the_config(tmp_path, monkeypatch, rank, written):
     assert (tmp_path / "out" / "config.yaml").exists() is written
     if written:
         assert OmegaConf.load(tmp_path / "out" / "config.yaml").x == 1
+
+
+def test_a_dataset_node_whose_target_is_the_class_itself_gets_the_tokenizer():
+    """A node written by hand with the class object as ``_target_`` (a config that allows
+    objects) is handed the tokenizer as a dotted path's is."""
+    tok = object()
+    cfg = OmegaConf.create(
+        {"_target_": "builtins.dict", "dataset": [{"_target_": TakesTokenizer, "path": "a"}]},
+        flags={"allow_objects": True},
+    )
+    assert with_tokenizer(cfg, tok).dataset[0].tokenizer is tok

@@ -212,3 +212,49 @@ def test_graph_enabled_compiles_each_block(trainer_for, enabled):
     blocks = model_blocks(trainer_for([], edit=edit).model)
     assert [type(b).__name__ for b in blocks] == ["Embedding", "Linear"]
     assert [b._compiled_call_impl is not None for b in blocks] == [bool(enabled)] * 2
+
+
+@pytest.mark.parametrize(
+    ("train_iter", "eval_iter", "want_train_iter", "want_eval_iter"),
+    [(100, 50, 20, 5), (7, 2, 7, 2), (0, 9, 20, 5)],
+)
+def test_fast_dev_run_shortens_the_run(
+    trainer_for, train_iter, eval_iter, want_train_iter, want_eval_iter
+):
+    """``--fast-dev-run``: at most 20 iterations (20 when the config counts by epochs), no
+    epochs, a log line every iteration, a checkpoint and an evaluation every 10, at most 5
+    evaluation batches."""
+
+    def edit(cfg):
+        cfg.train.evaluation.eval_iter = eval_iter
+        cfg.train.checkpointer.period, cfg.train.evaluation.eval_period = 1000, 500
+
+    trainer = trainer_for(
+        [], edit=edit, fast_dev_run=True, train_iter=train_iter, train_epoch=3, log_period=50
+    )
+    train = trainer.cfg.train
+    assert (train.train_iter, trainer.max_iter, train.train_epoch) == (want_train_iter,) * 2 + (0,)
+    assert (train.log_period, train.checkpointer.period, train.evaluation.eval_period) == (
+        1,
+        10,
+        10,
+    )
+    assert train.evaluation.eval_iter == want_eval_iter
+
+
+def test_the_fp16_loss_scale_is_saved_and_resumed(trainer_for, tmp_path):
+    """fp16 autocast's dynamic loss scale is part of the checkpoint: a resumed run goes on
+    with the scale the run had when it saved (set to 128 here, against the configured 1024)."""
+
+    def edit(cfg):
+        cfg.train.amp.update(enabled=True, dtype="fp16", init_scale=1024.0)
+
+    first = trainer_for([], edit=edit, output_dir=tmp_path / "a", train_iter=2, period=2)
+    first.grad_scaler.scale = 128.0
+    first.train()
+    saved = first.grad_scaler.scale
+    resumed = trainer_for([], edit=edit, output_dir=tmp_path / "a", train_iter=4)
+    assert resumed.grad_scaler.scale == 1024.0
+    resumed.resume_or_load(resume=True)
+    assert resumed.start_iter == 2
+    assert resumed.grad_scaler.scale == saved <= 128.0
