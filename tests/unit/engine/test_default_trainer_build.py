@@ -258,3 +258,30 @@ def test_the_fp16_loss_scale_is_saved_and_resumed(trainer_for, tmp_path):
     resumed.resume_or_load(resume=True)
     assert resumed.start_iter == 2
     assert resumed.grad_scaler.scale == saved <= 128.0
+
+
+def test_setup_writes_the_runs_config(trainer_for, tmp_path):
+    """``default_setup`` writes the whole config to ``<output_dir>/config.yaml`` (what
+    ``--eval-only`` and the checkpoint converter read back)."""
+    from omegaconf import OmegaConf
+
+    trainer_for([], output_dir=tmp_path / "run", train_iter=7)
+    assert OmegaConf.load(tmp_path / "run" / "config.yaml").train.train_iter == 7
+
+
+@pytest.mark.parametrize(
+    ("sizes", "key"),
+    [
+        ({"tensor_parallel_size": 2}, "tensor_parallel_size"),
+        ({"data_parallel_size": 1, "pipeline_parallel_size": 2}, "pipeline_parallel_size"),
+    ],
+)
+def test_a_layout_that_does_not_fit_one_process_fails_in_setup(trainer_for, sizes, key):
+    """A layout needing more processes than the launch has is refused by ``default_setup``,
+    before any process group exists, naming the key."""
+
+    def edit(cfg):
+        cfg.train.dist.update(sizes)
+
+    with pytest.raises(ValueError, match=key):
+        trainer_for([], edit=edit)
