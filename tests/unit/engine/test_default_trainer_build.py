@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 from default_trainer_helpers import TokenizedTokens, Tokens, reference_ppl, weights
+from omegaconf import OmegaConf
 
 from libai import dist
 from libai.config import LazyCall
@@ -107,8 +108,6 @@ def test_the_runs_tokenizer_sizes_the_saved_vocab_and_reaches_every_dataset(trai
     16), the run's ``config.yaml`` says so (written again after the resize: the first one,
     from ``default_setup``, had the config's 3), and the train and test datasets that take a
     tokenizer get the run's."""
-    from omegaconf import OmegaConf
-
     trainer = trainer_for([(5, 1)], edit=with_a_tokenizer(tmp_path), output_dir=tmp_path / "run")
     assert trainer.cfg.model.cfg.vocab_size == -(-11 // 8) * 8 == 16
     assert OmegaConf.load(tmp_path / "run" / "config.yaml").model.cfg.vocab_size == 16
@@ -263,8 +262,6 @@ def test_the_fp16_loss_scale_is_saved_and_resumed(trainer_for, tmp_path):
 def test_setup_writes_the_runs_config(trainer_for, tmp_path):
     """``default_setup`` writes the whole config to ``<output_dir>/config.yaml`` (what
     ``--eval-only`` and the checkpoint converter read back)."""
-    from omegaconf import OmegaConf
-
     trainer_for([], output_dir=tmp_path / "run", train_iter=7)
     assert OmegaConf.load(tmp_path / "run" / "config.yaml").train.train_iter == 7
 
