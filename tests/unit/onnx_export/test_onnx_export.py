@@ -8,6 +8,7 @@ Exports are slow (seconds per graph): each model is exported once per module.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -22,12 +23,14 @@ from libai.onnx_export import (  # noqa: E402
     OrtStepper,
     UnsupportedModelError,
     export_onnx,
+    graph_paths,
     load_hf_model,
     load_model,
     model_family,
     verify_graph,
     verify_onnx,
 )
+from libai.onnx_export.wrappers import CausalLMGraph  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[3]
 VOCAB = 100
@@ -248,18 +251,23 @@ def _prompts():
     return ids.masked_fill(mask == 0, 0), mask
 
 
+def _transformers_greedy(hf, ids, mask, n: int, name: str) -> torch.Tensor:
+    """The ``n`` new tokens of transformers' greedy ``generate`` (no early eos)."""
+    hf.generation_config.eos_token_id = None  # decode exactly n tokens
+    hf.generation_config.pad_token_id = 0
+    hf.generation_config.decoder_start_token_id = 0 if name == "t5" else None
+    with torch.no_grad():
+        return hf.generate(
+            input_ids=ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False
+        )[:, -n:]
+
+
 @pytest.mark.parametrize("name", ["gpt2", "llama", "t5"])
 def test_ort_greedy_generation_matches_transformers(exports, name):
     hf, _, specs = exports(name)
     ids, mask = _prompts()
     n = 8
-    hf.generation_config.eos_token_id = None  # decode exactly n tokens
-    hf.generation_config.pad_token_id = 0
-    hf.generation_config.decoder_start_token_id = 0 if name == "t5" else None
-    with torch.no_grad():
-        want = hf.generate(
-            input_ids=ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False
-        )[:, -n:]
+    want = _transformers_greedy(hf, ids, mask, n, name)
     output = specs[0].path.with_name("model.onnx")
     stepper = OrtStepper(output)
     assert stepper.is_encoder_decoder == (name == "t5") and stepper.with_past is not None
@@ -286,6 +294,83 @@ def test_ort_greedy_generation_matches_transformers(exports, name):
     seq, step_mask = torch.cat([seq, token], 1), torch.cat([step_mask, token * 0 + 1], 1)
     third = stepper.next_logits(torch.cat([torch.zeros_like(seq[:, :-1]), token], 1), step_mask)
     assert torch.equal(third.argmax(-1), want[rev, 2])
+
+
+def test_stepper_ignores_a_with_past_graph_the_first_graph_cannot_feed(exports, tmp_path):
+    """A ``model_with_past.onnx`` left in the folder by an earlier ``--with-past`` export
+    (an export never deletes files it did not write), next to a graph exported without past,
+    so without presents: nothing can fill the cache, so the stepper runs the first graph at
+    every step, and the tokens are still transformers'."""
+    hf, model, specs = exports("gpt2")
+    out = tmp_path / "model.onnx"
+    export_onnx(model, out, with_past=False)
+    stale = specs[1].path
+    for path in stale.parent.glob(stale.name + "*"):  # the graph and its external data
+        shutil.copy(path, tmp_path / path.name)
+    assert graph_paths(out, "causal_lm", with_past=True)[1].is_file()
+    stepper = OrtStepper(out)
+    ids, mask = _prompts()
+    got = _greedy_loop(stepper, ids, mask, 4)
+    assert torch.equal(got, _transformers_greedy(hf, ids, mask, 4, "gpt2"))
+
+
+def test_stepper_opens_every_graph_with_the_providers_and_options_given(exports):
+    """Every session (T5's encoder, decoder and with-past decoder) runs on the execution
+    providers and session options the caller gives, and on the CPU provider by default."""
+    _, _, specs = exports("t5")
+    output = specs[0].path.with_name("model.onnx")
+    stepper = OrtStepper(output)
+    sessions = [stepper.encoder, stepper.decoder, stepper.with_past]
+    assert [s.get_providers() for s in sessions] == [["CPUExecutionProvider"]] * 3
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = 1
+    stepper = OrtStepper(output, session_options=options)
+    sessions = [stepper.encoder, stepper.decoder, stepper.with_past]
+    assert [s.get_session_options().intra_op_num_threads for s in sessions] == [1] * 3
+    other = [p for p in onnxruntime.get_available_providers() if p != "CPUExecutionProvider"]
+    if not other:
+        pytest.skip("this onnxruntime build has no provider but the CPU's")
+    providers = [other[0], "CPUExecutionProvider"]
+    stepper = OrtStepper(output, providers=providers)
+    sessions = [stepper.encoder, stepper.decoder, stepper.with_past]
+    assert [s.get_providers() for s in sessions] == [providers] * 3
+
+
+def test_causal_lm_graph_defaults_to_logits_only(exports):
+    """``CausalLMGraph(model)``, its documented defaults: no past inputs and no presents,
+    so one output, transformers' logits (on the tokens the mask keeps)."""
+    hf, model, _ = exports("gpt2")
+    ids, mask = _prompts()
+    position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        out = CausalLMGraph(model)(ids, mask, position_ids)
+        want = hf(input_ids=ids, attention_mask=mask, position_ids=position_ids).logits
+    assert len(out) == 1
+    assert (out[0] - want)[mask.bool()].abs().max() < TOL
+
+
+def test_axes_of_one_size_carry_one_name(exports):
+    """Axes that always have the same size carry the same name, so onnxruntime (and anyone
+    reading the graph) knows they are equal: axis 0 of every input and output of every graph
+    is ``batch_size``; in the graphs without past the mask, the position ids, the token
+    types and the logits span the tokens of ``input_ids``; T5's encoder mask and states
+    span the encoder's tokens."""
+    for name in ("gpt2", "llama", "bert", "t5"):
+        for spec in exports(name)[2]:
+            inputs, outputs = _io(spec.path)
+            for value, shape in {**inputs, **outputs}.items():
+                assert shape[0] == "batch_size", (spec.path.name, value, shape)
+    for name in ("gpt2", "llama", "bert"):
+        inputs, outputs = _io(exports(name)[2][0].path)
+        spans = [shape[1] for value, shape in inputs.items()]
+        # the logits over tokens (BERT's seq_relationship_logits are [batch, 2])
+        spans += [shape[1] for value, shape in outputs.items() if len(shape) == 3]
+        assert set(spans) == {inputs["input_ids"][1]}, (name, inputs, outputs)
+    encoder, decoder, with_past = (_io(spec.path)[0] for spec in exports("t5")[2])
+    assert encoder["attention_mask"][1] == encoder["input_ids"][1] == "encoder_sequence_length"
+    for inputs in (decoder, with_past):
+        assert inputs["encoder_attention_mask"][1] == "encoder_sequence_length"
+    assert decoder["encoder_hidden_states"][1] == "encoder_sequence_length"
 
 
 # ---- errors -----------------------------------------------------------------------------------
