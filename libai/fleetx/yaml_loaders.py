@@ -194,13 +194,24 @@ def build_split_loader(
     # FleetX's auto-parallel files put collate_fn beside the loader, on the split
     collate = loader_args.pop("collate_fn", None) or section.get("collate_fn") or "default"
     collate_args = None
+    key = f"Data.{split}.loader.collate_fn"
     if hasattr(collate, "keys"):  # FleetX's {name: ErnieCollateData, <its arguments>}
         collate_args = dict(collate)
-        collate = collate_args.pop("name", None) or "default"
-    collate_fn = resolve_name(collate, COLLATORS, f"Data.{split}.loader.collate_fn")
+        if not collate_args.get("name"):  # FleetX's builder needs it too
+            raise ValueError(
+                f"{key} is a mapping without a name: set {key}.name to the collator "
+                f"({', '.join(COLLATORS)} or an import path), its arguments beside it"
+            )
+        collate = collate_args.pop("name")
+    collate_fn = resolve_name(collate, COLLATORS, key)
     if collate_args is not None and isinstance(collate_fn, type):
-        check_arguments(collate_fn, collate_args, f"Data.{split}.loader.collate_fn")
+        check_arguments(collate_fn, collate_args, key)
         collate_fn = collate_fn(**collate_args)
+    elif collate_args:
+        raise ValueError(
+            f"{key}.{sorted(collate_args)[0]}: {collate} is a function of the batch and takes "
+            "no arguments from the config; remove them"
+        )
     workers = int(loader_args.pop("num_workers", 0))
     return DataLoader(
         dataset,

@@ -5,6 +5,7 @@ onnxruntime matches, and calls its hooks in the documented order."""
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import pytest
@@ -100,19 +101,27 @@ def test_hooks_are_called_in_the_documented_order(tmp_path):
     # logging_freq=1: the *_end hooks of the eval / test loops, with their log_dicts
     engine.cfg.Engine.logging_freq = 1
     calls.clear()
+    started = time.perf_counter()
     engine.evaluate(epoch=3)
+    elapsed = time.perf_counter() - started
     (end,) = [p for n, p in calls if n == "validation_step_end"]
     assert set(end) == {"loss", "epoch", "batch", "total_batch", "eval_cost"} and end["epoch"] == 3
+    # FleetX's eval_cost: seconds per batch so far, within the pass's own time
+    assert 0 < end["eval_cost"] * (end["batch"] + 1) <= elapsed
     (epoch_end,) = [p for n, p in calls if n == "validation_epoch_end"]
     assert epoch_end["sums"]["count"] == 16 and epoch_end["total_batch"] == 1
     calls.clear()
+    started = time.perf_counter()
     engine.predict()
+    elapsed = time.perf_counter() - started
     assert [n for n, _ in calls] == [
         "pretreating_batch",
         "test_step",
         "validation_step",
         "test_step_end",
     ]
+    (end,) = [p for n, p in calls if n == "test_step_end"]
+    assert 0 < end["test_cost"] * (end["batch"] + 1) <= elapsed
 
 
 def test_inference_eager_and_from_the_exported_onnx_graph(tmp_path):

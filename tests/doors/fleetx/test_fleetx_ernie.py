@@ -16,6 +16,7 @@ import pytest
 import torch
 from engine_helpers import run_tool
 from fleetx_reference import FLEETX
+from omegaconf import OmegaConf
 from train_net_helpers import read_metrics
 
 from libai.fleetx.yaml_config import YAMLConfigError, load_yaml_config
@@ -119,6 +120,37 @@ def test_ernie_module_follows_fleetx_model_keys(exported):
     hf_cfg = json.loads((path / "config.json").read_text())
     assert hf_cfg["model_type"] == "ernie" and hf_cfg["use_task_id"] is True
     assert (hf_cfg["type_vocab_size"], hf_cfg["task_type_vocab_size"]) == (4, 3)
+
+
+def test_ernie_module_keeps_a_given_intermediate_size(vocab):
+    """``Model.intermediate_size`` given: the feed-forward width is that, not FleetX's
+    4 x hidden default (which applies only when it is null)."""
+    module = _module(vocab, ["Model.intermediate_size=48"])
+    assert module.model.bert.libai_cfg["intermediate_size"] == 48
+    widths = {
+        tuple(m.weight.shape)
+        for name, m in module.model.named_modules()
+        if name.endswith("dense_h_to_4h")
+    }
+    assert widths == {(48, 32)}
+
+
+def test_every_split_of_ernie_datasets_follows_binary_head(vocab):
+    """FleetX's ErnieModule gives each split's ``ErnieDataset`` (Train, Eval and Test) the
+    ``Global.binary_head`` of the file unless the dataset section sets its own."""
+    module = _module(vocab)
+    cfg = OmegaConf.create(
+        {
+            "Global": {"binary_head": False},
+            "Data": {
+                split: {"dataset": {"name": "ErnieDataset"}} for split in ("Train", "Eval", "Test")
+            },
+        }
+    )
+    cfg.Data.Eval.dataset.binary_head = True  # its own
+    module.process_configs(cfg)
+    got = {split: cfg.Data[split].dataset.binary_head for split in ("Train", "Eval", "Test")}
+    assert got == {"Train": False, "Eval": True, "Test": False}
 
 
 def test_ernie_module_loss_equals_transformers(exported, vocab):

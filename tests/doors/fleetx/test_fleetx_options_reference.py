@@ -1,0 +1,119 @@
+"""FleetX door options pinned against FleetX's rules (written out here) or the library that
+does the work: the loader section's arguments as torch's ``DataLoader`` holds them, a
+collator mapping's ``name`` (FleetX's builder needs it), ``OnnxPredictor``'s positions for a
+graph without a mask, the ``Generation`` section's default strategy (FleetX's ``sampling``),
+the optimizer when ``Optimizer.name`` is absent (AdamW, as documented), and the keys named by
+the errors of ``Profiler.scheduler`` and of null parallel degrees."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from engine_helpers import simple_cfg
+from omegaconf import OmegaConf
+
+from libai.fleetx.export import OnnxPredictor
+from libai.fleetx.modules.gpt_generation import generation_config
+from libai.fleetx.profiler import profiler_hook
+from libai.fleetx.yaml_config import YAMLConfigError, resolve_batch_config
+from libai.fleetx.yaml_loaders import build_split_loader
+from libai.fleetx.yaml_optim import build_yaml_optimizer
+
+DATASET = {
+    "name": "projects.simple_net.dataset.RandomDataset",
+    "num_samples": 8,
+    "image_size": 4,
+    "class_num": 3,
+}
+
+
+def _loader(**loader):
+    section = OmegaConf.create({"dataset": DATASET, "loader": loader})
+    return build_split_loader(section, "Eval", batch_size=2, seed=0)
+
+
+def test_loader_section_reaches_the_torch_dataloader():
+    """``Data.<split>.loader``'s workers, timeout, prefetch and pinning are torch's
+    ``DataLoader`` arguments: the loader holds the values given (torch's defaults: 0 s,
+    2 batches, no pinning)."""
+    loader = _loader(num_workers=1, timeout=7, prefetch_factor=3, pin_memory=True)
+    assert (loader.num_workers, loader.timeout, loader.prefetch_factor) == (1, 7, 3)
+    assert loader.pin_memory is True and loader.persistent_workers is True
+    loader = _loader()
+    assert (loader.num_workers, loader.timeout, loader.pin_memory) == (0, 0, False)
+
+
+def test_collate_fn_mapping_needs_its_name_and_functions_take_no_arguments():
+    """FleetX's ``collate_fn: {name: ErnieCollateData, <arguments>}`` builds ``name`` with the
+    arguments (FleetX's builder pops ``name``, so a mapping without one fails there too); a
+    collate function takes the batch, so arguments for it are an error, not dropped."""
+    with pytest.raises(ValueError, match=r"collate_fn is a mapping without a name: set Data\.Eval"):
+        _loader(collate_fn={"micro_batch_size": 2})
+    with pytest.raises(ValueError, match=r"collate_fn\.x: default is a function of the batch"):
+        _loader(collate_fn={"name": "default", "x": 1})
+    batch = next(iter(_loader(collate_fn={"name": "default"})))
+    assert isinstance(batch, list) and len(batch) == 2  # the trivial collator: the samples
+
+
+def test_onnx_predictor_fills_positions_for_a_graph_without_a_mask(tmp_path):
+    """A graph that takes ``input_ids`` and ``position_ids`` but no ``attention_mask`` (a
+    module's own input spec): a batch of ids alone gets the positions of an all-ones mask,
+    0 .. seq - 1 on every row."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    inputs = [
+        helper.make_tensor_value_info(n, TensorProto.INT64, ["batch", "seq"])
+        for n in ("input_ids", "position_ids")
+    ]
+    outputs = [helper.make_tensor_value_info("positions", TensorProto.INT64, ["batch", "seq"])]
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["position_ids"], ["positions"])], "g", inputs, outputs
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    (tmp_path / "rank_0").mkdir()
+    onnx.save(model, str(tmp_path / "rank_0" / "model.onnx"))
+    ids = torch.randint(0, 50, (3, 5))
+    got = OnnxPredictor(str(tmp_path))({"input_ids": ids, "labels": ids})["positions"]
+    np.testing.assert_array_equal(got, np.tile(np.arange(5), (3, 1)))
+
+
+def test_generation_without_a_decode_strategy_samples():
+    """FleetX's GPT generation module reads ``decode_strategy`` with ``sampling`` as its
+    default: sampling, one beam; ``greedy_search`` turns sampling off."""
+    config = generation_config(OmegaConf.create({"top_p": 0.9}), eos_token_id=0, seed=1)
+    assert config.do_sample is True and config.num_beams == 1 and config.top_p == 0.9
+    greedy = OmegaConf.create({"decode_strategy": "greedy_search"})
+    assert generation_config(greedy, eos_token_id=0, seed=1).do_sample is False
+
+
+def test_optimizer_without_a_name_is_adamw():
+    """``Optimizer.name`` absent: torch's AdamW (docs/integrate_a_model.md), with the
+    section's betas and epsilon."""
+    model = torch.nn.Linear(3, 2)
+    section = OmegaConf.create({"weight_decay": 0.01, "beta1": 0.8, "epsilon": 1e-7, "lr": 0.5})
+    optimizer = build_yaml_optimizer(section, model)
+    assert type(optimizer) is torch.optim.AdamW
+    assert optimizer.defaults["betas"] == (0.8, 0.999) and optimizer.defaults["eps"] == 1e-7
+    assert optimizer.defaults["lr"] == 0.5
+
+
+def test_profiler_scheduler_error_names_the_key(tmp_path):
+    for bad in ([3, 1], [1], [-1, 2]):
+        cfg = OmegaConf.create(
+            {
+                "Profiler": {"enable": True, "scheduler": bad},
+                "Engine": {"save_load": {"output_dir": str(tmp_path)}},
+            }
+        )
+        with pytest.raises(ValueError, match=r"^Profiler\.scheduler must be \[start, end\)"):
+            profiler_hook(cfg)
+
+
+@pytest.mark.parametrize("key", ["mp_degree", "pp_degree", "sharding.sharding_degree"])
+def test_null_model_parallel_degrees_are_refused_naming_the_key(tmp_path, key):
+    """FleetX's degrees default to 1 in its base files; a null one (``dp_degree`` aside,
+    which is derived) is refused with the key, before any process group exists."""
+    with pytest.raises(YAMLConfigError, match=rf"Distributed\.{key} must be a positive integer"):
+        resolve_batch_config(simple_cfg(tmp_path, f"Distributed.{key}=null"), 1)
