@@ -282,6 +282,7 @@ def bert_black_box_datasets(args, tokenizer, num_samples: list[int]):
     """``(train, valid)`` BERT samples of the black box's flags (``--data-path`` prefix,
     ``--split``, ``--seq-length``, Megatron's ``--mask-prob`` / ``--short-seq-prob`` when
     the parser has them, else ``--mlm-probability`` / 0.1)."""
+    short_seq_prob = getattr(args, "short_seq_prob", None)  # 0.0 is a value: no short ones
     train, valid, _ = bert_pretraining_datasets(
         args.data_path,
         tokenizer,
@@ -290,7 +291,7 @@ def bert_black_box_datasets(args, tokenizer, num_samples: list[int]):
         train_valid_test_num_samples=[*num_samples, 0],
         max_seq_length=args.seq_length,
         masked_lm_prob=getattr(args, "mask_prob", None) or args.mlm_probability,
-        short_seq_prob=getattr(args, "short_seq_prob", None) or 0.1,
+        short_seq_prob=0.1 if short_seq_prob is None else float(short_seq_prob),
         seed=args.seed,
     )
     return train, valid

@@ -64,6 +64,13 @@ def test_each_task_trains_on_one_process(accelerate_files, one_process, task):
     assert METRICS[task] in final_eval(out), final_eval(out)
     model_dir = accelerate_files[TASKS[task][0]]
     assert_export_is_the_trained_model(task, model_dir, out)
+    # the tokenizer went along: transformers reads it back and encodes as the model's own
+    text = "the quick brown fox, twice: the quick brown fox"
+    saved = transformers.AutoTokenizer.from_pretrained(out / "hf")
+    assert (
+        saved(text)["input_ids"]
+        == transformers.AutoTokenizer.from_pretrained(model_dir)(text)["input_ids"]
+    )
 
 
 def assert_export_is_the_trained_model(task, model_dir, out) -> None:

@@ -227,6 +227,35 @@ def test_templates_and_compose_reproduce_the_black_box(accelerate_files, tmp_pat
     assert composed == pytest.approx(box, abs=0, rel=0)
 
 
+def test_compose_rebuilds_the_loaders_it_is_given(accelerate_files, tmp_path):
+    """compose's loaders on this rank's share: the training one in batches of
+    ``--micro-batch-size`` x accumulation (8 here, whatever the loader given had), the
+    evaluation one in the given loader's batches, in order."""
+    f = accelerate_files
+    engine = AccelerateEngine(cls_argv(f, tmp_path, steps=2))
+    _, prepared = a_batch(f, engine)
+    train = torch.utils.data.DataLoader(prepared.train, batch_size=3)
+    valid = torch.utils.data.DataLoader(prepared.train, batch_size=5)
+    _, _, _, train_loader, valid_loader = engine.compose(
+        distilbert(f), train_dataloader=train, eval_dataloader=valid
+    )
+    assert len(next(iter(train_loader))["labels"]) == 8
+    first = next(iter(valid_loader))
+    assert torch.equal(first["labels"], next(iter(valid))["labels"])
+
+
+def test_model_chunks_stand_for_their_one_model():
+    """The model Rapidformer's templates get (a list of chunks, one here) answers for its
+    model: calls and attributes reach ``model[0]``."""
+    from libai.accelerate.templates import ModelChunks
+
+    linear = torch.nn.Linear(2, 3)
+    chunks = ModelChunks([linear])
+    assert chunks.weight is linear.weight and chunks.out_features == 3
+    x = torch.ones(1, 2)
+    assert torch.equal(chunks(x), linear(x))
+
+
 PRETRAINER = '''
 from libai.accelerate import PreTrainer
 from libai.accelerate.data import pretraining_datasets

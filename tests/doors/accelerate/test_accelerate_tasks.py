@@ -162,6 +162,13 @@ def test_sequence_classification_tensors_and_labels(bert_tok):
     one = datasets.Dataset.from_dict({"a": ["the cat", "a dog"], "label": ["x", "x"]})
     with pytest.raises(ValueError, match="one class only"):
         task.prepare(one, None, bert_tok, make_args(text_columns=["a"]))
+    # train's integer ids beside validation's names: no rule maps one onto the other
+    names = datasets.Dataset.from_dict({"a": ["the cat", "a dog"], "label": ["x", "y"]})
+    with pytest.raises(ValueError, match="column 'label' mixes class names and integer ids"):
+        task.prepare(ints, names, bert_tok, make_args(text_columns=["a"]))
+    scores = datasets.Dataset.from_dict({"a": ["the cat", "a dog"], "label": [0.5, 1.0]})
+    with pytest.raises(ValueError, match=r"regression is not a task here\), found 0\.5"):
+        task.prepare(scores, None, bert_tok, make_args(text_columns=["a"]))
 
 
 def test_sequence_classification_metrics():
@@ -419,6 +426,12 @@ def test_masked_lm_blocks_and_masking(bert_tok):
     assert not torch.equal(other[3]["labels"], prep.train[3]["labels"])
     again.set_epoch(1)
     assert not torch.equal(again[3]["labels"], prep.train[3]["labels"])
+    # mlm_probability=1: every token that is not special is picked (80/10/10 as before)
+    every = task.prepare(train, None, bert_tok, make_args(seq_length=32, seed=7, mlm_probability=1))
+    for i in range(len(every.train)):
+        original = every.train.tensors["input_ids"][i]
+        special = torch.isin(original, torch.tensor([CLS, SEP]))
+        assert torch.equal(every.train[i]["labels"] != IGNORE_INDEX, ~special)
     with pytest.raises(ValueError, match="fewer than one block"):
         task.prepare(train.select(range(2)), None, bert_tok, args)
 

@@ -295,6 +295,38 @@ def test_bert_pretraining_trains_masked_lm_and_next_sentence(stand_ins, tmp_path
     assert {"eval_perplexity", "eval_next_sentence_accuracy"} <= set(last), last
 
 
+def test_black_box_bert_samples_take_megatron_short_seq_prob(stand_ins):
+    """``--short-seq-prob`` (Megatron's flag, on the parser when a script adds it) decides
+    the BERT samples, 0.0 included (no short samples); absent, Megatron's default 0.1. The
+    samples equal those ``bert_pretraining_datasets`` builds with that probability."""
+    from types import SimpleNamespace
+
+    from libai.accelerate.pretraining import bert_black_box_datasets
+
+    data, vocab = str(stand_ins["bert_data"]), stand_ins["vocab"]
+    tok = transformers.BertTokenizerFast(vocab=str(vocab), do_lower_case=True)
+    flags = dict(data_path=data, data_impl="mmap", split="980,20", seq_length=32, seed=42)
+
+    def ids(train):
+        return [train[i]["input_ids"].tolist() for i in range(16)]
+
+    def direct(probability):
+        train, _, _ = bert_pretraining_datasets(
+            data, tok, train_valid_test_num_samples=[16, 8, 0], max_seq_length=32,
+            masked_lm_prob=0.15, short_seq_prob=probability, seed=42,
+        )  # fmt: skip
+        return ids(train)
+
+    def black_box(**extra):
+        args = SimpleNamespace(**flags, mlm_probability=0.15, **extra)
+        return ids(bert_black_box_datasets(args, tok, [16, 8])[0])
+
+    assert direct(1.0) != direct(0.1)  # the flag shows in the samples
+    assert black_box() == direct(0.1)
+    assert black_box(short_seq_prob=1.0) == direct(1.0)
+    assert black_box(short_seq_prob=0.0) == direct(0.0)
+
+
 def test_the_documented_pretraining_runs_as_written(stand_ins, tmp_path, cheap_compile):
     """Every flag of the documented command, --pretrained-model-name-or-path included (its
     config under Megatron's flags) and --fsdp-memory-optimization (one rank: a no-op)."""

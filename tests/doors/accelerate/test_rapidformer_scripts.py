@@ -320,6 +320,8 @@ def test_broadcast_data_sends_tp_rank0s_batch():
     """mpu.broadcast_data on tp=2 (gloo): rank 1 passes None and gets rank 0's tensors, all
     int64 (rank 0's float tensor cast, as the datatype says)."""
     results = torchrun("accelerate_broadcast.py", 2)
+    for r in results:
+        assert r["ok"], f"{r['error']}\n{r['trace']}"
     g = torch.Generator().manual_seed(7)
     want = {
         "input_ids": torch.randint(0, 100, (3, 5), generator=g).tolist(),
@@ -329,3 +331,4 @@ def test_broadcast_data_sends_tp_rank0s_batch():
     assert sorted(r["tp_rank"] for r in results) == [0, 1]
     for r in results:
         assert r["values"] == want and r["dtypes"] == ["torch.int64"]
+        assert r["long_shape"] == [2**24 + 3] and r["long_equal"]

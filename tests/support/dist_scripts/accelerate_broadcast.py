@@ -25,7 +25,12 @@ def checks() -> dict:
             "weights": torch.tensor([[1.0, 2.0], [3.0, 4.0]]),  # float: cast to int64
         }
     out = mpu.broadcast_data(["input_ids", "next_sentence_label", "weights"], data, torch.int64)
+    # a dimension past float32's exact integers (2**24): the shapes travel as int64
+    long = (torch.arange(2**24 + 3, dtype=torch.int32) % 251).to(torch.uint8)
+    big = mpu.broadcast_data(["bytes"], {"bytes": long} if rank == 0 else None, torch.uint8)
     return {
+        "long_shape": list(big["bytes"].shape),
+        "long_equal": bool(torch.equal(big["bytes"], long)),
         "tp_rank": rank,
         "values": {k: v.tolist() for k, v in out.items()},
         "dtypes": sorted({str(v.dtype) for v in out.values()}),
