@@ -297,8 +297,9 @@ def test_bert_pretraining_trains_masked_lm_and_next_sentence(stand_ins, tmp_path
 
 def test_black_box_bert_samples_take_megatron_short_seq_prob(stand_ins):
     """``--short-seq-prob`` (Megatron's flag, on the parser when a script adds it) decides
-    the BERT samples, 0.0 included (no short samples); absent, Megatron's default 0.1. The
-    samples equal those ``bert_pretraining_datasets`` builds with that probability."""
+    the BERT samples, 0.0 included (no short samples); absent, Megatron's default 0.1.
+    Megatron's ``--mask-prob``, when there, wins over ``--mlm-probability``. The samples
+    equal those ``bert_pretraining_datasets`` builds with those probabilities."""
     from types import SimpleNamespace
 
     from libai.accelerate.pretraining import bert_black_box_datasets
@@ -310,10 +311,10 @@ def test_black_box_bert_samples_take_megatron_short_seq_prob(stand_ins):
     def ids(train):
         return [train[i]["input_ids"].tolist() for i in range(16)]
 
-    def direct(probability):
+    def direct(probability, masked=0.15):
         train, _, _ = bert_pretraining_datasets(
             data, tok, train_valid_test_num_samples=[16, 8, 0], max_seq_length=32,
-            masked_lm_prob=0.15, short_seq_prob=probability, seed=42,
+            masked_lm_prob=masked, short_seq_prob=probability, seed=42,
         )  # fmt: skip
         return ids(train)
 
@@ -325,6 +326,8 @@ def test_black_box_bert_samples_take_megatron_short_seq_prob(stand_ins):
     assert black_box() == direct(0.1)
     assert black_box(short_seq_prob=1.0) == direct(1.0)
     assert black_box(short_seq_prob=0.0) == direct(0.0)
+    assert direct(0.1, masked=0.5) != direct(0.1)
+    assert black_box(mask_prob=0.5) == direct(0.1, masked=0.5)
 
 
 def test_the_documented_pretraining_runs_as_written(stand_ins, tmp_path, cheap_compile):
