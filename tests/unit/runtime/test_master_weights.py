@@ -7,6 +7,7 @@ import copy
 import pytest
 import torch
 from master_weights_cases import GPT
+from torch import nn
 
 from libai import dist
 from libai.checkpoint import Checkpointer
@@ -160,3 +161,25 @@ def test_o2_with_zero_stage_3_is_a_clear_error():
         parallelize(make_model(), spec("O2", zero_stage=3))
     with pytest.raises(ValueError, match="amp.level"):
         parallelize(make_model(), spec("O3"))
+
+
+def test_o2_masters_a_low_precision_parameter_the_model_did_not_cast():
+    """An optimizer may hold a bf16 parameter that is not the model's (a user's extra
+    tensor): it gets an fp32 master from its own value, and the step rounds the master back
+    into it, as SGD on that fp32 value computes."""
+    from libai.runtime.master_weights import MasterWeights
+
+    model = nn.Linear(3, 2)
+    masters = MasterWeights(model, torch.bfloat16)
+    masters.cast_model()
+    extra = nn.Parameter(torch.tensor([1.0, -2.0, 0.5], dtype=torch.bfloat16))
+    optimizer = torch.optim.SGD([*model.parameters(), extra], lr=0.25)
+    masters.attach(optimizer)
+    (stepped,) = [p for p in optimizer.param_groups[0]["params"] if p.shape == (3,)]
+    assert stepped.dtype == torch.float32 and torch.equal(stepped, extra.float())
+    grad = torch.tensor([1.0, 1.0, 2.0])
+    extra.grad = grad.to(torch.bfloat16)
+    masters.grads_to_master()
+    optimizer.step()
+    want = torch.tensor([1.0, -2.0, 0.5]) - 0.25 * grad
+    assert torch.equal(stepped, want) and torch.equal(extra, want.to(torch.bfloat16))

@@ -129,3 +129,20 @@ def test_checkpointed_stack_blocks_give_the_gradients_of_the_plain_model():
     assert len(calls) == 6
     for (name, p), q in zip(plain.named_parameters(), recomputed.parameters()):
         torch.testing.assert_close(q.grad, p.grad, rtol=0, atol=0, msg=name)
+
+
+def test_no_recompute_layers_count_blocks_by_position_without_a_layer_index():
+    """FleetX's ``no_recompute_layers`` on blocks that carry no ``layer_idx`` (a user's
+    stack): the block's position is its index, so block 1 keeps its activations (its
+    forward runs once) while blocks 0 and 2 run again in backward."""
+    net = Net(nn.ModuleList(Block() for _ in range(3)))
+    assert not any(hasattr(block, "layer_idx") for block in net.layers)
+    assert enable_activation_checkpointing(net, "full", no_recompute_layers=[1]) == 2
+    calls = {i: 0 for i in range(3)}
+    for i, block in enumerate(net.layers):
+        block.fc.register_forward_hook(lambda *_, i=i: calls.__setitem__(i, calls[i] + 1))
+    h = net.act(net.inp(torch.randn(5, 4)))
+    for block in net.layers:
+        h = block(h)
+    net.head(h).square().mean().backward()
+    assert calls == {0: 2, 1: 1, 2: 2}

@@ -87,5 +87,7 @@ def test_a_state_of_another_layout_or_model_or_optimizer_is_a_clear_error():
         with pytest.raises(ValueError, match="saved on another layout or model"):
             ZeroOptimizer(adamw(fresh), fresh, stage=1).load_state_dict(bad)
     fresh = make_model()
-    with pytest.raises(ValueError, match="not a ZeroOptimizer state dict"):
-        ZeroOptimizer(adamw(fresh), fresh, stage=1).load_state_dict(adamw(model).state_dict())
+    # a plain optimizer's state, and no state at all (a checkpoint saved without one)
+    for bad in (adamw(model).state_dict(), None, []):
+        with pytest.raises(ValueError, match="not a ZeroOptimizer state dict"):
+            ZeroOptimizer(adamw(fresh), fresh, stage=1).load_state_dict(bad)
