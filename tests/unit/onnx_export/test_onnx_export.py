@@ -319,21 +319,23 @@ def test_stepper_opens_every_graph_with_the_providers_and_options_given(exports)
     providers and session options the caller gives, and on the CPU provider by default."""
     _, _, specs = exports("t5")
     output = specs[0].path.with_name("model.onnx")
-    stepper = OrtStepper(output)
-    sessions = [stepper.encoder, stepper.decoder, stepper.with_past]
-    assert [s.get_providers() for s in sessions] == [["CPUExecutionProvider"]] * 3
+
+    def sessions(**kwargs):
+        stepper = OrtStepper(output, **kwargs)
+        return [stepper.encoder, stepper.decoder, stepper.with_past]
+
+    assert [s.get_providers() for s in sessions()] == [["CPUExecutionProvider"]] * 3
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = 1
-    stepper = OrtStepper(output, session_options=options)
-    sessions = [stepper.encoder, stepper.decoder, stepper.with_past]
-    assert [s.get_session_options().intra_op_num_threads for s in sessions] == [1] * 3
+    threads = [
+        s.get_session_options().intra_op_num_threads for s in sessions(session_options=options)
+    ]
+    assert threads == [1] * 3
     other = [p for p in onnxruntime.get_available_providers() if p != "CPUExecutionProvider"]
     if not other:
         pytest.skip("this onnxruntime build has no provider but the CPU's")
     providers = [other[0], "CPUExecutionProvider"]
-    stepper = OrtStepper(output, providers=providers)
-    sessions = [stepper.encoder, stepper.decoder, stepper.with_past]
-    assert [s.get_providers() for s in sessions] == [providers] * 3
+    assert [s.get_providers() for s in sessions(providers=providers)] == [providers] * 3
 
 
 def test_causal_lm_graph_defaults_to_logits_only(exports):
