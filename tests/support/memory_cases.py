@@ -78,12 +78,13 @@ def activation_case(
     dp_rank: int = 0,
     model_overrides=None,
     llama: bool = False,
+    model_cls=None,
     **runner_kwargs,
 ) -> dict:
     """Held bytes of one micro-batch of :data:`ACT_GPT` (or :data:`ACT_LLAMA`; with
-    ``model_overrides``, e.g. ``loss_chunk_size`` or dropout) on this rank, and the
-    prediction."""
-    model_cls = LlamaForCausalLM if llama else GPTForPreTraining
+    ``model_overrides``, e.g. ``loss_chunk_size`` or dropout; ``model_cls`` another class
+    taking those keywords) on this rank, and the prediction."""
+    model_cls = model_cls or (LlamaForCausalLM if llama else GPTForPreTraining)
     model_kwargs = {**(ACT_LLAMA if llama else ACT_GPT), **(model_overrides or {})}
     torch.manual_seed(0)
     model = model_cls(**model_kwargs)

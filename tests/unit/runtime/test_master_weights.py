@@ -183,3 +183,29 @@ def test_o2_masters_a_low_precision_parameter_the_model_did_not_cast():
     optimizer.step()
     want = torch.tensor([1.0, -2.0, 0.5]) - 0.25 * grad
     assert torch.equal(stepped, want) and torch.equal(extra, want.to(torch.bfloat16))
+
+
+def test_o2_cast_keeps_a_dtensor_parameters_object_flag_and_tags():
+    """A DTensor parameter is cast by swapping contents: the same object, still a DTensor on
+    its mesh and placements, bf16 with the fp32 value rounded as ``Tensor.to`` rounds it,
+    frozen if it was frozen, trainable if it was, and with libai's tags."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+
+    from libai.runtime.master_weights import MasterWeights
+
+    mesh = DeviceMesh("cpu", torch.zeros(1, dtype=torch.int), mesh_dim_names=("tp",))
+    model = nn.Linear(4, 3)
+    values = {"weight": torch.randn(3, 4) / 3, "bias": torch.randn(3) / 3}
+    for name, value in values.items():
+        p = nn.Parameter(distribute_tensor(value, mesh, [Shard(0)]), requires_grad=name == "bias")
+        p.libai_tag = name
+        setattr(model, name, p)
+    before = {name: getattr(model, name) for name in values}
+    MasterWeights(model, torch.bfloat16).cast_model()
+    for name, value in values.items():
+        p = getattr(model, name)
+        assert p is before[name] and isinstance(p, DTensor) and p.placements == (Shard(0),)
+        assert p.dtype == torch.bfloat16 and p.to_local().dtype == torch.bfloat16
+        assert torch.equal(p.to_local(), value.to(torch.bfloat16))
+        assert p.requires_grad == (name == "bias") and p.libai_tag == name

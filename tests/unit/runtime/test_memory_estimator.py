@@ -19,10 +19,20 @@ from pathlib import Path
 import pytest
 import torch
 from launch import torchrun
-from memory_cases import ACT_RTOL, activation_case, local_bytes, measured_state
+from memory_cases import (
+    ACT_BATCH,
+    ACT_LLAMA,
+    ACT_RTOL,
+    ACT_SEQ,
+    activation_case,
+    local_bytes,
+    measured_state,
+)
 
 from libai import dist
 from libai.config import LazyConfig, instantiate
+from libai.layers import LayerNorm
+from libai.models import LlamaForCausalLM
 from libai.optim import build_optimizer
 from libai.runtime.memory_estimator import (
     estimate_config,
@@ -97,6 +107,27 @@ def test_single_process_bytes_equal_the_trainer_run(kind):
 def test_activation_estimate_single_process(kwargs):
     case = activation_case(dist.get_dist_util().layout, 0, **kwargs)
     assert close(case["held"], case["predicted"]), case
+
+
+class _LlamaWithLayerNormFinal(LlamaForCausalLM):
+    """Llama's RMSNorm blocks with a LayerNorm as the final norm (a user's own mix)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.model.norm = LayerNorm(kwargs["hidden_size"], layer_idx=-1)
+
+
+def test_the_final_norm_kind_is_its_own_not_the_blocks():
+    """The final norm's extra bytes follow its own kind: swapping Llama's final RMSNorm
+    (fp32 rstd and normalized input: 4 + 4h per token) for a LayerNorm (fp32 mean and rstd:
+    8) lowers held and predicted bytes by the same (4h - 4) per token."""
+    layout = dist.get_dist_util().layout
+    rms = activation_case(layout, 0, llama=True)
+    mixed = activation_case(layout, 0, llama=True, model_cls=_LlamaWithLayerNormFinal)
+    assert close(mixed["held"], mixed["predicted"]), mixed
+    tokens, h = ACT_BATCH * ACT_SEQ, ACT_LLAMA["hidden_size"]
+    assert rms["predicted"] - mixed["predicted"] == tokens * (4 * h - 4)
+    assert rms["held"] - mixed["held"] == tokens * (4 * h - 4)
 
 
 def test_checkpointing_and_chunked_loss_lower_activations_as_predicted():

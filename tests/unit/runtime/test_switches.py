@@ -275,3 +275,30 @@ def test_the_training_step_does_not_read_the_device():
     trainer._unchecked[-1] = (2, torch.tensor(float("nan")))
     with pytest.raises(FloatingPointError, match="loss became nan at iteration 2"):
         trainer.check_finite()
+
+
+@pytest.mark.parametrize(
+    ("dtype", "init_scale", "want_scale"),
+    [("fp16", 8.0, 8.0), ("fp16", None, 2.0**16), ("bf16", 8.0, None)],
+)
+def test_parallelize_gives_fp16_a_loss_scaler_that_the_runner_scales_by(
+    dtype, init_scale, want_scale
+):
+    """fp16 (only) gets a dynamic loss scaler starting at ``amp.init_scale`` (2**16 when
+    unset), and the runner parallelize builds uses it: the gradients are the unscaled fp16
+    run's times that scale."""
+    from libai.runtime.parallelize import parallelize
+    from libai.runtime.spec import AmpSpec, RunSpec
+
+    amp = AmpSpec(enabled=True, dtype=dtype, init_scale=init_scale)
+    parts = parallelize(make_model(), RunSpec(amp=amp, num_accumulation_steps=1))
+    assert parts.runner.loss_scaler is parts.grad_scaler
+    if want_scale is None:
+        assert parts.grad_scaler is None
+        return
+    assert parts.grad_scaler.scale == want_scale
+    plain = make_model()
+    ModelRunner(plain, amp_dtype=torch.float16).forward_backward(make_batch())
+    parts.runner.forward_backward(make_batch())
+    for (name, g), ref in zip(grads(parts.runner.model).items(), grads(plain).values()):
+        torch.testing.assert_close(g, want_scale * ref, rtol=1e-3, atol=1e-4 * want_scale, msg=name)
