@@ -1,5 +1,7 @@
 """Rapidformer door defaults against their references: the output directory the guide
-documents, and the pipeline layer count of a Hugging Face config as transformers counts it."""
+documents, the pipeline layer count of a Hugging Face config as transformers counts it,
+the offline switches ``huggingface_hub`` and ``datasets`` read, and Megatron's names
+pointing at the flags they stand for."""
 
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ import transformers
 
 from libai.accelerate.arguments import build_parser
 from libai.accelerate.engine import _layer_count
+from libai.accelerate.hub_data import offline_by_default
+from libai.accelerate.megatron_args import ALIASES
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -42,3 +46,36 @@ def test_pipeline_layer_count_is_transformers_own(config, tmp_path):
     else:
         want = config.num_hidden_layers
     assert _layer_count(str(tmp_path)) == want
+
+
+@pytest.mark.parametrize(
+    ("hub", "datasets_flag", "want"),
+    [(None, None, ("1", "1")), ("0", None, ("0", "0")), ("1", "0", ("1", "0"))],
+    ids=["unset", "user-online", "datasets-own"],
+)
+def test_offline_by_default_sets_the_variables_hub_and_datasets_read(
+    monkeypatch, hub, datasets_flag, want
+):
+    """Offline unless the user says otherwise: ``HF_HUB_OFFLINE`` (huggingface_hub's switch)
+    defaults to 1 and ``HF_DATASETS_OFFLINE`` (datasets' own) follows it; a value the user
+    set is kept."""
+    for name, value in (("HF_HUB_OFFLINE", hub), ("HF_DATASETS_OFFLINE", datasets_flag)):
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    offline_by_default()
+    import os
+
+    assert (os.environ["HF_HUB_OFFLINE"], os.environ["HF_DATASETS_OFFLINE"]) == want
+
+
+def test_each_megatron_name_says_which_flag_it_stands_for():
+    """``--mask-prob`` and the other Megatron spellings: the help names a flag of the parser
+    that sets the same value."""
+    parser = build_parser()
+    by_flag = {s: a for a in parser._actions for s in a.option_strings}
+    for megatron, ours in ALIASES.items():
+        alias = by_flag["--" + megatron.replace("_", "-")]
+        named = re.fullmatch(r"the same as (--[a-z0-9-]+)", alias.help).group(1)
+        assert by_flag[named].dest == alias.dest == ours, megatron

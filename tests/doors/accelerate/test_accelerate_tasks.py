@@ -113,6 +113,14 @@ def test_missing_column_message(bert_tok):
         get_task("sequence_classification").prepare(ds, valid, bert_tok, args)
 
 
+def test_a_text_column_that_is_not_text_names_its_file_and_row(bert_tok):
+    train = datasets.Dataset.from_dict({"sentence": ["the cat", "a dog"], "label": [0, 1]})
+    valid = datasets.Dataset.from_dict({"sentence": ["the cat", None], "label": [0, 1]})
+    args = make_args(text_columns="sentence", validation_path="dev.jsonl")
+    with pytest.raises(ValueError, match=r"^dev.jsonl: column 'sentence' row 1 is not text: None"):
+        get_task("sequence_classification").prepare(train, valid, bert_tok, args)
+
+
 # ---- sequence classification ----------------------------------------------------------------
 def test_sequence_classification_tensors_and_labels(bert_tok):
     task = get_task("sequence_classification")

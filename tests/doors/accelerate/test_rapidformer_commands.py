@@ -302,7 +302,7 @@ def test_black_box_bert_samples_take_megatron_short_seq_prob(stand_ins):
     equal those ``bert_pretraining_datasets`` builds with those probabilities."""
     from types import SimpleNamespace
 
-    from libai.accelerate.pretraining import bert_black_box_datasets
+    from libai.accelerate.pretraining import bert_black_box_datasets, megatron_ids
 
     data, vocab = str(stand_ins["bert_data"]), stand_ins["vocab"]
     tok = transformers.BertTokenizerFast(vocab=str(vocab), do_lower_case=True)
@@ -323,6 +323,12 @@ def test_black_box_bert_samples_take_megatron_short_seq_prob(stand_ins):
         return ids(bert_black_box_datasets(args, tok, [16, 8])[0])
 
     assert direct(1.0) != direct(0.1)  # the flag shows in the samples
+    # any object with Megatron's ids stands for the tokenizer
+    megatron, _, _ = bert_pretraining_datasets(
+        data, megatron_ids(tok), train_valid_test_num_samples=[16, 8, 0], max_seq_length=32,
+        masked_lm_prob=0.15, short_seq_prob=0.1, seed=42,
+    )  # fmt: skip
+    assert ids(megatron) == direct(0.1)
     assert black_box() == direct(0.1)
     assert black_box(short_seq_prob=1.0) == direct(1.0)
     assert black_box(short_seq_prob=0.0) == direct(0.0)

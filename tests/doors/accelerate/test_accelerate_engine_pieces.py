@@ -1,0 +1,49 @@
+"""Pieces of ``AccelerateEngine`` a user's own loop calls (Rapidformer's ``engine.gather``,
+the evaluation batches, the composed optimizer), each against what it stands for: the
+concatenation of every rank's tensor, the loader's own batches, the inner optimizer."""
+
+from __future__ import annotations
+
+import torch
+from launch import torchrun
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from libai.accelerate.engine import AccelerateEngine
+
+
+def test_gather_concatenates_every_data_parallel_ranks_tensor_in_rank_order():
+    results = torchrun("accelerate_gather.py", 2)
+    for r in results:
+        assert r["ok"], f"{r['error']}\n{r['trace']}"
+    want = torch.cat([(torch.arange(6).reshape(3, 2) + 10 * k).t() for k in (0, 1)]).tolist()
+    assert sorted(r["dp_rank"] for r in results) == [0, 1]
+    for r in results:
+        assert r["dp"] == 2 and r["gathered"] == want
+
+
+def test_gather_on_one_rank_is_the_tensor(tmp_path):
+    engine = AccelerateEngine({"save": str(tmp_path)})
+    t = torch.arange(4.0)
+    assert engine.gather(t) is t
+
+
+def test_eval_batches_yield_the_loaders_batches_up_to_max_batches(tmp_path):
+    engine = AccelerateEngine({"save": str(tmp_path)})
+    loader = DataLoader(TensorDataset(torch.arange(10).reshape(5, 2)), batch_size=1)
+    want = [b[0].tolist() for b in loader]
+    for max_batches, n in ((0, 5), (2, 2), (5, 5), (7, 5)):
+        got = [b[0].tolist() for b in engine.eval_batches(loader, max_batches=max_batches)]
+        assert got == want[:n], max_batches
+    assert len(list(engine.eval_batches(loader))) == 5  # the default: all
+
+
+def test_the_composed_optimizer_shows_the_inner_optimizers_attributes(tmp_path):
+    engine = AccelerateEngine({"save": str(tmp_path), "train_iters": 4})
+    torch.manual_seed(0)
+    model = nn.Linear(3, 2)
+    inner = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
+    _, optimizer, _ = engine.compose(model, optimizer=inner)
+    assert optimizer.param_groups is inner.param_groups and optimizer.defaults is inner.defaults
+    assert optimizer.state is inner.state
+    assert optimizer.state_dict() == inner.state_dict()
