@@ -123,11 +123,15 @@ class GPTEvalModule(GPTModule):
         targets = sums.get("targets", 0.0)
         avg = sums.get("nll_sum", 0.0) / targets if targets else float("nan")
         original, tokenized = self.info or (targets + 1, targets + 1)
-        ratio = (tokenized - 1) / max(original - 1, 1)
+        ratio = (tokenized - 1) / max(original - 1, 1) if targets else float("nan")
+
+        def capped_exp(x: float) -> float:  # FleetX's exp(min(20, x)); NaN stays NaN
+            return x if math.isnan(x) else math.exp(min(20.0, x))
+
         out = {
             "avg_loss": avg,
-            "ppl": math.exp(min(20.0, avg)),
-            "adjusted_ppl": math.exp(min(20.0, avg * ratio)),
+            "ppl": capped_exp(avg),
+            "adjusted_ppl": capped_exp(avg * ratio),
             "token_ratio": ratio,
         }
         logger.info(

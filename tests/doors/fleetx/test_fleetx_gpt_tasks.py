@@ -213,6 +213,25 @@ def test_generation_export_then_inference_from_fleetx_yamls(files, tmp_path, sam
     torch.testing.assert_close(torch.from_numpy(logits), reference, atol=1e-5, rtol=1e-4)
 
 
+def test_gpt_eval_of_an_empty_file_scores_nothing(files, tmp_path):
+    """WikiText perplexity of a file with no tokens: no targets, so the average loss, both
+    perplexities and the token ratio are NaN (nothing to divide), not exp(20)."""
+    path = tmp_path / "wiki.valid.tokens"
+    path.write_text("")
+    _, results = offline_eval(
+        files, tmp_path, f"Offline_Eval.eval_path={path}", "Offline_Eval.max_seq_len=16"
+    )
+    for key in ("avg_loss", "ppl", "adjusted_ppl", "token_ratio"):
+        assert math.isnan(results[key]), (key, results)
+
+
+def test_gpt_eval_refuses_an_unknown_offline_eval_key(files, tmp_path):
+    path = tmp_path / "wiki.valid.tokens"
+    path.write_text(WIKI)
+    with pytest.raises(ValueError, match=r"unknown config key Offline_Eval.eval_paht \(known: "):
+        offline_eval(files, tmp_path, f"+Offline_Eval.eval_paht={path}")
+
+
 def test_fleetx_module_names_without_implementation_are_named():
     with pytest.raises(YAMLConfigError, match=r"Model.module MoEModule \(FleetX\) is not "):
         resolve_module_class("MoEModule")
@@ -273,5 +292,9 @@ def test_gpt_finetune_module_on_sst2_from_the_fleetx_yaml(files, tmp_path):
         correct += int((logits.argmax(-1) == labels).sum())
     assert results["loss"] == pytest.approx(sum(losses) / len(losses), rel=1e-5)
     assert results["acc"] == pytest.approx(correct / len(SST2_ROWS))
+    # export inputs: token ids drawn from the checkpoint's whole vocabulary
+    (spec,) = engine.module.input_spec()
+    assert (spec.name, str(spec.dtype), spec.high) == ("input_ids", "int64", 512)
+    assert files["hf"].config.vocab_size == 512
     engine.fit()
     assert engine.trainer.iter == len(SST2_ROWS) // 3  # one epoch of full batches
