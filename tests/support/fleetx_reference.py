@@ -25,6 +25,25 @@ FUNCTIONS = (
     "_build_shuffle_idx",
 )
 METHODS = ("_construct_sample", "_get_single_sample_from_idx", "__getitem__", "__len__")
+#: FleetX's language modules (GPT generation's length rule, ...)
+LANGUAGE_MODULE = FLEETX / "ppfleetx" / "models" / "language_model" / "language_module.py"
+
+
+def fleetx_function(path: Path, class_name: str | None, name: str):
+    """A function (or a method, as a plain function taking ``self`` first) of FleetX's file
+    ``path``, compiled from the fixture's own source; its paddle imports are not run, so only
+    plain-Python functions (numpy, re, math) work."""
+    import math
+    import re
+
+    nodes = ast.parse(path.read_text()).body
+    if class_name is not None:
+        nodes = next(n for n in nodes if isinstance(n, ast.ClassDef) and n.name == class_name).body
+    node = next(n for n in nodes if isinstance(n, ast.FunctionDef) and n.name == name)
+    namespace = {"np": np, "re": re, "math": math}
+    module = ast.fix_missing_locations(ast.Module([node], []))
+    exec(compile(module, str(path), "exec"), namespace)
+    return namespace[name]
 
 
 def _fleetx_namespace() -> dict:

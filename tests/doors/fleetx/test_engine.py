@@ -208,3 +208,29 @@ def test_the_run_config_is_saved_resolved(tmp_path):
     assert "${" not in saved  # interpolations resolved
     assert engine.cfg.Data.Train.dataset.image_size == 32
     assert json.loads(json.dumps(engine.train_cfg.dist["data_parallel_size"])) == 1
+
+
+def test_engine_save_after_fit_resumes_where_the_straight_run_goes_on(tmp_path):
+    """``Engine.save()`` after ``fit`` of 3 steps writes ``model_0000002`` (the last step
+    done); an Engine loading it starts at step 3 with 3 x 16 samples consumed, and its fit to
+    5 steps ends on the weights a straight 5-step run ends on, bitwise (one LR schedule of
+    5 steps for all three)."""
+
+    def engine(name, steps):
+        return make_engine(
+            simple_cfg(tmp_path / name, f"Engine.max_steps={steps}", "+Optimizer.lr.decay_steps=5")
+        )
+
+    straight = engine("straight", 5)
+    straight.fit()
+    first = engine("first", 3)
+    first.fit()
+    path = first.save()
+    assert path == str(tmp_path / "first" / "model_0000002")
+    second = engine("second", 5)
+    point = second.load(path)
+    assert tuple(point) == (3, 48)
+    second.fit()
+    want = straight.module.model.state_dict()
+    for name, value in second.module.model.state_dict().items():
+        assert torch.equal(value, want[name]), name

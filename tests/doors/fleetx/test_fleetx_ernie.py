@@ -135,22 +135,22 @@ def test_ernie_module_keeps_a_given_intermediate_size(vocab):
     assert widths == {(48, 32)}
 
 
-def test_every_split_of_ernie_datasets_follows_binary_head(vocab):
+@pytest.mark.parametrize("own", ["Train", "Eval", "Test"])
+def test_every_split_of_ernie_datasets_follows_binary_head(vocab, own):
     """FleetX's ErnieModule gives each split's ``ErnieDataset`` (Train, Eval and Test) the
     ``Global.binary_head`` of the file unless the dataset section sets its own."""
     module = _module(vocab)
+    splits = ("Train", "Eval", "Test")
     cfg = OmegaConf.create(
         {
             "Global": {"binary_head": False},
-            "Data": {
-                split: {"dataset": {"name": "ErnieDataset"}} for split in ("Train", "Eval", "Test")
-            },
+            "Data": {split: {"dataset": {"name": "ErnieDataset"}} for split in splits},
         }
     )
-    cfg.Data.Eval.dataset.binary_head = True  # its own
+    cfg.Data[own].dataset.binary_head = True  # its own
     module.process_configs(cfg)
-    got = {split: cfg.Data[split].dataset.binary_head for split in ("Train", "Eval", "Test")}
-    assert got == {"Train": False, "Eval": True, "Test": False}
+    got = {split: cfg.Data[split].dataset.binary_head for split in splits}
+    assert got == {split: split == own for split in splits}
 
 
 def test_ernie_module_loss_equals_transformers(exported, vocab):

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from engine_helpers import simple_cfg
+from fleetx_reference import LANGUAGE_MODULE, fleetx_function
 from omegaconf import OmegaConf
 
 from libai.fleetx.export import OnnxPredictor
@@ -77,6 +78,58 @@ def test_onnx_predictor_fills_positions_for_a_graph_without_a_mask(tmp_path):
     ids = torch.randint(0, 50, (3, 5))
     got = OnnxPredictor(str(tmp_path))({"input_ids": ids, "labels": ids})["positions"]
     np.testing.assert_array_equal(got, np.tile(np.arange(5), (3, 1)))
+
+
+def test_onnx_predictor_keeps_a_given_mask_and_derives_positions_from_it(tmp_path):
+    """A causal-LM graph taking ids, mask and positions: a left-padded batch's own mask goes
+    in unchanged, and the positions missing from the batch count its real tokens from 0
+    (``cumsum(mask) - 1``, padding at 0), as transformers' GPT-2 derives them; a batch
+    without a mask gets an all-ones one."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    names = ("input_ids", "attention_mask", "position_ids")
+    inputs = [helper.make_tensor_value_info(n, TensorProto.INT64, ["b", "s"]) for n in names]
+    outputs = [helper.make_tensor_value_info(n, TensorProto.INT64, ["b", "s"]) for n in ("m", "p")]
+    nodes = [
+        helper.make_node("Identity", ["attention_mask"], ["m"]),
+        helper.make_node("Identity", ["position_ids"], ["p"]),
+    ]
+    graph = helper.make_graph(nodes, "g", inputs, outputs)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    (tmp_path / "rank_0").mkdir()
+    onnx.save(model, str(tmp_path / "rank_0" / "model.onnx"))
+    predictor = OnnxPredictor(str(tmp_path))
+    ids = torch.randint(0, 50, (2, 4))
+    mask = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]])
+    out = predictor({"input_ids": ids, "attention_mask": mask})
+    np.testing.assert_array_equal(out["m"], mask.numpy())
+    np.testing.assert_array_equal(out["p"], [[0, 0, 0, 1], [0, 1, 2, 3]])
+    out = predictor({"input_ids": ids})
+    np.testing.assert_array_equal(out["m"], np.ones((2, 4)))
+    np.testing.assert_array_equal(out["p"], np.tile(np.arange(4), (2, 1)))
+
+
+def test_generation_max_dec_len_follows_fleetx_adjust_length_to_model():
+    """``max_dec_len``: FleetX's own ``adjust_length_to_model(length, 512)`` (compiled from
+    the unmodified language_module.py among the fixtures) for every length, 0 included."""
+    method = fleetx_function(LANGUAGE_MODULE, "GPTGenerationModule", "adjust_length_to_model")
+    for length in (-7, -1, 0, 1, 20, 511, 512, 513, 4096):
+        section = OmegaConf.create({"max_dec_len": length})
+        config = generation_config(section, eos_token_id=0, seed=1)
+        assert config.max_new_tokens == method(None, length, 512), length
+
+
+@pytest.mark.parametrize(
+    ("strategy", "beams", "sample"),
+    [("beam_search", 3, False), ("greedy_search", 1, False), ("sampling", 1, True)],
+)
+def test_generation_num_beams_counts_in_beam_search_only(strategy, beams, sample):
+    """``num_beams: 3`` is beam search's width; greedy search and sampling run one beam, as
+    FleetX's strategies do."""
+    section = OmegaConf.create({"decode_strategy": strategy, "num_beams": 3})
+    config = generation_config(section, eos_token_id=0, seed=1)
+    assert (config.num_beams, config.do_sample) == (beams, sample)
 
 
 def test_generation_without_a_decode_strategy_samples():

@@ -7,13 +7,13 @@ plain Python."""
 
 from __future__ import annotations
 
-import ast
 import json
 
 import numpy as np
 import pytest
 import torch
 from fleetx_reference import GPT_DATASET, write_fleetx_corpus
+from fleetx_reference import fleetx_function as compile_fleetx_function
 from PIL import Image
 
 from libai.data.datasets import fleetx_cls, fleetx_ernie, fleetx_eval, fleetx_gpt
@@ -22,22 +22,8 @@ IGNORE = -100
 
 
 def fleetx_function(class_name: str | None, name: str):
-    """A function (or a method, as a plain function) of FleetX's gpt_dataset.py, compiled
-    from the fixture's own source (its paddle imports are not needed by these)."""
-    import math
-    import re
-
-    tree = ast.parse(GPT_DATASET.read_text())
-    nodes = tree.body
-    if class_name is not None:
-        nodes = next(n for n in nodes if isinstance(n, ast.ClassDef) and n.name == class_name).body
-    node = next(n for n in nodes if isinstance(n, ast.FunctionDef) and n.name == name)
-    namespace = {"np": np, "re": re, "math": math}
-    exec(
-        compile(ast.fix_missing_locations(ast.Module([node], [])), str(GPT_DATASET), "exec"),
-        namespace,
-    )
-    return namespace[name]
+    """A function or method of FleetX's gpt_dataset.py, compiled from the fixture."""
+    return compile_fleetx_function(GPT_DATASET, class_name, name)
 
 
 # ---- image classification (GeneralClsDataset, transform_ops) -----------------------------------
