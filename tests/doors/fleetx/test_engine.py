@@ -62,6 +62,9 @@ def test_log_dicts_carry_fleetx_keys(tmp_path):
     assert logs[0]["total_batch"] == 2 and logs[0]["total_epoch"] == 4
     epochs = [p for name, p in engine.module.calls if name == "training_epoch_end"]
     assert [d["epoch"] for d in epochs] == [0, 1, 2, 3] and all(d["train_cost"] > 0 for d in epochs)
+    # each epoch's loss: the mean of its 2 steps' losses
+    for k, d in enumerate(epochs):
+        assert d["loss"] == pytest.approx((losses[2 * k] + losses[2 * k + 1]) / 2)
 
 
 def test_hooks_are_called_in_the_documented_order(tmp_path):
@@ -234,3 +237,22 @@ def test_engine_save_after_fit_resumes_where_the_straight_run_goes_on(tmp_path):
     want = straight.module.model.state_dict()
     for name, value in second.module.model.state_dict().items():
         assert torch.equal(value, want[name]), name
+
+
+class _OwnOptimizerModule(RecordingModule):
+    """configure_optimizers returns its own (optimizer, scheduler) pair, as FleetX allows."""
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1)
+        return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 0.5**s)
+
+
+def test_a_modules_own_optimizer_and_scheduler_run_the_steps(tmp_path):
+    """The pair a module's ``configure_optimizers`` returns replaces the YAML's Optimizer:
+    SGD steps with the LambdaLR's 0.1 x 0.5**k at step k (metrics.json), not AdamW's cosine."""
+    engine = make_engine(simple_cfg(tmp_path, "Engine.max_steps=3"), module_cls=_OwnOptimizerModule)
+    engine.fit()
+    groups = engine.optimizer.param_groups
+    assert "momentum" in groups[0] and "betas" not in groups[0]  # SGD's, not AdamW's
+    lrs = [read_metrics(tmp_path)[k]["lr"] for k in range(3)]
+    assert lrs == pytest.approx([0.1, 0.05, 0.025])

@@ -62,6 +62,16 @@ def test_cosine_with_warmup_decay_equals_fleetx(tmp_path, change):
         assert max(abs(b - w) for b, w in zip(base, want)) > 1e-4
 
 
+def test_cosine_without_min_lr_decays_to_zero(tmp_path):
+    """FleetX's class requires ``min_lr``; absent here (docs/integrate_a_model.md), the floor
+    is 0, torch's ``eta_min`` default."""
+    args = {k: v for k, v in COSINE.items() if k != "min_lr"}
+    got = reported_lrs(tmp_path, {"name": "CosineAnnealingWithWarmupDecay", **args})
+    want = [fleetx_cosine(t, min_lr=0.0, **args) for t in range(STEPS)]
+    assert max(abs(g - w) for g, w in zip(got, want)) <= 1e-12, (got, want)
+    assert got[-1] == 0.0
+
+
 @pytest.mark.parametrize("warmup", [0, 3, 0.25])
 def test_linear_decay_with_warmup_equals_fleetx(tmp_path, warmup):
     section = dict(name="LinearDecayWithWarmup", learning_rate=0.1, total_steps=10, warmup=warmup)
