@@ -62,14 +62,15 @@ def test_cosine_with_warmup_decay_equals_fleetx(tmp_path, change):
         assert max(abs(b - w) for b, w in zip(base, want)) > 1e-4
 
 
-def test_cosine_without_min_lr_decays_to_zero(tmp_path):
-    """FleetX's class requires ``min_lr``; absent here (docs/integrate_a_model.md), the floor
-    is 0, torch's ``eta_min`` default."""
-    args = {k: v for k, v in COSINE.items() if k != "min_lr"}
+@pytest.mark.parametrize("absent", ["min_lr", "warmup_rate"])
+def test_cosine_without_min_lr_or_warmup_rate_takes_zero(tmp_path, absent):
+    """FleetX's class requires ``min_lr`` and ``warmup_rate``; absent here
+    (docs/integrate_a_model.md), each is 0: a floor of 0 (torch's ``eta_min`` default), no
+    warmup."""
+    args = {k: v for k, v in COSINE.items() if k != absent}
     got = reported_lrs(tmp_path, {"name": "CosineAnnealingWithWarmupDecay", **args})
-    want = [fleetx_cosine(t, min_lr=0.0, **args) for t in range(STEPS)]
+    want = [fleetx_cosine(t, **{absent: 0.0}, **args) for t in range(STEPS)]
     assert max(abs(g - w) for g, w in zip(got, want)) <= 1e-12, (got, want)
-    assert got[-1] == 0.0
 
 
 @pytest.mark.parametrize("warmup", [0, 3, 0.25])

@@ -7,6 +7,8 @@ the errors of ``Profiler.scheduler`` and of null parallel degrees."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -139,6 +141,19 @@ def test_generation_without_a_decode_strategy_samples():
     assert config.do_sample is True and config.num_beams == 1 and config.top_p == 0.9
     greedy = OmegaConf.create({"decode_strategy": "greedy_search"})
     assert generation_config(greedy, eos_token_id=0, seed=1).do_sample is False
+
+
+@pytest.mark.parametrize(
+    ("name", "hint"),
+    [("AdamWW", r"; did you mean AdamW( or \w+)*\?"), ("Zzqx", "")],
+    ids=["close", "far"],
+)
+def test_an_unknown_name_suggests_only_close_ones(name, hint):
+    """``difflib``'s close matches are offered when there are some; otherwise the message
+    goes straight on to the known names."""
+    with pytest.raises(ValueError) as info:
+        build_yaml_optimizer({"name": name, "lr": 0.1}, torch.nn.Linear(2, 2))
+    assert re.search(f"Optimizer.name: unknown name '{name}'{hint} Known: ", str(info.value))
 
 
 def test_optimizer_without_a_name_is_adamw():
