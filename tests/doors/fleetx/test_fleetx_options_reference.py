@@ -185,3 +185,30 @@ def test_null_model_parallel_degrees_are_refused_naming_the_key(tmp_path, key):
     which is derived) is refused with the key, before any process group exists."""
     with pytest.raises(YAMLConfigError, match=rf"Distributed\.{key} must be a positive integer"):
         resolve_batch_config(simple_cfg(tmp_path, f"Distributed.{key}=null"), 1)
+
+
+@pytest.mark.parametrize(
+    ("glob", "local", "ok"), [(16, 8, True), (16, None, True), (16, 16, False), (8, 16, False)]
+)
+def test_global_batch_is_local_batch_times_the_data_ranks(tmp_path, glob, local, ok):
+    """Two processes, dp 2: ``global_batch_size = local_batch_size x 2``; a pair that does
+    not multiply out is refused with both numbers."""
+    overrides = [f"Global.global_batch_size={glob}", f"Global.local_batch_size={local or 'null'}"]
+    cfg = simple_cfg(tmp_path, *overrides, "Global.micro_batch_size=null")
+    if not ok:
+        with pytest.raises(YAMLConfigError, match=rf"global_batch_size {glob} != local_batch_size"):
+            resolve_batch_config(cfg, 2)
+        return
+    resolve_batch_config(cfg, 2)
+    assert (cfg.Distributed.dp_degree, cfg.Global.local_batch_size) == (2, glob // 2)
+
+
+@pytest.mark.parametrize("key", ["optimizer", "last_epoch"])
+def test_a_schedulers_engine_set_arguments_are_refused_in_the_yaml(key):
+    """``optimizer`` and ``last_epoch`` of a libai scheduler are the Engine's to set."""
+    from libai.fleetx.yaml_optim import build_yaml_lr_scheduler
+
+    optimizer = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)
+    section = {"lr": {"name": "WarmupCosineLR", "learning_rate": 0.1, key: 1}}
+    with pytest.raises(ValueError, match=rf"Optimizer.lr.{key} is set by the Engine"):
+        build_yaml_lr_scheduler(section, optimizer, 10)
