@@ -5,6 +5,7 @@ pointing at the flags they stand for."""
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -65,8 +66,6 @@ def test_offline_by_default_sets_the_variables_hub_and_datasets_read(
         else:
             monkeypatch.setenv(name, value)
     offline_by_default()
-    import os
-
     assert (os.environ["HF_HUB_OFFLINE"], os.environ["HF_DATASETS_OFFLINE"]) == want
 
 

@@ -12,18 +12,12 @@ import json
 import numpy as np
 import pytest
 import torch
-from fleetx_reference import GPT_DATASET, write_fleetx_corpus
-from fleetx_reference import fleetx_function as compile_fleetx_function
+from fleetx_reference import GPT_DATASET, fleetx_function, write_fleetx_corpus
 from PIL import Image
 
 from libai.data.datasets import fleetx_cls, fleetx_ernie, fleetx_eval, fleetx_gpt
 
 IGNORE = -100
-
-
-def fleetx_function(class_name: str | None, name: str):
-    """A function or method of FleetX's gpt_dataset.py, compiled from the fixture."""
-    return compile_fleetx_function(GPT_DATASET, class_name, name)
 
 
 # ---- image classification (GeneralClsDataset, transform_ops) -----------------------------------
@@ -121,7 +115,7 @@ def test_fleetx_split_bounds_equal_fleetx():
     """Document bounds of the Train / Eval / Test splits: by hand (round each share, the
     rounding error taken off every bound after the first) and FleetX's
     get_train_valid_test_split_."""
-    fleetx = fleetx_function(None, "get_train_valid_test_split_")
+    fleetx = fleetx_function(GPT_DATASET, None, "get_train_valid_test_split_")
     assert fleetx_ernie.fleetx_split_bounds([949, 50, 1], 40) == [0, 38, 40, 40]
     # 10 / 3 = 3.33 -> 3 each, 9 in all: every bound after 0 moves by one
     assert fleetx_ernie.fleetx_split_bounds([1, 1, 1], 10) == [0, 4, 7, 10]
@@ -315,7 +309,7 @@ def test_wikitext_detokenize_by_hand_and_as_fleetx():
     text = " = = Title = = \n The cat 's toy ( red ) , 1 @,@ 000 @-@ odd . \n"
     expected = " == Title ==\nThe cat's toy (red), 1,000-odd.\n"
     assert fleetx_eval.wikitext_detokenize(text) == expected
-    fleetx = fleetx_function("LM_Eval_Dataset", "_wikitext_detokenizer")
+    fleetx = fleetx_function(GPT_DATASET, "LM_Eval_Dataset", "_wikitext_detokenizer")
     samples = [text, 'He said " hi there " [ 1 ] { x } . \n', "= = = = A = = = = 5 ° C"]
     for sample in samples:
         assert fleetx_eval.wikitext_detokenize(sample) == fleetx(None, sample)

@@ -41,7 +41,9 @@ def test_setup_run_seeds_every_generator_and_writes_the_output_dir(tmp_path):
     np.random.seed(5)
     torch.manual_seed(5)
     want = draws()
-    random.seed(0), np.random.seed(0), torch.manual_seed(0)
+    random.seed(0)
+    np.random.seed(0)
+    torch.manual_seed(0)
     out = tmp_path / "run"
     saved = []
     util = setup_run({}, str(out), seed=5, save_config=lambda: saved.append(os.listdir(out)))
