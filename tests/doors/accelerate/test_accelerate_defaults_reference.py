@@ -14,8 +14,8 @@ import transformers
 
 from libai.accelerate.arguments import build_parser
 from libai.accelerate.engine import _layer_count
-from libai.accelerate.hub_data import offline_by_default
-from libai.accelerate.megatron_args import ALIASES
+from libai.accelerate.hub_data import _offline, offline_by_default
+from libai.accelerate.megatron_args import ALIASES, set_megatron_names
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -78,3 +78,29 @@ def test_each_megatron_name_says_which_flag_it_stands_for():
         alias = by_flag["--" + megatron.replace("_", "-")]
         named = re.fullmatch(r"the same as (--[a-z0-9-]+)", alias.help).group(1)
         assert by_flag[named].dest == alias.dest == ours, megatron
+
+
+@pytest.mark.parametrize(
+    "value", ["1", "true", "TRUE", "yes", "Yes", "on", "ON", "0", "false", "no", "off", ""]
+)
+def test_hub_offline_reads_the_variable_as_huggingface_hub_does(monkeypatch, value):
+    """Whether a Hub id may be downloaded: ``HF_HUB_OFFLINE`` read with huggingface_hub's own
+    rule (its ``constants._is_true``), so the door and the library never disagree."""
+    from huggingface_hub.constants import _is_true
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", value)
+    assert _offline() is _is_true(value)
+
+
+@pytest.mark.parametrize(
+    ("env", "want"), [({}, (0, 1)), ({"RANK": "3", "WORLD_SIZE": "4"}, (3, 4))]
+)
+def test_megatron_rank_and_world_size_come_from_the_launcher(monkeypatch, env, want):
+    """``get_args().rank`` / ``.world_size`` as Megatron sets them in its initialisation:
+    ``int(os.getenv('RANK', '0'))`` and ``int(os.getenv('WORLD_SIZE', '1'))``."""
+    for name in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    args = set_megatron_names(build_parser().parse_args([]))
+    assert (args.rank, args.world_size) == want

@@ -4,12 +4,17 @@ concatenation of every rank's tensor, the loader's own batches, the inner optimi
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
+import pytest
 import torch
 from launch import torchrun
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from libai import dist
 from libai.accelerate.engine import AccelerateEngine
+from libai.accelerate.templates import Finetuner, PreTrainer
 
 
 def test_gather_concatenates_every_data_parallel_ranks_tensor_in_rank_order():
@@ -47,3 +52,27 @@ def test_the_composed_optimizer_shows_the_inner_optimizers_attributes(tmp_path):
     assert optimizer.param_groups is inner.param_groups and optimizer.defaults is inner.defaults
     assert optimizer.state is inner.state
     assert optimizer.state_dict() == inner.state_dict()
+
+
+@pytest.mark.parametrize("template", [Finetuner, PreTrainer])
+def test_a_replaced_forward_step_is_refused_under_pipeline_stages_only(tmp_path, template):
+    """A template's own ``run_forward_step`` sees whole models: it runs on pp 1 and is an
+    error on any pipeline split (pp 2 included); the default step needs no loss function."""
+
+    class Custom(template):
+        def run_forward_step(self, batch, model):
+            assert model == "the runner's model"
+            return {"loss": torch.tensor(2.5)}
+
+    engine = AccelerateEngine({"save": str(tmp_path)})
+    engine.runner = SimpleNamespace(model="the runner's model")
+    assert template(engine)._loss_fn() is None
+    assert Custom(engine)._loss_fn()({"x": 1}).item() == 2.5
+    for pp in (2, 4):
+        engine.util = SimpleNamespace(
+            layout=dist.resolve_layout(
+                {"pipeline_parallel_size": pp, "pipeline_num_layers": 4}, world_size=pp
+            )
+        )
+        with pytest.raises(ValueError, match="run_forward_step cannot run split over pipeline"):
+            Custom(engine)._loss_fn()

@@ -390,6 +390,50 @@ def test_question_answering_metrics(bert_tok):
     assert task.compute(sums) == {"exact_match": 0.0, "f1": 0.0}
 
 
+def test_question_answering_answer_length_limit_is_run_qa_default(bert_tok):
+    """Spans longer than ``max_answer_length`` tokens are never predicted; the default is 30
+    (run_qa's ``--max_answer_length``; its rule: skip when ``end - start + 1 > 30``)."""
+    rows = datasets.Dataset.from_dict(
+        {
+            "question": ["where"],
+            "context": [" ".join(["the"] * 40)],
+            "answers": [{"text": ["the"], "answer_start": [0]}],
+        }
+    )
+    # [CLS] where [SEP] the x 40 (positions 3..42) [SEP]
+    start, end = torch.zeros(1, 48), torch.zeros(1, 48)
+    start[0, 5] = 9.0
+    end[0, 35], end[0, 34] = 9.0, 8.0  # the best pair (5, 35) is 31 tokens long
+
+    def predicted(args):
+        task = get_task("question_answering")
+        prep = task.prepare(rows, rows, bert_tok, args)
+        batch = default_collate([prep.valid[0]])
+        batch["start_positions"][:], batch["end_positions"][:] = 5, 34
+        sums: dict = {}
+        task.update(sums, batch, {"loss": 0.0, "start_logits": start, "end_logits": end})
+        return task.compute(sums)["exact_match"]
+
+    assert predicted(make_args(seq_length=48)) == 100.0  # (5, 34): 30 tokens
+    assert predicted(make_args(seq_length=48, max_answer_length=31)) == 0.0  # (5, 35)
+
+
+@pytest.mark.parametrize("name", sorted(set(TASKS) - {"pretraining"}))
+def test_every_task_names_the_file_of_a_missing_column_or_an_empty_split(bert_tok, name):
+    """The error names the file the user gave (``--data-path`` / ``--validation-path``), not
+    a generic 'the training data'."""
+    task = get_task(name)
+    wrong = datasets.Dataset.from_dict({"unrelated": ["the cat"]})
+    args = make_args(
+        data_path="corpus/train.jsonl", validation_path="corpus/dev.jsonl", text_columns="text"
+    )
+    with pytest.raises(ValueError, match="not found in corpus/train.jsonl; columns found"):
+        task.prepare(wrong, None, bert_tok, args)
+    empty = wrong.select([])
+    with pytest.raises(ValueError, match="^corpus/dev.jsonl has no rows"):
+        task.prepare(wrong, empty, bert_tok, args)
+
+
 # ---- language modelling -----------------------------------------------------------------------
 def lm_corpus(n=60):
     g = torch.Generator().manual_seed(0)

@@ -401,6 +401,28 @@ def test_gpt2_bpe_pretraining_trains_a_causal_lm(stand_ins, tmp_path):
     assert first_loss(out) == pytest.approx(want, abs=1e-5)
 
 
+def test_config_file_flags_equal_the_same_flags_on_the_command_line(stand_ins, tmp_path):
+    """``--config-file FILE`` (what tools/train.sh passes): FILE's flags, comments and line
+    breaks allowed, parse exactly as if written first on the command line, so a flag given
+    after them wins; ``-`` is no file; a missing file is named."""
+    argv = PRETRAIN.format(
+        tok="BertWordPieceLowerCase", data=stand_ins["bert_data"], vocab=stand_ins["vocab"]
+    ).split()
+    half = len(argv) // 2
+    config = tmp_path / "pretrain.args"
+    config.write_text(
+        "# Rapidformer flags\n" + " ".join(argv[:half]) + "\n" + " ".join(argv[half:]) + "\n",
+        encoding="utf-8",
+    )
+    direct = cli.parse_args([*argv, "--lr", "5e-4"])
+    from_file = cli.parse_args(["--config-file", str(config), "--lr", "5e-4"])
+    assert vars(from_file) == vars(direct) and direct.lr == 5e-4
+    assert vars(cli.parse_args(["--config-file", "-", *argv])) == vars(cli.parse_args(argv))
+    missing = tmp_path / "missing.args"
+    with pytest.raises(FileNotFoundError, match=f"--config-file {missing} does not exist"):
+        cli.parse_args(["--config-file", str(missing), *argv])
+
+
 # ---- --load: a Hugging Face directory or a checkpoint ---------------------------------------
 def test_load_takes_a_hugging_face_directory_or_a_checkpoint(stand_ins, tmp_path):
     """``--load DIR`` of a save_pretrained directory starts from its weights at step 0 (the

@@ -308,9 +308,12 @@ def test_rapidformer_names_and_megatron_args(in_here, tmp_path):
     script.write_text(
         "import rapidformer, megatron.mpu\nfrom megatron import mpu\n"
         "SEEN = (rapidformer.Pretrainer is rapidformer.PreTrainer, mpu is megatron.mpu)\n"
+        "NAMES = (rapidformer.__name__, megatron.__name__)\n"
     )
     namespace = run_user_script(str(script), ["--save", str(tmp_path)])
     assert namespace["SEEN"] == (True, True)
+    # each module's __name__ is the name it is imported by, as the import system sets it
+    assert namespace["NAMES"] == ("rapidformer", "megatron")
     not_importable()
     with pytest.raises(ModuleNotFoundError):
         import rapidformer  # noqa: F401
