@@ -43,6 +43,10 @@ def generation_config(section, eos_token_id: int, seed: int | None) -> Generatio
     ``top_p``, ``temperature``, seeded with ``Global.seed`` so every run, eager or exported,
     samples the same tokens), ``greedy_search``, ``beam_search`` (``num_beams``).
     ``max_dec_len`` / ``min_dec_len``: new tokens (FleetX caps ``max_dec_len`` at 512).
+    ``length_penalty``: FleetX's default 0.0 ranks beam hypotheses by their summed
+    log-probabilities, as PaddleNLP's ``sum / ((len + 5) / 6) ** 0`` does; another value is
+    the exponent of transformers' ``sum / len ** length_penalty`` (FleetX's GPT has no beam
+    search of its own; PaddleNLP's ``(len + 5) / 6`` base is not reproduced).
     eos and padding: the tokenizer's eos, as FleetX."""
     given = {} if section is None else OmegaConf.to_container(section, resolve=True)
     known = set(SAME) | set(NO_EFFECT) | {"eos_token_id", "pad_token_id"}
@@ -54,15 +58,13 @@ def generation_config(section, eos_token_id: int, seed: int | None) -> Generatio
         raise ValueError(
             f"Generation.decode_strategy must be one of {STRATEGIES}, got {strategy!r}"
         )
-    settings = {"top_k": 0, "max_new_tokens": 20}
+    settings = {"top_k": 0, "max_new_tokens": 20, "length_penalty": 0.0}
     settings.update({SAME[k]: v for k, v in given.items() if k in SAME and v is not None})
     if settings["max_new_tokens"] < 0 or settings["max_new_tokens"] > MAX_DEC_LEN:
         settings["max_new_tokens"] = MAX_DEC_LEN
     settings["do_sample"] = strategy == "sampling"
     if strategy != "beam_search":
         settings["num_beams"] = 1
-    if settings.get("length_penalty") == 0.0:
-        settings["length_penalty"] = 1.0  # FleetX's 0.0 default means no penalty
     eos = given.get("eos_token_id") or eos_token_id
     pad = given.get("pad_token_id") or eos_token_id
     config = GenerationConfig(**settings, eos_token_id=eos, pad_token_id=pad, seed=seed)

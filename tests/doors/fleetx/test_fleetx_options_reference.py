@@ -7,6 +7,7 @@ the errors of ``Profiler.scheduler`` and of null parallel degrees."""
 
 from __future__ import annotations
 
+import inspect
 import re
 
 import numpy as np
@@ -22,6 +23,7 @@ from libai.fleetx.profiler import profiler_hook
 from libai.fleetx.yaml_config import YAMLConfigError, resolve_batch_config
 from libai.fleetx.yaml_loaders import build_split_loader
 from libai.fleetx.yaml_optim import build_yaml_optimizer
+from libai.fleetx.yaml_setup import yaml_argument_parser
 
 DATASET = {
     "name": "projects.simple_net.dataset.RandomDataset",
@@ -57,6 +59,13 @@ def test_collate_fn_mapping_needs_its_name_and_functions_take_no_arguments():
         _loader(collate_fn={"name": "default", "x": 1})
     batch = next(iter(_loader(collate_fn={"name": "default"})))
     assert isinstance(batch, list) and len(batch) == 2  # the trivial collator: the samples
+    # a collator class's arguments are checked against its signature, the key named in full
+    with pytest.raises(
+        ValueError,
+        match=r"unknown config key Data\.Eval\.loader\.collate_fn\.micro_batch; did you mean "
+        r"Data\.Eval\.loader\.collate_fn\.micro_batch_size\? \(ErnieCollateData takes",
+    ):
+        _loader(collate_fn={"name": "ErnieCollateData", "micro_batch": 2})
 
 
 def test_onnx_predictor_fills_positions_for_a_graph_without_a_mask(tmp_path):
@@ -134,6 +143,25 @@ def test_generation_num_beams_counts_in_beam_search_only(strategy, beams, sample
     assert (config.num_beams, config.do_sample) == (beams, sample)
 
 
+def test_generation_length_penalty_zero_ranks_beams_by_their_summed_log_probs():
+    """FleetX reads ``length_penalty`` with 0.0 as its default, PaddleNLP's beam score being
+    ``sum_logprobs / ((len + 5) / 6) ** length_penalty``: at 0.0 the plain sum. Our beam
+    search scores ``sum_logprobs / len ** length_penalty`` (transformers'), so the config must
+    keep 0.0 for the same ranking of hypotheses (sum, generated length); other values pass."""
+
+    def paddle_score(total, length, penalty):
+        return total / (((length + 5) / 6) ** penalty)
+
+    hypotheses = [(-2.0, 2), (-2.5, 5), (-0.4, 1), (-3.0, 9), (-1.2, 3)]
+    want = sorted(hypotheses, key=lambda h: paddle_score(*h, 0.0))
+    for given in ({}, {"length_penalty": 0.0}):
+        section = OmegaConf.create({"decode_strategy": "beam_search", "num_beams": 2, **given})
+        penalty = generation_config(section, eos_token_id=0, seed=1).length_penalty
+        assert sorted(hypotheses, key=lambda h: h[0] / h[1] ** penalty) == want, given
+    section = OmegaConf.create({"decode_strategy": "beam_search", "length_penalty": 1.5})
+    assert generation_config(section, eos_token_id=0, seed=1).length_penalty == 1.5
+
+
 def test_generation_without_a_decode_strategy_samples():
     """FleetX's GPT generation module reads ``decode_strategy`` with ``sampling`` as its
     default: sampling, one beam; ``greedy_search`` turns sampling off."""
@@ -165,6 +193,27 @@ def test_optimizer_without_a_name_is_adamw():
     assert type(optimizer) is torch.optim.AdamW
     assert optimizer.defaults["betas"] == (0.8, 0.999) and optimizer.defaults["eps"] == 1e-7
     assert optimizer.defaults["lr"] == 0.5
+    # one beta given: the other is the default Paddle's AdamW and torch's share (0.9, 0.999)
+    torch_betas = inspect.signature(torch.optim.AdamW).parameters["betas"].default
+    for given, want in (({"beta2": 0.95}, (torch_betas[0], 0.95)), ({}, torch_betas)):
+        section = OmegaConf.create({"name": "AdamW", "lr": 0.5, **given})
+        assert build_yaml_optimizer(section, model).defaults["betas"] == want
+
+
+def test_grad_clip_takes_global_norm_clipping_only():
+    """``Optimizer.grad_clip``: FleetX's ``ClipGradByGlobalNorm`` (its name may be left out)
+    stores the norm in every group; Paddle's other clippers are refused by name."""
+    model = torch.nn.Linear(3, 2)
+    for clip in ({"name": "ClipGradByGlobalNorm", "clip_norm": 1.5}, {"clip_norm": 1.5}):
+        section = OmegaConf.create({"lr": 0.5, "grad_clip": clip})
+        groups = build_yaml_optimizer(section, model).param_groups
+        assert {(g["clip_grad_max_norm"], g["clip_grad_norm_type"]) for g in groups} == {(1.5, 2)}
+    for name in ("ClipGradByNorm", "ClipGradByValue"):
+        section = OmegaConf.create({"lr": 0.5, "grad_clip": {"name": name, "clip_norm": 1.0}})
+        with pytest.raises(
+            YAMLConfigError, match=f"grad_clip.name='{name}': only ClipGradByGlobal"
+        ):
+            build_yaml_optimizer(section, model)
 
 
 def test_profiler_scheduler_error_names_the_key(tmp_path):
@@ -212,3 +261,14 @@ def test_a_schedulers_engine_set_arguments_are_refused_in_the_yaml(key):
     section = {"lr": {"name": "WarmupCosineLR", "learning_rate": 0.1, key: 1}}
     with pytest.raises(ValueError, match=rf"Optimizer.lr.{key} is set by the Engine"):
         build_yaml_lr_scheduler(section, optimizer, 10)
+
+
+def test_tool_command_line_without_overrides_has_none():
+    """FleetX's documented ``python tools/train.py -c <yaml>`` (no ``-o``): no overrides, an
+    empty list the tools unpack; ``-o`` repeats and bare ``KEY=VALUE`` words add more."""
+    parser = yaml_argument_parser("train")
+    args = parser.parse_args(["-c", "pretrain_gpt_345M_single_card.yaml"])
+    assert args.config == "pretrain_gpt_345M_single_card.yaml"
+    assert [*args.override, *args.opts] == []
+    args = parser.parse_args(["-c", "x.yaml", "-o", "A=1", "-o", "B=2", "C=3"])
+    assert (args.override, args.opts) == (["A=1", "B=2"], ["C=3"])
