@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 
 import pytest
 import torch
@@ -93,6 +94,19 @@ def test_no_effect_keys_are_named_once_each(caplog):
         assert sum(f"key {key}=" in r.getMessage() for r in caplog.records) == 1
     assert cfg.Model.fused_linear is False and cfg.Optimizer.tensor_fusion is False
     assert not {"Model.fused_linear", "Optimizer.tensor_fusion"} & set(named)  # off: no line
+
+
+@pytest.mark.parametrize("tuning", [False, True])
+def test_a_switched_off_tuning_section_is_not_named_and_later_keys_still_are(tuning):
+    """FleetX's ``Tuning`` section (auto-tuning of recompute) is named only when enabled;
+    either way the keys checked after it (``Data.<split>.sample_split``) are still named."""
+    cfg = load_yaml_config(
+        GPT_CONFIGS / "pretrain_gpt_345M_single_card.yaml",
+        [f"Tuning={{enable: {tuning}, tuning_recompute: true}}", "+Data.Train.sample_split=2"],
+    )
+    named = fleetx_keys.announce_no_effect_keys(cfg)
+    assert "Data.Train.sample_split" in named
+    assert ("Tuning" in named) is tuning
 
 
 def test_compress_and_tensorrt_are_a_clear_error_only_when_on(tmp_path):
@@ -230,8 +244,24 @@ def test_profiler_writes_a_trace_of_the_profiled_steps(tiny, tmp_path):
         ],
     )
     engine = make_engine(cfg)
-    engine.fit()
+    messages = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: messages.append(record.getMessage())
+    source = logging.getLogger("libai.fleetx.profiler")
+    source.addHandler(handler)
+    try:
+        engine.fit()
+    finally:
+        source.removeHandler(handler)
     trace = tmp_path / "profiler_log" / "trace_rank0.json"
+    # rank 0 logs torch's operator table of the profiled steps (15 rows, not detailed)
+    (summary,) = [m for m in messages if m.startswith("Profiler: steps [1, 3), trace ")]
+    table = summary.split("\n")[1:]
+    assert table[1].split()[:3] == ["Name", "Self", "CPU"]
+    rows = [line for line in table[3:] if line and not line.startswith(("-", "Self CPU time"))]
+    self_cpu = [float(re.search(r"\s(\d+\.\d+)%", row).group(1)) for row in rows]
+    assert len(rows) == 15 and self_cpu == sorted(self_cpu, reverse=True)  # by self CPU time
+    assert any(row.split()[0] == "ProfilerStep*" for row in rows)
     events = json.loads(trace.read_text())["traceEvents"]
     names = {e.get("name") for e in events}
     assert any(n in names for n in ("aten::mm", "aten::addmm", "aten::linear"))

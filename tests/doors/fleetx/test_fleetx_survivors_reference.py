@@ -83,6 +83,47 @@ def test_general_cls_without_a_metric_section_reports_top1_and_top5(tmp_path):
     assert float(result["top5"]) == pytest.approx(top5 / 12)
 
 
+def test_general_cls_reads_its_metric_section_and_resolves_interpolations(tmp_path, monkeypatch):
+    """``Model.metric.eval.topk: [1, 3]`` gives top-1 and top-3 (by hand, as above); a value
+    written as an OmegaConf interpolation (the class count from an environment variable) is
+    resolved before the model is built."""
+    monkeypatch.setenv("LIBAI_TEST_CLASS_NUM", "7")
+    cfg = load_yaml_config(
+        VIT_YAML,
+        [
+            "Model.metric.eval.topk=[1,3]",
+            "Global.device=cpu",
+            "Global.local_batch_size=4",
+            "Global.micro_batch_size=4",
+            "Engine.mix_precision.enable=false",
+            "Model.model.name=ViT_tiny_patch8_16",
+            "Model.model.class_num='${oc.decode:${oc.env:LIBAI_TEST_CLASS_NUM}}'",
+            "Model.model.drop_rate=0.0",
+            "+Model.model.embed_dim=16",
+            "+Model.model.depth=1",
+            "+Model.model.num_heads=2",
+            f"Engine.save_load.output_dir={tmp_path}",
+        ],
+    )
+    setup_yaml_run(cfg, "eval")
+    module = build_module(cfg)
+    assert module.topk == [1, 3]
+    g = torch.Generator().manual_seed(1)
+    images = torch.randn(12, 3, 16, 16, generator=g)
+    labels = torch.randint(0, 7, (12,), generator=g)
+    module.model.eval()
+    with torch.no_grad():
+        out = module.validation_step({"images": images, "labels": labels})
+        logits = module.model(images)["logits"]
+    assert logits.shape == (12, 7)
+    order = torch.argsort(logits, dim=-1, descending=True)
+    top3 = sum(int(labels[i] in order[i, :3].tolist()) for i in range(12))
+    assert 0 < top3 < 12
+    result = module.validation_epoch_end({"sums": {k: v for k, v in out.items() if k != "loss"}})
+    assert set(result) == {"top1", "top3"}
+    assert float(result["top3"]) == pytest.approx(top3 / 12)
+
+
 def test_gpt_eval_cloze_on_an_empty_file_counts_zero_of_zero(tmp_path):
     """LAMBADA accuracy (cloze_eval) of a file with no examples: 0 correct of 0 examples,
     accuracy NaN (nothing to divide), as the counts' definitions give (Engine.evaluate)."""
