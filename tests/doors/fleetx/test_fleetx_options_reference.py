@@ -162,6 +162,16 @@ def test_generation_length_penalty_zero_ranks_beams_by_their_summed_log_probs():
     assert generation_config(section, eos_token_id=0, seed=1).length_penalty == 1.5
 
 
+def test_generation_eos_and_pad_are_the_sections_else_the_tokenizers_eos():
+    """FleetX's GPT reads ``Generation.eos_token_id`` / ``pad_token_id``; when they are
+    absent generation stops at and pads with the tokenizer's eos."""
+    given = OmegaConf.create({"eos_token_id": 5, "pad_token_id": 7})
+    config = generation_config(given, eos_token_id=0, seed=1)
+    assert (config.eos_token_id, config.pad_token_id) == (5, 7)
+    config = generation_config(OmegaConf.create({}), eos_token_id=3, seed=1)
+    assert (config.eos_token_id, config.pad_token_id) == (3, 3)
+
+
 def test_generation_without_a_decode_strategy_samples():
     """FleetX's GPT generation module reads ``decode_strategy`` with ``sampling`` as its
     default: sampling, one beam; ``greedy_search`` turns sampling off."""
