@@ -40,64 +40,18 @@ def test_fit_with_an_explicit_epoch_count_runs_epochs_times_steps_per_epoch(tmp_
     assert sorted(read_metrics(tmp_path)) == list(range(expected))
 
 
-def test_general_cls_without_a_metric_section_reports_top1_and_top5(tmp_path):
-    """No ``Model.metric`` in FleetX's ViT YAML: the documented default TopkAcc with topk
-    [1, 5]; validation_step + validation_epoch_end give the fractions of samples whose label
-    is in torch.topk's first 1 / 5 classes, counted here by hand."""
+def _vit_module(tmp_path, metric: str, class_num: str):
+    """GeneralClsModule of FleetX's ViT YAML, shrunk to a 1-block ViT on 16 x 16 images."""
     cfg = load_yaml_config(
         VIT_YAML,
         [
-            "~Model.metric",
+            metric,
             "Global.device=cpu",
             "Global.local_batch_size=4",
             "Global.micro_batch_size=4",
             "Engine.mix_precision.enable=false",
             "Model.model.name=ViT_tiny_patch8_16",
-            "Model.model.class_num=7",
-            "Model.model.drop_rate=0.0",
-            "+Model.model.embed_dim=16",
-            "+Model.model.depth=1",
-            "+Model.model.num_heads=2",
-            f"Engine.save_load.output_dir={tmp_path}",
-        ],
-    )
-    assert "metric" not in cfg.Model
-    setup_yaml_run(cfg, "eval")
-    module = build_module(cfg)
-    assert module.topk == [1, 5]
-    g = torch.Generator().manual_seed(0)
-    images = torch.randn(12, 3, 16, 16, generator=g)
-    labels = torch.randint(0, 7, (12,), generator=g)
-    module.model.eval()
-    with torch.no_grad():
-        out = module.validation_step({"images": images, "labels": labels})
-        logits = module.model(images)["logits"]
-    order = torch.argsort(logits, dim=-1, descending=True)
-    top1 = sum(int(order[i, 0] == labels[i]) for i in range(12))
-    top5 = sum(int(labels[i] in order[i, :5].tolist()) for i in range(12))
-    assert 0 < top5 and top1 < 12  # a reference with hits and misses
-    sums = {k: v for k, v in out.items() if k != "loss"}
-    result = module.validation_epoch_end({"sums": sums})
-    assert set(result) == {"top1", "top5"}
-    assert float(result["top1"]) == pytest.approx(top1 / 12)
-    assert float(result["top5"]) == pytest.approx(top5 / 12)
-
-
-def test_general_cls_reads_its_metric_section_and_resolves_interpolations(tmp_path, monkeypatch):
-    """``Model.metric.eval.topk: [1, 3]`` gives top-1 and top-3 (by hand, as above); a value
-    written as an OmegaConf interpolation (the class count from an environment variable) is
-    resolved before the model is built."""
-    monkeypatch.setenv("LIBAI_TEST_CLASS_NUM", "7")
-    cfg = load_yaml_config(
-        VIT_YAML,
-        [
-            "Model.metric.eval.topk=[1,3]",
-            "Global.device=cpu",
-            "Global.local_batch_size=4",
-            "Global.micro_batch_size=4",
-            "Engine.mix_precision.enable=false",
-            "Model.model.name=ViT_tiny_patch8_16",
-            "Model.model.class_num='${oc.decode:${oc.env:LIBAI_TEST_CLASS_NUM}}'",
+            f"Model.model.class_num={class_num}",
             "Model.model.drop_rate=0.0",
             "+Model.model.embed_dim=16",
             "+Model.model.depth=1",
@@ -106,9 +60,13 @@ def test_general_cls_reads_its_metric_section_and_resolves_interpolations(tmp_pa
         ],
     )
     setup_yaml_run(cfg, "eval")
-    module = build_module(cfg)
-    assert module.topk == [1, 3]
-    g = torch.Generator().manual_seed(1)
+    return cfg, build_module(cfg)
+
+
+def _topk_by_hand(module, seed: int) -> tuple[dict, dict]:
+    """The module's validation result on 12 random images of 7 classes, and for each k of
+    its topk the fraction whose label is among the first k of torch.argsort of the logits."""
+    g = torch.Generator().manual_seed(seed)
     images = torch.randn(12, 3, 16, 16, generator=g)
     labels = torch.randint(0, 7, (12,), generator=g)
     module.model.eval()
@@ -117,11 +75,36 @@ def test_general_cls_reads_its_metric_section_and_resolves_interpolations(tmp_pa
         logits = module.model(images)["logits"]
     assert logits.shape == (12, 7)
     order = torch.argsort(logits, dim=-1, descending=True)
-    top3 = sum(int(labels[i] in order[i, :3].tolist()) for i in range(12))
-    assert 0 < top3 < 12
+    want = {
+        f"top{k}": sum(int(labels[i] in order[i, :k].tolist()) for i in range(12)) / 12
+        for k in module.topk
+    }
     result = module.validation_epoch_end({"sums": {k: v for k, v in out.items() if k != "loss"}})
-    assert set(result) == {"top1", "top3"}
-    assert float(result["top3"]) == pytest.approx(top3 / 12)
+    return {k: float(v) for k, v in result.items()}, want
+
+
+def test_general_cls_without_a_metric_section_reports_top1_and_top5(tmp_path):
+    """No ``Model.metric`` in FleetX's ViT YAML: the documented default TopkAcc with topk
+    [1, 5]; validation_step + validation_epoch_end give the fractions of samples whose label
+    is in torch.topk's first 1 / 5 classes, counted here by hand."""
+    cfg, module = _vit_module(tmp_path, "~Model.metric", "7")
+    assert "metric" not in cfg.Model and module.topk == [1, 5]
+    result, want = _topk_by_hand(module, seed=0)
+    assert 0 < want["top5"] and want["top1"] < 1  # a reference with hits and misses
+    assert result == pytest.approx(want)
+
+
+def test_general_cls_reads_its_metric_section_and_resolves_interpolations(tmp_path, monkeypatch):
+    """``Model.metric.eval.topk: [1, 3]`` gives top-1 and top-3 (by hand, as above); a value
+    written as an OmegaConf interpolation (the class count from an environment variable) is
+    resolved before the model is built."""
+    monkeypatch.setenv("LIBAI_TEST_CLASS_NUM", "7")
+    interpolated = "'${oc.decode:${oc.env:LIBAI_TEST_CLASS_NUM}}'"
+    _, module = _vit_module(tmp_path, "Model.metric.eval.topk=[1,3]", interpolated)
+    assert module.topk == [1, 3]
+    result, want = _topk_by_hand(module, seed=1)
+    assert 0 < want["top3"] < 1
+    assert set(result) == {"top1", "top3"} and result == pytest.approx(want)
 
 
 def test_gpt_eval_cloze_on_an_empty_file_counts_zero_of_zero(tmp_path):
