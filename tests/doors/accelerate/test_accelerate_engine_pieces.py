@@ -4,6 +4,7 @@ concatenation of every rank's tensor, the loader's own batches, the inner optimi
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -14,6 +15,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from libai import dist
 from libai.accelerate.engine import AccelerateEngine
+from libai.accelerate.hf_load import load_hf_weights
 from libai.accelerate.templates import Finetuner, PreTrainer
 
 
@@ -76,3 +78,38 @@ def test_a_replaced_forward_step_is_refused_under_pipeline_stages_only(tmp_path,
         )
         with pytest.raises(ValueError, match="run_forward_step cannot run split over pipeline"):
             Custom(engine)._loss_fn()
+
+
+@pytest.mark.parametrize("safetensors", [True, False], ids=["safetensors", "bin"])
+def test_load_of_a_sharded_hugging_face_directory_copies_every_shard(tmp_path, safetensors):
+    """``--load DIR`` of a model transformers saved in shards (an index file naming them):
+    every tensor of every shard lands in the model, as transformers saved it."""
+    import transformers
+
+    config = transformers.BertConfig(
+        vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=64, max_position_embeddings=32,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    saved = transformers.BertForMaskedLM(config)
+    if safetensors:
+        saved.save_pretrained(tmp_path, max_shard_size="20KB")
+        assert (tmp_path / "model.safetensors.index.json").is_file()
+    else:  # transformers 5 writes safetensors only: torch's shards as its earlier releases did
+        saved.config.save_pretrained(tmp_path)
+        names = list(saved.state_dict())
+        weight_map = {}
+        for i in range(3):
+            shard = f"pytorch_model-{i + 1:05d}-of-00003.bin"
+            part = {n: saved.state_dict()[n].clone() for n in names[i::3]}
+            torch.save(part, tmp_path / shard)
+            weight_map.update(dict.fromkeys(part, shard))
+        index = {"metadata": {}, "weight_map": weight_map}
+        (tmp_path / "pytorch_model.bin.index.json").write_text(json.dumps(index))
+    assert len(list(tmp_path.glob("*-of-*"))) > 2
+    torch.manual_seed(1)
+    model = transformers.BertForMaskedLM(config)
+    load_hf_weights(model, str(tmp_path))
+    want = saved.state_dict()
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(value, want[name], rtol=0, atol=0, msg=name)

@@ -423,6 +423,20 @@ def test_config_file_flags_equal_the_same_flags_on_the_command_line(stand_ins, t
         cli.parse_args(["--config-file", str(missing), *argv])
 
 
+@pytest.mark.parametrize(
+    "dropped", [["--hidden-size"], ["--hidden-size", "--num-attention-heads"]], ids=["one", "two"]
+)
+def test_megatron_model_flags_left_out_are_named_as_typed(dropped):
+    """The documented pretraining command without some of Megatron's model flags: the error
+    names exactly those flags, spelled as on the command line."""
+    words = PRETRAIN.format(tok="BertWordPieceLowerCase", data="data", vocab="vocab.txt").split()
+    for flag in dropped:
+        i = words.index(flag)
+        del words[i : i + 2]
+    with pytest.raises(ValueError, match=f"from Megatron's flags also needs {', '.join(dropped)}$"):
+        cli.parse_args(words)
+
+
 # ---- --load: a Hugging Face directory or a checkpoint ---------------------------------------
 def test_load_takes_a_hugging_face_directory_or_a_checkpoint(stand_ins, tmp_path):
     """``--load DIR`` of a save_pretrained directory starts from its weights at step 0 (the
