@@ -4,7 +4,6 @@ compose reproduce the black box's losses on the same data (one core)."""
 from __future__ import annotations
 
 import json
-import logging
 import textwrap
 
 import pytest
@@ -13,6 +12,7 @@ import transformers
 from accelerate_helpers import compose_and_train, task_argv
 from door_memory import check_zero_holdings
 from launch import torchrun
+from log_lines import LogLines
 from train_net_helpers import read_metrics
 
 from libai import dist
@@ -77,30 +77,16 @@ def test_checkpoint_activations_saves_less_and_keeps_gradients(accelerate_files,
         torch.testing.assert_close(runs["ckpt"][1][name], grad, rtol=0, atol=1e-6, msg=name)
 
 
-class _Lines(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.WARNING)
-        self.lines = []
-
-    def emit(self, record):
-        self.lines.append(record.getMessage())
-
-
 def test_graph_optimization_compiles_the_blocks(accelerate_files, tmp_path):
     f = accelerate_files
-    # libai's logger stops propagating once a run is set up: listen on it directly
-    lines, source = _Lines(), logging.getLogger("libai.accelerate.arguments")
-    source.addHandler(lines)
-    try:
+    with LogLines("libai.accelerate.arguments") as lines:
         for flag in ("--graph-optimization", "--onnx-runtime-training"):
             engine = AccelerateEngine(cls_argv(f, tmp_path, flag))
             engine.compose(distilbert(f), train_iters=2)
             layers = engine.runner.model.distilbert.transformer.layer
             assert all(layer._compiled_call_impl is not None for layer in layers)
-    finally:
-        source.removeHandler(lines)
-    said = [line for line in lines.lines if line.startswith("--onnx-runtime-training")]
-    assert len(said) == 1, lines.lines
+    said = [line for line in lines if line.startswith("--onnx-runtime-training")]
+    assert len(said) == 1, lines
     assert "compiles each block with torch.compile" in said[0]
     assert "on CPU the first, cold compile takes longer than a short run saves" in said[0]
 

@@ -8,7 +8,6 @@ directory. Every loss is compared with transformers' own on the same batch."""
 from __future__ import annotations
 
 import json
-import logging
 import math
 import runpy
 import tempfile
@@ -18,6 +17,7 @@ import pytest
 import torch
 import transformers
 from launch import torchrun
+from log_lines import LogLines
 from rapidformer_stand_ins import (
     BERT_VOCAB,
     bert_base_cased,
@@ -85,28 +85,6 @@ def stand_ins(tmp_path_factory):
     files.update(gpt_data=root / "gpt_text_document", gpt_vocab=vocab, gpt_merges=merges)
     files["root"] = root
     return files
-
-
-class LogLines(logging.Handler):
-    """The messages of ``logger`` while in the ``with`` block (libai's loggers stop
-    propagating to pytest's caplog once a run is set up)."""
-
-    def __init__(self, logger: str):
-        super().__init__(logging.INFO)
-        self.source, self.lines = logging.getLogger(logger), []
-
-    def emit(self, record):
-        self.lines.append(record.getMessage())
-
-    def __enter__(self):
-        self.level = self.source.level
-        self.source.setLevel(logging.INFO)
-        self.source.addHandler(self)
-        return self.lines
-
-    def __exit__(self, *exc):
-        self.source.removeHandler(self)
-        self.source.setLevel(self.level)
 
 
 def first_loss(out) -> float:

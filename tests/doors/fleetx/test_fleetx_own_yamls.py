@@ -16,6 +16,7 @@ import pytest
 import torch
 from engine_helpers import make_engine, run_tool
 from fleetx_files import GPT_CONFIGS, TINY, fleetx_corpus, tokenizer_overrides
+from log_lines import LogLines
 from train_net_helpers import read_metrics
 
 from libai import dist
@@ -244,15 +245,8 @@ def test_profiler_writes_a_trace_of_the_profiled_steps(tiny, tmp_path):
         ],
     )
     engine = make_engine(cfg)
-    messages = []
-    handler = logging.Handler(logging.INFO)
-    handler.emit = lambda record: messages.append(record.getMessage())
-    source = logging.getLogger("libai.fleetx.profiler")
-    source.addHandler(handler)
-    try:
+    with LogLines("libai.fleetx.profiler") as messages:
         engine.fit()
-    finally:
-        source.removeHandler(handler)
     trace = tmp_path / "profiler_log" / "trace_rank0.json"
     # rank 0 logs torch's operator table of the profiled steps (15 rows, not detailed)
     (summary,) = [m for m in messages if m.startswith("Profiler: steps [1, 3), trace ")]
