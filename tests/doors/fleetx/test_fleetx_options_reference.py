@@ -282,3 +282,64 @@ def test_tool_command_line_without_overrides_has_none():
     assert [*args.override, *args.opts] == []
     args = parser.parse_args(["-c", "x.yaml", "-o", "A=1", "-o", "B=2", "C=3"])
     assert (args.override, args.opts) == (["A=1", "B=2"], ["C=3"])
+
+
+def test_test_iters_default_to_ten_eval_iters(tmp_path):
+    """FleetX's rule (ppfleetx/utils/config.py): an unset ``Engine.test_iters`` is
+    ``eval_iters * 10``; a given one is kept."""
+    cfg = simple_cfg(tmp_path, "Engine.eval_iters=7", "Engine.test_iters=null")
+    assert resolve_batch_config(cfg, 1).Engine.test_iters == 70
+    cfg = simple_cfg(tmp_path, "Engine.eval_iters=7", "Engine.test_iters=3")
+    assert resolve_batch_config(cfg, 1).Engine.test_iters == 3
+
+
+def test_profiler_log_directory_is_the_configured_one(tmp_path):
+    """``Profiler.profiler_log``: a relative name lives under the output directory, an
+    absolute path is used as given; unset, ``profiler_log`` under the output directory."""
+    out = tmp_path / "out"
+    for given, want in (
+        ("traces", out / "traces"),
+        (str(tmp_path / "abs"), tmp_path / "abs"),
+        (None, out / "profiler_log"),
+    ):
+        section = {"enable": True, "scheduler": [1, 2]}
+        if given is not None:
+            section["profiler_log"] = given
+        cfg = OmegaConf.create(
+            {"Profiler": section, "Engine": {"save_load": {"output_dir": str(out)}}}
+        )
+        assert profiler_hook(cfg).trace_dir == str(want)
+
+
+def test_unknown_optimizer_key_lists_the_arguments_the_yaml_may_set():
+    """An unknown ``Optimizer`` key: the error lists the optimizer's arguments (from its
+    signature) without ``params`` and ``lr``, which the Engine sets."""
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(ValueError, match=r"unknown config key Optimizer\.bogus") as info:
+        build_yaml_optimizer({"name": "AdamW", "lr": 0.1, "bogus": 1}, model)
+    want = sorted(set(inspect.signature(torch.optim.AdamW).parameters) - {"params", "lr"})
+    listed = re.search(r"AdamW takes: (.*)\)$", str(info.value)).group(1).split(", ")
+    assert listed == want
+
+
+def test_fused_adamw_is_fused_on_cuda_runs_only():
+    """FleetX's ``FusedAdamW``: torch's AdamW with ``fused=True`` when the run's device is
+    CUDA (the fused kernel runs on CPU tensors too, so the flag is checked here), plain
+    AdamW elsewhere."""
+    model = torch.nn.Linear(2, 2)
+    section = {"name": "FusedAdamW", "lr": 0.1}
+    on_cuda = build_yaml_optimizer(section, model, device_type="cuda")
+    assert type(on_cuda) is torch.optim.AdamW and on_cuda.defaults["fused"] is True
+    on_cpu = build_yaml_optimizer(section, model, device_type="cpu")
+    assert type(on_cpu) is torch.optim.AdamW and not on_cpu.defaults["fused"]
+
+
+def test_export_ignores_mixed_precision_settings(tmp_path):
+    """Export runs in fp32 whatever ``Engine.mix_precision`` says (FleetX turns it off for
+    export): a level training refuses (O3) does not stop an export's setup."""
+    from libai.fleetx.yaml_setup import setup_yaml_run
+
+    amp = ["Engine.mix_precision.enable=true", "Engine.mix_precision.level=O3"]
+    with pytest.raises(YAMLConfigError, match=r"Engine\.mix_precision\.level='O3'"):
+        setup_yaml_run(simple_cfg(tmp_path / "train", *amp), "train")
+    setup_yaml_run(simple_cfg(tmp_path / "export", *amp), "export")

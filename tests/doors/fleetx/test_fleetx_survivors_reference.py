@@ -40,12 +40,13 @@ def test_fit_with_an_explicit_epoch_count_runs_epochs_times_steps_per_epoch(tmp_
     assert sorted(read_metrics(tmp_path)) == list(range(expected))
 
 
-def _vit_module(tmp_path, metric: str, class_num: str):
-    """GeneralClsModule of FleetX's ViT YAML, shrunk to a 1-block ViT on 16 x 16 images."""
+def _vit_module(tmp_path, metric: str | list[str], class_num: str):
+    """GeneralClsModule of FleetX's ViT YAML, shrunk to a 1-block ViT on 16 x 16 images;
+    ``metric``: the override(s) of its Model.metric section."""
     cfg = load_yaml_config(
         VIT_YAML,
         [
-            metric,
+            *([metric] if isinstance(metric, str) else metric),
             "Global.device=cpu",
             "Global.local_batch_size=4",
             "Global.micro_batch_size=4",
