@@ -167,20 +167,23 @@ class BestCheckpointer(HookBase):
 
 
 class PeriodicWriter(HookBase):
-    """Calls every writer's ``write()`` every ``period`` iterations and at the end."""
+    """Calls every writer's ``write()`` every ``period`` iterations and at the end.
+
+    The last step is written once, at the end of training, after the final evaluation: its
+    ``metrics.json`` line holds the step's scalars and the evaluation's results together.
+    """
 
     def __init__(self, writers, period: int = 20):
         self._writers, self._period = list(writers), period
 
     def after_step(self):
-        if (
-            self.trainer.iter + 1
-        ) % self._period == 0 or self.trainer.iter == self.trainer.max_iter - 1:
+        last = self.trainer.iter == self.trainer.max_iter - 1
+        if (self.trainer.iter + 1) % self._period == 0 and not last:
             for writer in self._writers:
                 writer.write()
 
     def after_train(self):
         for writer in self._writers:
-            # the final evaluation ran after the last step: write it out too
+            # the last step and the final evaluation, which ran after it
             writer.write()
             writer.close()

@@ -108,3 +108,7 @@ def test_hooks_of_the_loop_save_evaluate_and_log_as_configured(tmp_path, caplog)
     assert all("tokens/s: " in line for line in lines[1:])
     metrics = [json.loads(line) for line in (tmp_path / "metrics.json").read_text().splitlines()]
     assert [m["iteration"] for m in metrics if "score" in m] == [1, 3, 5]
+    # one line per step (log_period 1): the last step's holds its scalars and the final
+    # evaluation's, written once after it
+    assert [m["iteration"] for m in metrics] == list(range(MAX_ITER))
+    assert {"total_loss", "lr", "score"} <= set(metrics[-1])
