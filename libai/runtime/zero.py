@@ -34,6 +34,7 @@ Usage::
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Sequence
 
 import torch
@@ -45,6 +46,7 @@ from torch.distributed.tensor import DTensor
 from libai import dist
 from libai.runtime.buckets import bucket_tensors
 from libai.runtime.fsdp import HSDP_KEY, FullyShardedGrads, apply_fully_shard
+from libai.utils.logger import log_first_n
 
 SUPPORTED_STAGES = (1, 2)  # by ZeroOptimizer; stage 3 is FSDP2
 
@@ -58,7 +60,9 @@ def resolve_zero_stage(zero_cfg, layout) -> int | None:
 
     ``zero_cfg`` is ``train.zero_optimization`` (``enabled``, ``stage``,
     ``hsdp_replicate_size``); ``layout`` the resolved
-    :class:`~libai.dist.DistLayout`. Runs no collective.
+    :class:`~libai.dist.DistLayout`. Runs no collective. On one data-parallel rank there is
+    nothing to shard over: ``None``, with one warning (LiBai's OneFlow ZeRO and DeepSpeed,
+    Rapidformer's, run such a config unsharded too; every door behaves the same).
     """
     if zero_cfg is None or not zero_cfg.get("enabled", False):
         return None
@@ -68,11 +72,12 @@ def resolve_zero_stage(zero_cfg, layout) -> int | None:
             f"train.zero_optimization.stage={stage!r} is invalid; supported stages are 1, 2 and 3."
         )
     if layout.data_parallel_size < 2:
-        raise ValueError(
-            "train.zero_optimization.enabled=True shards over the data-parallel ranks and needs "
-            f"data_parallel_size > 1 (got {layout.data_parallel_size}); disable it or launch "
-            "with more data-parallel ranks."
+        log_first_n(
+            logging.WARNING,
+            f"ZeRO stage {stage} with one data-parallel rank: nothing to shard over; running "
+            "without ZeRO",
         )
+        return None
     replicate = zero_cfg.get("hsdp_replicate_size", 1)
     replicate = 1 if replicate is None else replicate
     dp = layout.data_parallel_size

@@ -300,6 +300,28 @@ def _layout(dp=2, tp=1, pp=1, vpp=1):
     )
 
 
+def test_zero_on_one_data_parallel_rank_runs_without_it(monkeypatch):
+    """One dp rank: nothing to shard over, so no ZeRO (as LiBai's OneFlow ZeRO and
+    DeepSpeed run it), with one warning naming the stage."""
+    import collections
+
+    from log_lines import LogLines
+
+    from libai.utils import logger as libai_logger
+
+    monkeypatch.setattr(libai_logger, "_LOG_COUNTER", collections.Counter())
+    with LogLines("libai.runtime.zero") as lines:
+        for stage in (1, 2, 3):
+            assert (
+                resolve_zero_stage({"enabled": True, "stage": stage}, _layout(dp=1, tp=2)) is None
+            )
+    assert lines == [
+        f"ZeRO stage {k} with one data-parallel rank: nothing to shard over; running without ZeRO"
+        for k in (1, 2, 3)
+    ]
+    assert resolve_zero_stage({"enabled": True, "stage": 2}, _layout(dp=2, tp=2)) == 2
+
+
 def test_unsupported_stage_and_layout_raise():
     """Checked from the config and layout alone, before any collective."""
     assert resolve_zero_stage({"enabled": False, "stage": 3}, _layout()) is None
@@ -311,8 +333,6 @@ def test_unsupported_stage_and_layout_raise():
     assert resolve_zero_stage(hsdp, _layout(dp=4, tp=2)) == 3
     with pytest.raises(ValueError, match=r"zero_optimization.stage=4.*supported stages"):
         resolve_zero_stage({"enabled": True, "stage": 4}, _layout())
-    with pytest.raises(ValueError, match="data_parallel_size > 1"):
-        resolve_zero_stage({"enabled": True, "stage": 1}, _layout(dp=1, tp=2))
     # HSDP: the replicate size must divide dp and leave >= 2 ranks to shard over
     key = "train.zero_optimization.hsdp_replicate_size"
     with pytest.raises(ValueError, match=rf"{key}=4 must divide data_parallel_size=6.*\[1, 2, 3\]"):

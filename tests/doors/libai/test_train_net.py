@@ -325,7 +325,6 @@ def test_data_parallel_and_zero_stages_equal_one_process(sample_env, tmp_path, m
     "overrides, nproc, message",
     [
         (["train.zero_optimization.stage=4"], 1, "train.zero_optimization.stage=4 is invalid"),
-        (["train.zero_optimization.stage=1"], 1, "data_parallel_size > 1"),
         (
             ["train.zero_optimization.stage=3", "train.zero_optimization.hsdp_replicate_size=3"],
             2,

@@ -244,6 +244,12 @@ def test_cli_prints_the_table(sample_env):
     assert bad.returncode == 1 and "tensor_parallel_size" in bad.stderr, bad.stderr
 
 
+def test_zero_on_one_rank_estimates_the_unsharded_run():
+    """ZeRO on one data-parallel rank: the run is unsharded, and so is the estimate."""
+    plain = estimate_config(load(TINY), 1)
+    assert estimate_config(load([*TINY, "train.zero_optimization.enabled=True"]), 1) == plain
+
+
 def test_bad_sizes_are_clear_errors():
     with pytest.raises(ValueError, match="not divisible by tensor_parallel_size"):
         estimate_config(load([*TINY, "train.dist.tensor_parallel_size=2"]), 3)
@@ -252,8 +258,6 @@ def test_bad_sizes_are_clear_errors():
             load([*TINY, "train.dist.tensor_parallel_size=2", "model.cfg.ffn_hidden_size=63"]),
             2,
         )
-    with pytest.raises(ValueError, match="data_parallel_size > 1"):
-        estimate_config(load([*TINY, "train.zero_optimization.enabled=True"]), 1)
 
 
 def test_mixed_precision_o2_state_bytes_equal_the_run():
