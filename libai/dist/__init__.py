@@ -1,6 +1,6 @@
 """The process mesh and LiBai's placement vocabulary on top of PyTorch DTensor.
 
-One global :class:`~torch.distributed.device_mesh.DeviceMesh` with dims ``("pp", "dp", "tp")``
+One global :class:`~torch.distributed.device_mesh.DeviceMesh` with dims ``("pp", "dp", "cp", "tp")``
 (tp innermost, so tensor-parallel peers are neighbouring ranks) describes the layout. A layer
 asks for its *placement* (the (dp, tp) sub-mesh of the pipeline stage that owns it) and its
 *nd-sbp* (one DTensor placement per mesh dim that exists), exactly like LiBai asks OneFlow for
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import itertools
 import logging
 import os
 from collections.abc import Mapping, Sequence
@@ -29,8 +30,10 @@ from datetime import timedelta
 import numpy as np
 import torch
 import torch.distributed as torch_dist
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard
+
+from libai.dist.parallel_dims import ParallelDims
 
 logger = logging.getLogger(__name__)
 
@@ -110,6 +113,16 @@ class DistLayout:
     def num_stages(self) -> int:
         return self.pipeline_parallel_size * self.virtual_pipeline_size
 
+    @property
+    def dims(self) -> ParallelDims:
+        """The sizes as the mesh object (:class:`~libai.dist.parallel_dims.ParallelDims`)."""
+        return ParallelDims(
+            world_size=self.world_size,
+            pp=self.pipeline_parallel_size,
+            dp_shard=self.data_parallel_size,
+            tp=self.tensor_parallel_size,
+        )
+
 
 def resolve_layout(dist_cfg, world_size: int) -> DistLayout:
     """Validate ``dist_cfg`` against ``world_size`` and resolve the stage id of every layer.
@@ -130,22 +143,9 @@ def resolve_layout(dist_cfg, world_size: int) -> DistLayout:
         raise ValueError(
             "train.dist.device_type='cuda' but no CUDA device is available; use 'cpu'."
         )
-    if world_size % (tp * pp) != 0:
-        raise ValueError(
-            f"The world size ({world_size} processes) is not divisible by "
-            f"tensor_parallel_size ({tp}) x pipeline_parallel_size ({pp}) = {tp * pp}. "
-            f"Launch a multiple of {tp * pp} processes or change train.dist."
-        )
+    dims = ParallelDims.resolve(world_size, tp=tp, pp=pp, dp=cfg["data_parallel_size"])
     sequence_parallel = _sequence_parallel(cfg["sequence_parallel"], tp)
-    dp = world_size // (tp * pp)
-    configured_dp = cfg["data_parallel_size"]
-    if configured_dp not in (None, -1, "auto") and int(configured_dp) != dp:
-        raise ValueError(
-            f"train.dist.data_parallel_size={configured_dp} contradicts the launch: "
-            f"{world_size} processes / (tensor_parallel_size {tp} x pipeline_parallel_size {pp}) "
-            f"= {dp}. Set data_parallel_size={dp} or None (derived), or launch "
-            f"{int(configured_dp) * tp * pp} processes."
-        )
+    dp = dims.dp
     num_layers = cfg["pipeline_num_layers"]
     custom = cfg["custom_pipeline_stage_id"]
     num_stages = pp * vpp
@@ -233,17 +233,11 @@ class DistUtil:
             layout.device_type,
             torch.cuda.current_device() if layout.device_type == "cuda" else None,
         )
-        coord = mesh.get_coordinate()
-        self.pipeline_rank, self.data_parallel_rank, self.tensor_parallel_rank = coord
+        coord = dict(zip(mesh.mesh_dim_names, mesh.get_coordinate()))
+        self.pipeline_rank, self.data_parallel_rank = coord["pp"], coord["dp"]
+        self.tensor_parallel_rank = coord["tp"]
         # The (dp, tp) sub-mesh of this rank's stage, keeping only dims of size > 1.
-        self.stage_dims = tuple(
-            name
-            for name, size in (
-                ("dp", layout.data_parallel_size),
-                ("tp", layout.tensor_parallel_size),
-            )
-            if size > 1
-        )
+        self.stage_dims = layout.dims.stage_dims()
         self.stage_mesh = mesh[self.stage_dims] if self.stage_dims else None
         self.tp_group = mesh["tp"].get_group() if layout.tensor_parallel_size > 1 else None
         self.dp_group = mesh["dp"].get_group() if layout.data_parallel_size > 1 else None
@@ -258,14 +252,13 @@ class DistUtil:
         pp = self.layout.pipeline_parallel_size
         if pp == 1:
             return None
-        ranks = self.mesh.mesh
+        ranks = self.mesh.mesh  # ("pp", "dp", "cp", "tp")
         mine = None
-        for d in range(self.layout.data_parallel_size):
-            for t in range(self.layout.tensor_parallel_size):
-                members = [int(ranks[0, d, t]), int(ranks[pp - 1, d, t])]
-                group = torch_dist.new_group(members)  # collective: every rank creates each group
-                if self.rank in members:
-                    mine = group
+        for d, c, t in itertools.product(*(range(n) for n in ranks.shape[1:])):
+            members = [int(ranks[0, d, c, t]), int(ranks[pp - 1, d, c, t])]
+            group = torch_dist.new_group(members)  # collective: every rank creates each group
+            if self.rank in members:
+                mine = group
         return mine
 
     # ---- stages ---------------------------------------------------------------------------
@@ -330,7 +323,8 @@ def _init_process_group(device_type: str) -> None:
 
 
 def setup_dist_util(dist_cfg=None) -> DistUtil:
-    """Build the ``("pp", "dp", "tp")`` mesh from ``dist_cfg`` and the torchrun environment.
+    """Build the ``("pp", "dp", "cp", "tp")`` mesh from ``dist_cfg`` and the torchrun environment
+    (its sizes: :class:`~libai.dist.parallel_dims.ParallelDims`, ``layout.dims``).
 
     ``dist_cfg`` is a mapping (e.g. ``cfg.train.dist``) with LiBai's keys
     (:data:`DIST_CONFIG_KEYS`). Without torchrun this is a single process. The layout is
@@ -345,17 +339,11 @@ def setup_dist_util(dist_cfg=None) -> DistUtil:
     )
     layout = resolve_layout(items, world_size)
     _init_process_group(layout.device_type)
-    shape = (layout.pipeline_parallel_size, layout.data_parallel_size, layout.tensor_parallel_size)
-    mesh = init_device_mesh(layout.device_type, shape, mesh_dim_names=("pp", "dp", "tp"))
+    mesh = layout.dims.build_mesh(layout.device_type)
     _DIST_UTIL = DistUtil(layout, mesh)
     if dist_cfg is not None and isinstance(dist_cfg, Mapping) and layout.layer_stage_ids:
         _record_resolved_layout(dist_cfg, layout)
-    logger.info(
-        "mesh pp=%d dp=%d tp=%d (world %d) stage ids %s",
-        *shape,
-        world_size,
-        list(layout.layer_stage_ids),
-    )
+    logger.info("%s stage ids %s", layout.dims.describe(), list(layout.layer_stage_ids))
     return _DIST_UTIL
 
 

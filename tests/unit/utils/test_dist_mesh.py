@@ -1,4 +1,5 @@
-"""The mesh of every rank of a pp x dp x tp world, checked in one process.
+"""The mesh of every rank of a pp x dp x tp world, checked in one process (the mesh's cp dim,
+of size 1 until context parallelism is built, sits between dp and tp).
 
 Each rank of a world of up to 12 processes is played in turn on PyTorch's ``fake`` process
 group (collectives are no-ops, groups and meshes are real objects): its coordinate, its
@@ -73,9 +74,9 @@ def test_every_rank_gets_the_groups_of_its_row_major_coordinate(pp, dp, tp):
         with fake_rank(rank, world):
             util = dist.setup_dist_util(dict(cfg))
             assert dist.current_dist_util() is util and dist.get_dist_util() is util
-            assert util.rank == rank and util.mesh.mesh_dim_names == ("pp", "dp", "tp")
-            assert util.mesh.mesh.tolist() == [
-                [[rank_at(i, j, k, dp, tp) for k in range(tp)] for j in range(dp)]
+            assert util.rank == rank and util.mesh.mesh_dim_names == ("pp", "dp", "cp", "tp")
+            assert util.mesh.mesh.tolist() == [  # cp of size 1 between dp and tp
+                [[[rank_at(i, j, k, dp, tp) for k in range(tp)]] for j in range(dp)]
                 for i in range(pp)
             ]
             assert (util.pipeline_rank, util.data_parallel_rank, util.tensor_parallel_rank) == (
@@ -343,8 +344,10 @@ def test_cuda_layout_uses_the_current_device(monkeypatch):
 
 def test_setup_builds_a_cuda_mesh_for_a_cuda_layout(monkeypatch):
     # the CPU stands in for the GPU: what matters is the device type asked for
+    from libai.dist import parallel_dims
+
     calls = []
-    real_init_device_mesh = dist.init_device_mesh
+    real_init_device_mesh = parallel_dims.init_device_mesh
 
     def init_device_mesh(device_type, shape, **kwargs):
         calls.append(("mesh", device_type, tuple(shape), kwargs))
@@ -352,13 +355,13 @@ def test_setup_builds_a_cuda_mesh_for_a_cuda_layout(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
-    monkeypatch.setattr(dist, "init_device_mesh", init_device_mesh)
+    monkeypatch.setattr(parallel_dims, "init_device_mesh", init_device_mesh)
     monkeypatch.setattr(dist, "_init_process_group", lambda kind: calls.append(("init", kind)))
     with fake_rank(3, 4):
         util = dist.setup_dist_util({"device_type": "cuda", "tensor_parallel_size": 2})
         assert calls == [
             ("init", "cuda"),
-            ("mesh", "cuda", (1, 2, 2), {"mesh_dim_names": ("pp", "dp", "tp")}),
+            ("mesh", "cuda", (1, 2, 1, 2), {"mesh_dim_names": ("pp", "dp", "cp", "tp")}),
         ]
         assert util.device == torch.device("cuda", 1) and util.layout.device_type == "cuda"
 
