@@ -42,7 +42,9 @@ def test_stage_dims_keep_dp_and_tp_of_size_above_one():
     [
         (dict(world_size=6, tp=4), r"^The world size \(6 processes\) is not divisible by "
          r"tensor_parallel_size \(4\) x pipeline_parallel_size \(1\) = 4\. Launch a multiple of 4"),
-        (dict(world_size=8, tp=2, cp=3), r"x context_parallel_size \(3\) = 6\."),
+        (dict(world_size=6, tp=2, cp=2), r"^The world size \(6 processes\) is not divisible by "
+         r"tensor_parallel_size \(2\) x pipeline_parallel_size \(1\) x context_parallel_size "
+         r"\(2\) = 4\."),
         (dict(world_size=8, tp=2, dp=2), r"^train\.dist\.data_parallel_size=2 contradicts the "
          r"launch: 8 processes / \(tensor_parallel_size 2 x pipeline_parallel_size 1\) = 4\. "
          r"Set data_parallel_size=4 or None \(derived\), or launch 4 processes"),
@@ -77,7 +79,10 @@ def test_built_directly_it_is_checked_and_frozen():
     with pytest.raises(ValueError, match=r"^ParallelDims\.dp_shard must be a positive"):
         ParallelDims(world_size=4, dp_shard=0)
     hybrid = ParallelDims(world_size=8, dp_replicate=2, dp_shard=4)
-    assert hybrid.dp == 8 and "dp_replicate=2 x dp_shard=4" in hybrid.describe()
+    assert hybrid.dp == 8
+    assert hybrid.describe() == "mesh pp=1 dp=8 cp=1 tp=1 (dp_replicate=2 x dp_shard=4) (world 8)"
+    experts = ParallelDims(world_size=8, dp_shard=4, tp=2, ep=2)
+    assert experts.describe() == "mesh pp=1 dp=4 cp=1 tp=2 ep=2 (world 8)"
     with pytest.raises(AttributeError):
         hybrid.tp = 2
 
