@@ -33,7 +33,7 @@ import torch.distributed as torch_dist
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard
 
-from libai.dist.parallel_dims import ParallelDims
+from libai.dist.parallel_dims import ParallelDims, positive_int
 
 logger = logging.getLogger(__name__)
 
@@ -87,9 +87,7 @@ def dist_config_items(dist_cfg) -> dict:
 
 
 def _positive_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"train.dist.{name} must be a positive integer, got {value!r}.")
-    return int(value)
+    return positive_int(f"train.dist.{name}", value)
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-__all__ = ["MESH_DIMS", "ParallelDims"]
+__all__ = ["MESH_DIMS", "ParallelDims", "positive_int"]
 
 #: the mesh's dims, outermost first
 MESH_DIMS = ("pp", "dp", "cp", "tp")
@@ -40,11 +40,16 @@ KEYS = {
 }
 
 
-def _positive(name: str, value) -> int:
+def positive_int(key: str, value) -> int:
+    """``value`` as an ``int`` (numpy integers too); anything else than a positive integer
+    (a bool, a float, 0) raises naming ``key``."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        key = KEYS.get(name, f"ParallelDims.{name}")
         raise ValueError(f"{key} must be a positive integer, got {value!r}.")
     return int(value)
+
+
+def _positive(name: str, value) -> int:
+    return positive_int(KEYS.get(name, f"ParallelDims.{name}"), value)
 
 
 @dataclass(frozen=True)
