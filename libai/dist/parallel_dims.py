@@ -4,8 +4,8 @@
 ``dp_shard`` for hybrid sharding), ``cp``, ``tp``, and ``ep``, which owns no ranks of its own
 (experts borrow the ``dp_shard x cp`` ranks, as torchtitan and Megatron-Core do). It is
 checked when built, before any process group exists, so every rank fails alike with one
-line naming the key and the fix; it then builds the device mesh and names the sub-meshes a
-transform asks for.
+line naming the key and the fix; it then builds the device mesh and gives the dims a layer's
+placement spans.
 
 The mesh is ``("pp", "dp", "cp", "tp")``, outermost first: tensor-parallel peers are
 neighbouring ranks (one node's fast links), context-parallel peers the next closest, and
