@@ -414,3 +414,15 @@ def test_checkpoints_reshard_across_layouts_and_stages(reference, dp2_run, dp2xt
         error = result["unwrappable"]["error"]
         assert error and "train.zero_optimization.stage=3" in error, error
         assert "is shared by blocks" in error and "Untie it" in error, error
+
+
+def test_zero_settings_left_out_take_their_documented_defaults():
+    """``enabled`` defaults to off, ``stage`` to 1, ``hsdp_replicate_size`` (absent or null)
+    to 1 (no HSDP); a replicate size that is not an integer is refused naming its key."""
+    assert resolve_zero_stage({"stage": 2}, _layout()) is None
+    assert resolve_zero_stage({"enabled": True}, _layout()) == 1
+    assert resolve_zero_stage({"enabled": True, "stage": 3}, _layout(dp=4)) == 3
+    none = {"enabled": True, "stage": 1, "hsdp_replicate_size": None}
+    assert resolve_zero_stage(none, _layout(dp=4)) == 1
+    with pytest.raises(ValueError, match=r"hsdp_replicate_size must be a positive integer"):
+        resolve_zero_stage({"enabled": True, "stage": 3, "hsdp_replicate_size": "2"}, _layout())

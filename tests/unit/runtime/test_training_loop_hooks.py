@@ -112,3 +112,31 @@ def test_hooks_of_the_loop_save_evaluate_and_log_as_configured(tmp_path, caplog)
     # evaluation's, written once after it
     assert [m["iteration"] for m in metrics] == list(range(MAX_ITER))
     assert {"total_loss", "lr", "score"} <= set(metrics[-1])
+
+
+def test_metrics_json_has_a_line_every_log_period_and_the_last_step(tmp_path):
+    """log_period 4 over 6 steps, no evaluation: metrics.json has the lines of steps 3 (the
+    4th) and 5 (the last), each once, with that step's loss."""
+    torch.manual_seed(0)
+    model = GPTForPreTraining(**GPT)
+    spec = RunSpec(
+        output_dir=str(tmp_path),
+        global_batch_size=BATCH,
+        train_micro_batch_size=BATCH,
+        num_accumulation_steps=1,
+        log_period=4,
+        checkpointer=CheckpointerSpec(period=100, max_to_keep=None),
+        evaluation=EvaluationSpec(enabled=False),
+    )
+    parts = parallelize(model, spec)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    checkpointer = build_checkpointer(model, str(tmp_path / "ckpt"), optimizer, schedule)
+    trainer = build_training_loop(
+        parts, spec, batches(), optimizer, schedule, checkpointer, max_iter=MAX_ITER
+    )
+    trainer.train(0, MAX_ITER)
+    losses = [v for v, _ in trainer.storage.history("total_loss").values()]
+    metrics = [json.loads(line) for line in (tmp_path / "metrics.json").read_text().splitlines()]
+    assert [m["iteration"] for m in metrics] == [3, 5]
+    assert [m["total_loss"] for m in metrics] == [losses[3], losses[5]]
