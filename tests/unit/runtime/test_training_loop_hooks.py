@@ -31,6 +31,17 @@ def batches():
     return [{"input_ids": t[:, :-1], "labels": t[:, 1:].contiguous()} for t in tokens]
 
 
+def one_batch_spec(tmp_path, **settings) -> RunSpec:
+    """A run writing under ``tmp_path`` whose step is one micro-batch of ``BATCH`` rows."""
+    return RunSpec(
+        output_dir=str(tmp_path),
+        global_batch_size=BATCH,
+        train_micro_batch_size=BATCH,
+        num_accumulation_steps=1,
+        **settings,
+    )
+
+
 class Recorder(HookBase):
     """Notes, after each step, the LR the schedule set and the checkpoints on disk."""
 
@@ -45,11 +56,8 @@ class Recorder(HookBase):
 def test_hooks_of_the_loop_save_evaluate_and_log_as_configured(tmp_path, caplog):
     torch.manual_seed(0)
     model = GPTForPreTraining(**GPT)
-    spec = RunSpec(
-        output_dir=str(tmp_path),
-        global_batch_size=BATCH,
-        train_micro_batch_size=BATCH,
-        num_accumulation_steps=1,
+    spec = one_batch_spec(
+        tmp_path,
         log_period=1,
         checkpointer=CheckpointerSpec(period=2, max_to_keep=None),
         evaluation=EvaluationSpec(
@@ -119,11 +127,8 @@ def test_metrics_json_has_a_line_every_log_period_and_the_last_step(tmp_path):
     4th) and 5 (the last), each once, with that step's loss."""
     torch.manual_seed(0)
     model = GPTForPreTraining(**GPT)
-    spec = RunSpec(
-        output_dir=str(tmp_path),
-        global_batch_size=BATCH,
-        train_micro_batch_size=BATCH,
-        num_accumulation_steps=1,
+    spec = one_batch_spec(
+        tmp_path,
         log_period=4,
         checkpointer=CheckpointerSpec(period=100, max_to_keep=None),
         evaluation=EvaluationSpec(enabled=False),
