@@ -137,3 +137,39 @@ def test_importing_libai_engine_leaves_fleetx_alone():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
     ).stdout.splitlines()
     assert out == ["[]", "libai.fleetx.modules.gpt libai.fleetx.modules.gpt"]
+
+
+#: the process-global mesh accessors; layers and models keep the mesh they were built on
+GLOBAL_MESH_READS = {"get_dist_util", "current_dist_util"}
+
+
+def global_mesh_reads(source: str) -> list[int]:
+    """Line numbers of calls to :data:`GLOBAL_MESH_READS` (as ``dist.f()`` or ``f()``)."""
+    import ast
+
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+            if name in GLOBAL_MESH_READS:
+                lines.append(node.lineno)
+    return sorted(lines)
+
+
+def test_layers_and_models_never_read_the_global_mesh():
+    """Layers and models capture their mesh at build (``dist.capture_mesh``) and use it at
+    run time; the runtime finds it with ``dist.mesh_of(model)``. Two models on two meshes
+    then train in one process group (tests/distributed/test_gpt_parallel.py)."""
+    found = {}
+    for package in ("layers", "models"):
+        for path in sorted((ROOT / "libai" / package).rglob("*.py")):
+            lines = global_mesh_reads(path.read_text())
+            if lines:
+                found[str(path.relative_to(ROOT))] = lines
+    assert found == {}
+    # the scan sees both spellings
+    assert global_mesh_reads("a = dist.get_dist_util().tp_group\nb = current_dist_util()") == [
+        1,
+        2,
+    ]

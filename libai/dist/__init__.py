@@ -242,6 +242,19 @@ class DistUtil:
         self.pp_group = mesh["pp"].get_group() if layout.pipeline_parallel_size > 1 else None
         self.embedding_group = self._new_embedding_group()
 
+    def __deepcopy__(self, memo):
+        """A mesh is shared, never copied: a deep copy of a model (a pipeline stage's copy)
+        runs on the same mesh and groups as the model."""
+        return self
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        return self.layout.tensor_parallel_size
+
+    @property
+    def data_parallel_size(self) -> int:
+        return self.layout.data_parallel_size
+
     def _new_embedding_group(self):
         """Group of {first stage, last stage} ranks with the same (dp, tp) coordinate.
 
@@ -378,6 +391,27 @@ def use_dist_util(util):
         yield util
     finally:
         _DIST_UTIL = previous
+
+
+def capture_mesh() -> DistUtil:
+    """The mesh a module being built lays itself out on (the current :class:`DistUtil`).
+
+    A layer calls this in ``__init__`` and keeps the answer: its forward uses the kept mesh's
+    groups and ranks, never the mesh current when it runs. So two models built on two meshes
+    (each inside :func:`use_dist_util`) train side by side in one process group.
+    """
+    return get_dist_util()
+
+
+def mesh_of(module) -> DistUtil:
+    """The mesh ``module``'s layers were built on (the one they captured, see
+    :func:`capture_mesh`); the current mesh for a module without libai layers (e.g. a plain
+    Hugging Face model)."""
+    for sub in module.modules():
+        util = sub.__dict__.get("_dist_util")
+        if util is not None:
+            return util
+    return get_dist_util()
 
 
 def reset_dist_util() -> None:

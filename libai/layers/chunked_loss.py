@@ -24,17 +24,16 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-from libai import dist
-from libai.layers.cross_entropy import vocab_parallel_cross_entropy
-from libai.layers.lm_logits import LMLogits, enter_head
+from libai.layers.cross_entropy import tp_rank, vocab_parallel_cross_entropy
+from libai.layers.lm_logits import LMLogits
 
 
-def lm_head_input(hidden: torch.Tensor, sequence_parallel: bool = False) -> torch.Tensor:
-    """``hidden`` as the head's matmul reads it: entered into the tensor-parallel region
-    (backward all-reduces ``d hidden`` over tp; with ``sequence_parallel``, the head's
-    ``sequence_parallel``, the sequence shards are all-gathered first, see
-    :func:`~libai.layers.lm_logits.enter_head`) and cast to the autocast dtype when autocast
-    is on (what autocast does to a matmul's input).
+def lm_head_input(hidden: torch.Tensor, lm_head: LMLogits) -> torch.Tensor:
+    """``hidden`` as ``lm_head``'s matmul reads it: entered into the head's tensor-parallel
+    region (backward all-reduces ``d hidden`` over tp; with the head's ``sequence_parallel``
+    the sequence shards are all-gathered first, see :func:`~libai.layers.lm_logits.enter_head`)
+    and cast to the autocast dtype when autocast is on (what autocast does to a matmul's
+    input).
 
     A last pipeline stage returns this from its forward (inside the runner's autocast) and
     hands it to ``chunked_lm_loss(..., prepared=True)`` in its loss (outside autocast).
@@ -45,7 +44,7 @@ def lm_head_input(hidden: torch.Tensor, sequence_parallel: bool = False) -> torc
         if torch.is_autocast_enabled(device_type)
         else hidden.dtype
     )
-    return enter_head(hidden, sequence_parallel).to(dtype)
+    return lm_head.enter(hidden).to(dtype)
 
 
 def check_loss_chunk_size(value) -> int | None:
@@ -81,12 +80,16 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     ``hidden`` ``[N, H]`` is the head's input in its compute dtype; ``weight`` ``[V/tp, H]``
     and ``bias`` are this rank's vocab shards in any dtype (cast to ``hidden``'s for the
     matmuls, their gradients accumulate in fp32); ``real_columns`` of the ``V/tp`` are vocab,
-    the rest padding. Returns the fp32 sum of the per-token losses (ignored tokens add 0).
+    the rest padding; ``tp_group`` is the head's tensor-parallel group. Returns the fp32 sum
+    of the per-token losses (ignored tokens add 0).
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, target, ignore_index, chunk_size, real_columns):
+    def forward(
+        ctx, hidden, weight, bias, target, ignore_index, chunk_size, real_columns, tp_group
+    ):
         ctx.ignore_index, ctx.chunk_size, ctx.real_columns = ignore_index, chunk_size, real_columns
+        ctx.tp_group = tp_group
         dtype = hidden.dtype
         # explicit dtypes below: the matmuls in the head's compute dtype, the softmax in fp32
         with torch.autocast(hidden.device.type, enabled=False):
@@ -96,7 +99,9 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
             log_normalizer = torch.empty(hidden.shape[0], dtype=torch.float32, device=w.device)
             for rows in _chunks(hidden.shape[0], chunk_size):
                 logits = _chunk_logits(hidden[rows], w, b, real_columns)
-                ce = vocab_parallel_cross_entropy(logits, target[rows], ignore_index, in_place=True)
+                ce = vocab_parallel_cross_entropy(
+                    logits, target[rows], ignore_index, tp_group, in_place=True
+                )
                 total += ce.loss.sum()
                 log_normalizer[rows] = ce.log_normalizer
                 del logits, ce  # the chunk's [rows, V/tp] buffers go before the next chunk
@@ -109,7 +114,7 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         hidden, weight, bias, target, log_normalizer = ctx.saved_tensors
         need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
         dtype, vocab_per_rank = hidden.dtype, weight.shape[0]
-        start = dist.get_tensor_parallel_rank() * vocab_per_rank
+        start = tp_rank(ctx.tp_group) * vocab_per_rank
         grad_hidden = torch.empty_like(hidden) if need_hidden else None
         grad_weight = (
             torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
@@ -150,7 +155,7 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
             grad_weight = grad_weight.to(weight.dtype)
         if grad_bias is not None:
             grad_bias = grad_bias.to(bias.dtype)
-        return grad_hidden, grad_weight, grad_bias, None, None, None, None
+        return grad_hidden, grad_weight, grad_bias, None, None, None, None, None
 
 
 def chunked_lm_loss(
@@ -178,7 +183,7 @@ def chunked_lm_loss(
     if check_loss_chunk_size(chunk_size) is None:
         raise ValueError("chunk_size must be a positive number of tokens, got None")
     if not prepared:
-        hidden = lm_head_input(hidden, lm_head.sequence_parallel)
+        hidden = lm_head_input(hidden, lm_head)
     if labels.shape != hidden.shape[:-1]:
         raise ValueError(
             f"labels of shape {tuple(labels.shape)} do not match hidden states of shape "
@@ -193,7 +198,14 @@ def chunked_lm_loss(
     flat = hidden.reshape(-1, hidden.shape[-1])
     target = labels.reshape(-1)
     total = _ChunkedLinearCrossEntropy.apply(
-        flat, weight, bias, target, ignore_index, chunk_size, lm_head.local_vocab_columns()
+        flat,
+        weight,
+        bias,
+        target,
+        ignore_index,
+        chunk_size,
+        lm_head.local_vocab_columns(),
+        lm_head.tp_group,
     )
     count = (target != ignore_index).sum().clamp(min=1)
     return total / count

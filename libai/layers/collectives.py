@@ -2,7 +2,9 @@
 
 Layers hold DTensor parameters but compute on local shards (DESIGN: the single-device path
 must not pay DTensor dispatch); these functions are the only places where activations
-cross ranks. Each is a no-op (no autograd node, no communication) when tp == 1.
+cross ranks. Each takes the tensor-parallel group of the calling layer's mesh (the one it
+kept when it was built, :func:`libai.dist.capture_mesh`; never the mesh current at run
+time) and is a no-op (no autograd node, no communication) for ``group=None`` (tp == 1).
 
 ====================  =============================  =============================
 function              forward                        backward
@@ -28,14 +30,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as torch_dist
 
-from libai import dist
-
 #: the sequence dimension of activations ``[batch, seq, hidden]`` under sequence parallel
 SEQ_DIM = 1
-
-
-def _tp_group():
-    return dist.get_dist_util().tp_group
 
 
 def _all_reduce(x: torch.Tensor, group, op=torch_dist.ReduceOp.SUM) -> torch.Tensor:
@@ -166,39 +162,33 @@ def all_gather_with_grad(x: torch.Tensor, group, dim: int = 0) -> torch.Tensor:
     return _GatherWithGrad.apply(x, dim, group)
 
 
-def copy_to_tp(x: torch.Tensor) -> torch.Tensor:
+def copy_to_tp(x: torch.Tensor, group) -> torch.Tensor:
     """Enter a tensor-parallel region: ``[B]`` stays ``[B]``; grads ``[P] -> [B]`` (all-reduce)."""
-    group = _tp_group()
     return x if group is None else _CopyToTP.apply(x, group)
 
 
-def reduce_from_tp(x: torch.Tensor) -> torch.Tensor:
+def reduce_from_tp(x: torch.Tensor, group) -> torch.Tensor:
     """Leave a row-parallel region: partial sums ``[P] -> [B]`` (all-reduce)."""
-    group = _tp_group()
     return x if group is None else _ReduceFromTP.apply(x, group)
 
 
-def gather_from_tp(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+def gather_from_tp(x: torch.Tensor, group, dim: int = -1) -> torch.Tensor:
     """``[S(dim)] -> [B]``: all-gather the tp shards along ``dim``."""
-    group = _tp_group()
     return x if group is None else _GatherFromTP.apply(x, dim, group)
 
 
-def scatter_to_tp(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+def scatter_to_tp(x: torch.Tensor, group, dim: int = -1) -> torch.Tensor:
     """``[B] -> [S(dim)]``: keep this rank's chunk along ``dim``."""
-    group = _tp_group()
     return x if group is None else _ScatterToTP.apply(x, dim, group)
 
 
-def all_reduce_tp(x: torch.Tensor, op=torch_dist.ReduceOp.SUM) -> torch.Tensor:
+def all_reduce_tp(x: torch.Tensor, group, op=torch_dist.ReduceOp.SUM) -> torch.Tensor:
     """Non-differentiable all-reduce over the tp group (for statistics such as a max)."""
-    group = _tp_group()
     return x if group is None else _all_reduce(x, group, op)
 
 
-def check_sequence_split(seq_len: int) -> None:
-    """Raise before any collective if ``seq_len`` does not split over the tp ranks."""
-    tp = dist.get_tensor_parallel_size()
+def check_sequence_split(seq_len: int, tp: int) -> None:
+    """Raise before any collective if ``seq_len`` does not split over the ``tp`` ranks."""
     if seq_len % tp:
         raise ValueError(
             f"sequence length {seq_len} is not divisible by tensor_parallel_size={tp}: "
@@ -208,35 +198,32 @@ def check_sequence_split(seq_len: int) -> None:
         )
 
 
-def gather_from_sp(x: torch.Tensor) -> torch.Tensor:
+def gather_from_sp(x: torch.Tensor, group) -> torch.Tensor:
     """Enter a tensor-parallel region from the sequence-parallel one.
 
     ``[S(0), S(1)] -> all-gather -> [S(0), B]``; backward: the region's input gradient is a
     partial sum over tp, ``[S(0), P] -> reduce-scatter -> [S(0), S(1)]``.
     """
-    group = _tp_group()
     return x if group is None else _GatherWithGrad.apply(x, SEQ_DIM, group)
 
 
-def reduce_scatter_to_sp(x: torch.Tensor) -> torch.Tensor:
+def reduce_scatter_to_sp(x: torch.Tensor, group) -> torch.Tensor:
     """Leave a row-parallel region into the sequence-parallel one (or leave a vocab-parallel
     embedding): ``[S(0), P] -> reduce-scatter -> [S(0), S(1)]``; backward all-gathers.
 
     One reduce-scatter collective; on gloo PyTorch runs it as an all-reduce plus this rank's
     chunk (see :func:`_reduce_scatter`).
     """
-    group = _tp_group()
     if group is None:
         return x
-    check_sequence_split(x.shape[SEQ_DIM])
+    check_sequence_split(x.shape[SEQ_DIM], torch_dist.get_world_size(group))
     return _ReduceScatterToSP.apply(x, group)
 
 
-def scatter_to_sp(x: torch.Tensor) -> torch.Tensor:
+def scatter_to_sp(x: torch.Tensor, group) -> torch.Tensor:
     """``[S(0), B] -> [S(0), S(1)]``: this rank's chunk of the sequence (also for position
     ids, which need no gradient); backward all-gathers."""
-    group = _tp_group()
     if group is None:
         return x
-    check_sequence_split(x.shape[SEQ_DIM])
+    check_sequence_split(x.shape[SEQ_DIM], torch_dist.get_world_size(group))
     return _ScatterToTP.apply(x, SEQ_DIM, group)

@@ -31,35 +31,46 @@ class VocabShardCrossEntropy(NamedTuple):
 
 
 def vocab_parallel_cross_entropy(
-    logits: torch.Tensor, target: torch.Tensor, ignore_index: int, *, in_place: bool = False
+    logits: torch.Tensor,
+    target: torch.Tensor,
+    ignore_index: int,
+    tp_group,
+    *,
+    in_place: bool = False,
 ) -> VocabShardCrossEntropy:
     """Per-token cross entropy from this rank's vocab shard of fp32 ``logits`` ``[N, V/tp]``
-    (the whole vocab when tp == 1): three all-reduces of ``[N]`` statistics, the full logits
-    never exist anywhere. ``in_place`` reuses ``logits`` for the shifted logits and their exp.
+    over the tensor-parallel ``tp_group`` (``None``: tp == 1, the whole vocab here): three
+    all-reduces of ``[N]`` statistics, the full logits never exist anywhere. ``in_place``
+    reuses ``logits`` for the shifted logits and their exp.
     """
     # logits [N, V/tp] (S(-1) over tp), target [N] (B over tp)
     vocab_per_rank = logits.shape[-1]
-    start = dist.get_tensor_parallel_rank() * vocab_per_rank
-    row_max = all_reduce_tp(logits.max(dim=-1).values, torch_dist.ReduceOp.MAX)
+    start = tp_rank(tp_group) * vocab_per_rank
+    row_max = all_reduce_tp(logits.max(dim=-1).values, tp_group, torch_dist.ReduceOp.MAX)
     shifted = logits.sub_(row_max.unsqueeze(-1)) if in_place else logits - row_max.unsqueeze(-1)
     ignored = target == ignore_index
     outside = (target < start) | (target >= start + vocab_per_rank) | ignored
     local_target = (target - start).masked_fill(outside, 0)
     rows = torch.arange(logits.shape[0], device=logits.device)
     # [S(0), P] -> all-reduce -> [S(0), B]: the target logit comes from its owning rank
-    target_logit = all_reduce_tp(shifted[rows, local_target].masked_fill(outside, 0.0))
+    target_logit = all_reduce_tp(shifted[rows, local_target].masked_fill(outside, 0.0), tp_group)
     exp = shifted.exp_() if in_place else shifted.exp()
-    sum_exp = all_reduce_tp(exp.sum(dim=-1))
+    sum_exp = all_reduce_tp(exp.sum(dim=-1), tp_group)
     loss = (sum_exp.log() - target_logit).masked_fill(ignored, 0.0)
     return VocabShardCrossEntropy(loss, exp, sum_exp, row_max, local_target, outside, ignored)
+
+
+def tp_rank(group) -> int:
+    """This rank's index in the tensor-parallel ``group`` (0 for ``None``, tp == 1)."""
+    return 0 if group is None else torch_dist.get_rank(group)
 
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):
     """Per-token loss from this rank's vocab shard; the full logits never exist anywhere."""
 
     @staticmethod
-    def forward(ctx, logits, target, ignore_index):
-        ce = vocab_parallel_cross_entropy(logits.float(), target, ignore_index)
+    def forward(ctx, logits, target, ignore_index, tp_group):
+        ce = vocab_parallel_cross_entropy(logits.float(), target, ignore_index, tp_group)
         softmax = ce.exp.div_(ce.sum_exp.unsqueeze(-1))
         ctx.save_for_backward(softmax, ce.local_target, ce.outside, ce.ignored)
         return ce.loss
@@ -71,7 +82,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         grad = softmax.clone()
         grad[rows, local_target] -= (~outside).to(grad.dtype)
         grad = grad * grad_loss.masked_fill(ignored, 0.0).unsqueeze(-1)
-        return grad, None, None
+        return grad, None, None, None
 
 
 class ParallelCrossEntropyLoss(nn.Module):
@@ -79,22 +90,26 @@ class ParallelCrossEntropyLoss(nn.Module):
 
     ``logits`` may be this rank's vocab shard (``[..., V/tp]``, from :class:`LMLogits`) or the
     full vocab when tp == 1. Ignored positions are masked out of both the sum and the count
-    (never mapped to class 0). Computed in fp32.
+    (never mapped to class 0). Computed in fp32. The tp and dp groups are those of the mesh
+    current when the loss is built (the model's).
     """
 
     def __init__(self, ignore_index: int = -100):
         super().__init__()
         self.ignore_index = ignore_index
+        self._dist_util = dist.capture_mesh()
 
     def token_losses(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """Per-position losses (0 at ignored positions), shaped like ``target``."""
         flat_logits, flat_target = logits.reshape(-1, logits.shape[-1]), target.reshape(-1)
-        if dist.get_tensor_parallel_size() == 1:
+        if self._dist_util.tp_group is None:
             losses = F.cross_entropy(
                 flat_logits.float(), flat_target, ignore_index=self.ignore_index, reduction="none"
             )
         else:
-            losses = _VocabParallelCrossEntropy.apply(flat_logits, flat_target, self.ignore_index)
+            losses = _VocabParallelCrossEntropy.apply(
+                flat_logits, flat_target, self.ignore_index, self._dist_util.tp_group
+            )
         return losses.view_as(target)
 
     def forward(
@@ -104,11 +119,12 @@ class ParallelCrossEntropyLoss(nn.Module):
         the whole data-parallel batch (see :func:`data_parallel_token_mean`)."""
         count = (target != self.ignore_index).sum()
         if over_data_parallel:
-            return data_parallel_token_mean(self._total(logits, target), count)
+            total = self._total(logits, target)
+            return data_parallel_token_mean(total, count, self._dist_util.dp_group)
         return self._total(logits, target) / count.clamp(min=1)
 
     def _total(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        if dist.get_tensor_parallel_size() == 1:
+        if self._dist_util.tp_group is None:
             # whole vocab here: the kernel sums (same gradients as summing token losses, two
             # autograd nodes fewer)
             total = F.cross_entropy(
@@ -122,17 +138,17 @@ class ParallelCrossEntropyLoss(nn.Module):
         return total
 
 
-def data_parallel_token_mean(total: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+def data_parallel_token_mean(total: torch.Tensor, count: torch.Tensor, group) -> torch.Tensor:
     """This rank's share of a token mean over the whole data-parallel batch.
 
-    ``total`` / ``count`` are this rank's loss sum and valid-token count. The runtime averages
+    ``total`` / ``count`` are this rank's loss sum and valid-token count; ``group`` the
+    data-parallel group (``None`` for dp == 1). The runtime averages
     the ranks' losses (and gradients) over data parallel, so rank ``r`` returns
     ``total_r * dp / sum(count)``: the average is ``sum(total) / sum(count)``, the token mean
     of the global batch -- what LiBai's global tensors compute (its BERT / RoBERTa loss), and
     equal to one process on the same global batch when the ranks hold unequal counts (masked
     LM). One scalar all-reduce over the dp group; none with dp = 1.
     """
-    group = getattr(dist.current_dist_util(), "dp_group", None)
     if group is None:
         return total / count.clamp(min=1)
     # [P(dp)] count -> [B] global count (a detached scalar: no gradient flows through it)

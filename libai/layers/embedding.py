@@ -55,7 +55,9 @@ class VocabEmbedding(nn.Module):
         sequence_parallel: bool = False,
     ):
         super().__init__()
-        tp = dist.get_tensor_parallel_size()
+        #: the mesh this table was built on (its tp rank and group at forward time)
+        self._dist_util = dist.capture_mesh()
+        tp = self._dist_util.tensor_parallel_size
         self.sequence_parallel = sequence_parallel
         self.num_embeddings, self.embedding_dim, self.layer_idx = (
             num_embeddings,
@@ -77,14 +79,14 @@ class VocabEmbedding(nn.Module):
         if weight.shape[0] == self.padded_num_embeddings:  # whole table on this rank
             return F.embedding(input_ids, weight)
         # [S(0), B] ids x [S(0), B] table -> [S(0), P] -> all-reduce -> [S(0), B]
-        start = dist.get_tensor_parallel_rank() * weight.shape[0]
+        start = self._dist_util.tensor_parallel_rank * weight.shape[0]
         outside = (input_ids < start) | (input_ids >= start + weight.shape[0])
         local_ids = (input_ids - start).masked_fill(outside, 0)
         out = F.embedding(local_ids, weight).masked_fill(outside.unsqueeze(-1), 0.0)
         if self.sequence_parallel:
             # [S(0), P] -> reduce-scatter -> [S(0), S(1)]  (all-gather backward)
-            return reduce_scatter_to_sp(out)
-        return reduce_from_tp(out)
+            return reduce_scatter_to_sp(out, self._dist_util.tp_group)
+        return reduce_from_tp(out, self._dist_util.tp_group)
 
     def extra_repr(self) -> str:
         return (
@@ -117,6 +119,8 @@ class Embedding(nn.Module):
             layer_idx,
         )
         self.sequence_parallel = sequence_parallel
+        #: the mesh this table was built on (its tp group splits the sequence)
+        self._dist_util = dist.capture_mesh()
         self.weight = create_parameter(
             (num_embeddings, embedding_dim), init_method, layer_idx=layer_idx
         )
@@ -126,7 +130,7 @@ class Embedding(nn.Module):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if self.sequence_parallel:
             # [S(0), B] ids -> [S(0), S(1)]: this rank's positions (ids need no gradient)
-            ids = scatter_to_sp(ids)
+            ids = scatter_to_sp(ids, self._dist_util.tp_group)
         # [S(0), B] x [B, B] -> [S(0), B]
         return F.embedding(ids, local_value(self.weight))
 

@@ -60,7 +60,9 @@ class Linear(nn.Module):
         super().__init__()
         if parallel not in _PARALLEL_MODES:
             raise ValueError(f"Linear parallel must be one of {_PARALLEL_MODES}, got {parallel!r}")
-        tp = dist.get_tensor_parallel_size()
+        #: the mesh this layer was built on: its forward communicates over this mesh's tp group
+        self._dist_util = dist.capture_mesh()
+        tp = self._dist_util.tensor_parallel_size
         split_dim = {"data": None, "col": 0, "row": 1}[parallel]
         if split_dim is not None:
             size = out_features if parallel == "col" else in_features
@@ -96,10 +98,10 @@ class Linear(nn.Module):
         if self.parallel == "col":
             if self.sequence_parallel:
                 # [S(0), S(1)] -> all-gather -> [S(0), B]  (reduce-scatter dx backward)
-                x = gather_from_sp(x)
+                x = gather_from_sp(x, self._dist_util.tp_group)
             else:
                 # [S(0), B] -> [S(0), B]  (no comm forward; all-reduce dx backward)
-                x = copy_to_tp(x)
+                x = copy_to_tp(x, self._dist_util.tp_group)
             # [S(0), B] x [B, S(0)]^T -> [S(0), S(-1)]
             out = self._matmul(x, weight, None if self.skip_bias_add else bias)
         elif self.parallel == "row":
@@ -109,10 +111,10 @@ class Linear(nn.Module):
             partial = self._matmul(x, weight, None)
             if self.sequence_parallel:
                 # [S(0), P] -> reduce-scatter -> [S(0), S(1)]  (all-gather dy backward)
-                out = reduce_scatter_to_sp(partial)
+                out = reduce_scatter_to_sp(partial, self._dist_util.tp_group)
             else:
                 # [S(0), P] -> all-reduce -> [S(0), B]
-                out = reduce_from_tp(partial)
+                out = reduce_from_tp(partial, self._dist_util.tp_group)
             if bias is not None and not self.skip_bias_add:
                 out = out + bias
         else:

@@ -43,13 +43,15 @@ class LMLogits(nn.Module):
     ):
         super().__init__()
         self.layer_idx, self.sequence_parallel = layer_idx, sequence_parallel
+        #: the mesh this head was built on (its tp rank and group at forward time)
+        self._dist_util = util = dist.capture_mesh()
         if embedding is None:  # an untied head (Llama, T5 v1.1 / mT5): its own weight
             if vocab_size is None or hidden_size is None:
                 raise ValueError(
                     "an untied LMLogits (embedding=None) needs vocab_size and hidden_size"
                 )
             self.vocab_size = vocab_size
-            self.padded_vocab_size = pad_vocab_size(vocab_size, dist.get_tensor_parallel_size())
+            self.padded_vocab_size = pad_vocab_size(vocab_size, util.tensor_parallel_size)
             self.weight = create_parameter(
                 (vocab_size, hidden_size),
                 init_method or default_init_method,
@@ -74,7 +76,7 @@ class LMLogits(nn.Module):
     def _tie(self, embedding: VocabEmbedding, layer_idx: int) -> None:
         self.vocab_size = embedding.num_embeddings
         self.padded_vocab_size = embedding.padded_num_embeddings
-        util = dist.get_dist_util()
+        util = self._dist_util
         same_stage = util.get_layer_stage(layer_idx) == util.get_layer_stage(embedding.layer_idx)
         if same_stage:
             self.weight = None
@@ -104,30 +106,39 @@ class LMLogits(nn.Module):
     def local_vocab_columns(self) -> int:
         """How many of this rank's ``V/tp`` logit columns are real vocab (the rest, at the
         end of the last ranks, are padding)."""
-        per_rank = self.padded_vocab_size // dist.get_tensor_parallel_size()
-        start = dist.get_tensor_parallel_rank() * per_rank
+        per_rank = self.padded_vocab_size // self._dist_util.tensor_parallel_size
+        start = self._dist_util.tensor_parallel_rank * per_rank
         return max(0, min(per_rank, self.vocab_size - start))
+
+    @property
+    def tp_group(self):
+        """The tensor-parallel group of the mesh this head was built on (``None`` at tp 1)."""
+        return self._dist_util.tp_group
+
+    def enter(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``hidden`` entered into this head's vocab-parallel region (:func:`enter_head`)."""
+        return enter_head(hidden, self.tp_group, self.sequence_parallel)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         weight, bias = self.local_weight_and_bias()
         # [S(0), B] x [S(0), B]^T -> [S(0), S(-1)]  (vocab-split logits)
-        logits = F.linear(enter_head(hidden_states, self.sequence_parallel), weight, bias)
+        logits = F.linear(self.enter(hidden_states), weight, bias)
         if self.padded_vocab_size != self.vocab_size:
-            start = dist.get_tensor_parallel_rank() * weight.shape[0]
+            start = self._dist_util.tensor_parallel_rank * weight.shape[0]
             column = torch.arange(start, start + weight.shape[0], device=logits.device)
             logits = logits.masked_fill(column >= self.vocab_size, torch.finfo(logits.dtype).min)
         return logits
 
     def gather(self, logits: torch.Tensor) -> torch.Tensor:
         """``[S(0), S(-1)] -> [S(0), B]``: full-vocab logits (padding dropped)."""
-        return gather_from_tp(logits, dim=-1)[..., : self.vocab_size]
+        return gather_from_tp(logits, self.tp_group, dim=-1)[..., : self.vocab_size]
 
 
-def enter_head(hidden: torch.Tensor, sequence_parallel: bool = False) -> torch.Tensor:
-    """The head's input entered into its (vocab-parallel) region.
+def enter_head(hidden: torch.Tensor, group, sequence_parallel: bool = False) -> torch.Tensor:
+    """The head's input entered into its (vocab-parallel) region over the tp ``group``.
 
     ``[S(0), B] -> [S(0), B]``: identity forward, ``d hidden`` all-reduced over tp backward;
     with ``sequence_parallel``: ``[S(0), S(1)] -> all-gather -> [S(0), B]``, ``d hidden``
     reduce-scattered back to the sequence shards.
     """
-    return gather_from_sp(hidden) if sequence_parallel else copy_to_tp(hidden)
+    return gather_from_sp(hidden, group) if sequence_parallel else copy_to_tp(hidden, group)

@@ -94,7 +94,7 @@ def create_parameter(
     if seed is None:
         seed = int(torch.randint(0, 2**62, (1,), device="cpu").item())  # the CPU stream
     padded_shape = tuple(padded_shape or shape)
-    util = dist.get_dist_util()
+    util = dist.capture_mesh()
     tp = util.layout.tensor_parallel_size
     if tp_split_dim is not None and padded_shape[tp_split_dim] % tp:
         raise ValueError(
@@ -109,12 +109,18 @@ def create_parameter(
         param.libai_global_shape = tuple(shape)  # the meta tensor has the tp-local shape
     elif _SKIP_INIT:
         local = torch.empty(local_shape, dtype=dtype, device=util.device)
-        param = nn.Parameter(_wrap(local, tp_split_dim))
-        param.libai_deferred_init = (tuple(shape), padded_shape, init_method, seed, tp_split_dim)
-    else:
-        param = nn.Parameter(
-            _shard(_full_value(shape, padded_shape, init_method, seed, dtype), tp_split_dim)
+        param = nn.Parameter(_wrap(local, tp_split_dim, util))
+        param.libai_deferred_init = (
+            tuple(shape),
+            padded_shape,
+            init_method,
+            seed,
+            tp_split_dim,
+            util,
         )
+    else:
+        full = _full_value(shape, padded_shape, init_method, seed, dtype, util.device)
+        param = nn.Parameter(_shard(full, tp_split_dim, util))
     param.libai_init_seed = seed  # lets a tied copy on another stage start equal
     if padded_shape != tuple(shape):  # checkpoints store the logical (unpadded) shape
         param.libai_logical_shape = tuple(shape)
@@ -122,14 +128,16 @@ def create_parameter(
 
 
 def init_deferred(param: nn.Parameter) -> None:
-    """Give a parameter created under :func:`skip_init` the value it would have had."""
-    shape, padded_shape, init_method, seed, tp_split_dim = param.libai_deferred_init
-    value = _shard(_full_value(shape, padded_shape, init_method, seed, param.dtype), tp_split_dim)
+    """Give a parameter created under :func:`skip_init` the value it would have had (on the
+    mesh it was created on)."""
+    shape, padded_shape, init_method, seed, tp_split_dim, util = param.libai_deferred_init
+    full = _full_value(shape, padded_shape, init_method, seed, param.dtype, util.device)
+    value = _shard(full, tp_split_dim, util)
     with torch.no_grad():
         local_value(param).copy_(local_value(value))
 
 
-def _full_value(shape, padded_shape, init_method, seed, dtype) -> torch.Tensor:
+def _full_value(shape, padded_shape, init_method, seed, dtype, device) -> torch.Tensor:
     # on the CPU, with its CPU generator, whatever the default device (a FleetX module is
     # built under ``torch.device("cuda")``): the same values on every device and layout
     generator = torch.Generator().manual_seed(seed)
@@ -138,12 +146,12 @@ def _full_value(shape, padded_shape, init_method, seed, dtype) -> torch.Tensor:
         padded = torch.zeros(padded_shape, dtype=dtype, device="cpu")
         padded[tuple(slice(0, s) for s in shape)] = full
         full = padded
-    return full.to(dist.get_dist_util().device)
+    return full.to(device)
 
 
-def _shard(full: torch.Tensor, tp_split_dim: int | None) -> torch.Tensor:
-    """Cut this rank's tp shard out of ``full`` and wrap it as a DTensor on the stage mesh."""
-    util = dist.get_dist_util()
+def _shard(full: torch.Tensor, tp_split_dim: int | None, util) -> torch.Tensor:
+    """Cut this rank's tp shard out of ``full`` and wrap it as a DTensor on ``util``'s stage
+    mesh."""
     if util.stage_mesh is None:
         return full
     local = full
@@ -151,12 +159,12 @@ def _shard(full: torch.Tensor, tp_split_dim: int | None) -> torch.Tensor:
         local = full.chunk(util.layout.tensor_parallel_size, dim=tp_split_dim)[
             util.tensor_parallel_rank
         ].contiguous()
-    return _wrap(local, tp_split_dim)
+    return _wrap(local, tp_split_dim, util)
 
 
-def _wrap(local: torch.Tensor, tp_split_dim: int | None) -> torch.Tensor:
-    """This rank's shard as a DTensor on the stage mesh (a plain tensor on one process)."""
-    util = dist.get_dist_util()
+def _wrap(local: torch.Tensor, tp_split_dim: int | None, util) -> torch.Tensor:
+    """This rank's shard as a DTensor on ``util``'s stage mesh (a plain tensor on one
+    process)."""
     if util.stage_mesh is None:
         return local
     tp_sbp = dist.broadcast

@@ -255,7 +255,7 @@ class GPTForPreTraining(nn.Module):
         if self.GPT_model.loss_chunk_size and torch.is_grad_enabled():
             if self.GPT_model.lm_head is not None:
                 hidden = self.GPT_model(x, return_hidden=True)
-                return lm_head_input(hidden, self.GPT_model.sequence_parallel)
+                return lm_head_input(hidden, self.GPT_model.lm_head)
         return self.GPT_model(x)
 
     def pipeline_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -121,6 +121,8 @@ class LlamaModel(nn.Module):
         init_method = init_method_normal(initializer_range)
         self.num_layers = hidden_layers
         self.sequence_parallel = sp = dist.is_sequence_parallel()
+        #: the mesh this model is built on (a sequence-parallel forward's tp size)
+        self._dist_util = util = dist.capture_mesh()
         self.embed_tokens = VocabEmbedding(
             vocab_size, hidden_size, init_method, layer_idx=0, sequence_parallel=sp
         )
@@ -157,7 +159,7 @@ class LlamaModel(nn.Module):
             rope_theta,
             scaling=rope_scaling,
             max_position_embeddings=max_position_embeddings,
-        ).to(dist.get_dist_util().device)
+        ).to(util.device)
 
     def hidden_states(
         self,
@@ -180,7 +182,7 @@ class LlamaModel(nn.Module):
         if position_ids is None:
             seq, past = hidden.shape[1], past_length(past_key_values)
             if self.sequence_parallel:  # hidden holds this rank's share of the sequence
-                seq *= dist.get_tensor_parallel_size()
+                seq *= self._dist_util.tensor_parallel_size
             position_ids = torch.arange(past, past + seq, device=hidden.device).unsqueeze(0)
         rotary = self.rotary_emb(position_ids, dtype=hidden.dtype)
         mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
@@ -309,7 +311,7 @@ class LlamaForCausalLM(nn.Module):
         hidden, _ = self.model.hidden_states(x, attention_mask)
         if self.lm_head is not None:
             if self.model.loss_chunk_size and torch.is_grad_enabled():
-                return lm_head_input(hidden, self.model.sequence_parallel)
+                return lm_head_input(hidden, self.lm_head)
             return self.lm_head(hidden)
         return hidden
 

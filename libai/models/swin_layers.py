@@ -141,7 +141,7 @@ class WindowAttention(nn.Module):
         self.num_heads, self.window, self.cosine = num_heads, window, cosine
         self.scale = 1.0 if cosine else (qk_scale or (dim // num_heads) ** -0.5)
         self.attn_drop, self.layer_idx = attn_drop, layer_idx
-        device = dist.get_dist_util().device
+        device = dist.capture_mesh().device
         # [S(0), B] x [B, B]^T -> [S(0), B]  (replicated over tp, as in LiBai)
         self.qkv = Linear(
             dim, 3 * dim, qkv_bias and not cosine, "data", trunc_normal, layer_idx=layer_idx
@@ -260,7 +260,7 @@ class SwinBlock(nn.Module):
         )
         mask = None
         if shift > 0:
-            mask = shifted_window_mask(*resolution, window, shift).to(dist.get_dist_util().device)
+            mask = shifted_window_mask(*resolution, window, shift).to(dist.capture_mesh().device)
         self.register_buffer("attn_mask", mask, persistent=False)
 
     def window_attention(self, x: torch.Tensor) -> torch.Tensor:

@@ -247,12 +247,12 @@ class MegatronT5ForPreTraining(nn.Module):
         different numbers of loss tokens."""
         total = self.loss_func.token_losses(logits, labels).sum()
         count = (labels != self.loss_func.ignore_index).sum().to(torch.float32)
-        group = dist.get_dist_util().dp_group
+        group = self.loss_func._dist_util.dp_group
         if group is not None:
             count = count.clone()
             # [P] -> all-reduce over dp -> [B]: the global batch's loss tokens
             torch.distributed.all_reduce(count, group=group)
-            count = count / dist.get_data_parallel_size()
+            count = count / torch.distributed.get_world_size(group)
         return total / count.clamp(min=1)
 
     # ---- pipeline contract (libai.runtime.parallel) --------------------------------------------

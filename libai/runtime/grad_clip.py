@@ -9,12 +9,12 @@ from torch.distributed.tensor import DTensor, Shard
 from libai import dist
 
 
-def _is_tp_sharded(p: torch.Tensor) -> bool:
+def _is_tp_sharded(p: torch.Tensor, util) -> bool:
     """Whether ``p`` is sharded over the ``tp`` dim of its mesh (the stage's (dp, tp) mesh,
     or the (dp, tp) / (dp_replicate, dp_shard, tp) mesh of a ZeRO-3 parameter)."""
     if not isinstance(p, DTensor):
         return False
-    names = p.device_mesh.mesh_dim_names or dist.get_dist_util().stage_dims
+    names = p.device_mesh.mesh_dim_names or util.stage_dims
     return any(isinstance(pl, Shard) and names[i] == "tp" for i, pl in enumerate(p.placements))
 
 
@@ -31,22 +31,23 @@ def _terms(grads: list[torch.Tensor], norm_type: float) -> list[torch.Tensor]:
     return list(torch._foreach_pow(norms, norm_type))
 
 
-def _combine(terms: list[torch.Tensor], norm_type: float) -> torch.Tensor:
+def _combine(terms: list[torch.Tensor], norm_type: float, device) -> torch.Tensor:
     """Norm terms combined into one fp32 scalar: their sum, or their max for inf (0 for
     none)."""
     if not terms:
-        return torch.zeros((), device=dist.get_dist_util().device, dtype=torch.float32)
+        return torch.zeros((), device=device, dtype=torch.float32)
     stacked = torch.stack(terms)
     return stacked.max() if norm_type == float("inf") else stacked.sum()
 
 
-def _parameter_terms(parameters: list, norm_type: float, dp_sharded: bool, group=None) -> list:
+def _parameter_terms(
+    parameters: list, norm_type: float, dp_sharded: bool, util, group=None
+) -> list:
     """One fp32 norm term per parameter in parameter order, 0 for a parameter without a
     gradient. With ``dp_sharded`` (ZeRO stage 2: a dp rank holds the gradients of its own
     part only; stage 3: a piece of each) they are summed over ``group`` (default: dp); for
     stage 2 that is exact (one rank holds each), so the terms and their sum equal those of
     an unsharded run to the bit."""
-    util = dist.get_dist_util()
     held = [p for p in parameters if p.grad is not None]
     computed = dict(zip(map(id, held), _terms([p.grad for p in held], norm_type)))
     zero = torch.zeros((), device=util.device, dtype=torch.float32)
@@ -66,6 +67,7 @@ def clip_grad_norm_(
     *,
     dp_sharded: bool = False,
     shard_group=None,
+    util=None,
 ) -> torch.Tensor:
     """Clip gradients in place so that their global norm is at most ``max_norm``.
 
@@ -77,18 +79,19 @@ def clip_grad_norm_(
     the per-parameter terms are then summed over dp first, so the norm adds them in the same
     order as without sharding (bitwise equal). ZeRO-3 passes ``shard_group``: the ranks
     whose gradient pieces make up a whole (HSDP's shard group; dp otherwise). Returns the
-    total norm (same on all ranks), a tensor: nothing in here waits for the device.
+    total norm (same on all ranks), a tensor: nothing in here waits for the device. ``util``:
+    the mesh of the parameters (default the current one).
     """
-    util = dist.get_dist_util()
+    util = util or dist.get_dist_util()
     parameters = list(parameters)
     params = [p for p in parameters if p.grad is not None]
     norm_type = float(norm_type)
     # the last stage's copy of a tied weight is already counted on the first stage
     counted = [p for p in parameters if not getattr(p, "libai_tied_copy", False)]
-    terms = _parameter_terms(counted, norm_type, dp_sharded, shard_group)
-    is_sharded = [_is_tp_sharded(p) for p in counted]
-    sharded = _combine([t for t, s in zip(terms, is_sharded) if s], norm_type)
-    replicated = _combine([t for t, s in zip(terms, is_sharded) if not s], norm_type)
+    terms = _parameter_terms(counted, norm_type, dp_sharded, util, shard_group)
+    is_sharded = [_is_tp_sharded(p, util) for p in counted]
+    sharded = _combine([t for t, s in zip(terms, is_sharded) if s], norm_type, util.device)
+    replicated = _combine([t for t, s in zip(terms, is_sharded) if not s], norm_type, util.device)
     op = torch_dist.ReduceOp.MAX if norm_type == float("inf") else torch_dist.ReduceOp.SUM
     if util.tp_group is not None:
         torch_dist.all_reduce(sharded, op=op, group=util.tp_group)

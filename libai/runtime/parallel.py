@@ -65,13 +65,14 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
-def prune_to_stages(model: nn.Module, stages: set[int]) -> nn.Module:
-    """Drop (in place) every submodule whose ``layer_idx`` belongs to a stage not in ``stages``.
+def prune_to_stages(model: nn.Module, stages: set[int], util=None) -> nn.Module:
+    """Drop (in place) every submodule whose ``layer_idx`` belongs to a stage not in ``stages``
+    (of ``util``'s layout; default the mesh ``model`` was built on).
 
     Modules in an ``nn.ModuleDict`` are deleted (the other keys, hence parameter names, stay);
     other submodules are replaced by ``None``. Returns ``model``.
     """
-    util = dist.get_dist_util()
+    util = util or dist.mesh_of(model)
     for name, child in list(model.named_children()):
         if child is None:
             continue
@@ -82,7 +83,7 @@ def prune_to_stages(model: nn.Module, stages: set[int]) -> nn.Module:
             else:
                 setattr(model, name, None)
         else:
-            prune_to_stages(child, stages)
+            prune_to_stages(child, stages, util)
     return model
 
 
@@ -109,7 +110,8 @@ def _first_rows(value, rows: int):
 
 
 class ModelRunner:
-    """Forward, backward and gradient synchronization of ``model`` on the current mesh.
+    """Forward, backward and gradient synchronization of ``model`` on the mesh it was built on
+    (:func:`libai.dist.mesh_of`; the current mesh for a model without libai layers).
 
     Args:
         model: a libai model built after :func:`libai.dist.setup_dist_util`.
@@ -159,9 +161,9 @@ class ModelRunner:
         overlap_grad_reduce: bool = True,
         no_recompute_layers=(),
     ):
-        util = dist.get_dist_util()
+        util = dist.mesh_of(model)
         layout = util.layout
-        check_sequence_parallel_support(model)
+        check_sequence_parallel_support(model, layout)
         if not isinstance(num_microbatches, int) or num_microbatches < 1:
             raise ValueError(
                 f"num_microbatches must be a positive integer, got {num_microbatches!r}"
@@ -281,12 +283,12 @@ class ModelRunner:
                 "contract, libai.models.contract) and cannot run with pipeline_parallel_size > 1."
             )
         stages = util.local_stages()
-        prune_to_stages(self.model, set(stages))
+        prune_to_stages(self.model, set(stages), util)
         if len(stages) == 1:
             stage_models = [self.model]
         else:
             stage_models = [
-                prune_to_stages(_copy_sharing_parameters(self.model), {s}) for s in stages
+                prune_to_stages(_copy_sharing_parameters(self.model), {s}, util) for s in stages
             ]
         self._stage_models = stage_models
         last = layout.num_stages - 1
@@ -417,7 +419,7 @@ class ModelRunner:
     def _run_schedule(self, run, batch) -> torch.Tensor:
         """Drive ``run`` (the schedule's ``step`` or ``eval``) with this rank's stage inputs;
         returns the last stage's mean micro-batch loss, 0 on other stages."""
-        check_sequence_parallel_batch(batch)  # on every stage, before any send
+        check_sequence_parallel_batch(batch, self.util.layout)  # on every stage, before any send
         if self.pipeline_batch_size is None:
             self.pipeline_batch_size = _batch_rows(batch)
         self._sync_stage_modes()
@@ -463,7 +465,7 @@ class ModelRunner:
                 return forward(
                     *pipeline_inputs(self.model, batch), **pipeline_stage_kwargs(self.model, batch)
                 )
-        check_sequence_parallel_batch(batch)
+        check_sequence_parallel_batch(batch, self.util.layout)
         if self.pipeline_batch_size is None:
             self.pipeline_batch_size = _batch_rows(batch)
         batch, rows = self._pad_to_pipeline_batch(batch)
@@ -518,6 +520,7 @@ class ModelRunner:
             norm_type,
             dp_sharded=self.grad_sharder is not None,
             shard_group=getattr(self.grad_sharder, "norm_group", None),
+            util=self.util,
         )
 
     def train_step(
@@ -603,5 +606,5 @@ def pipeline_target(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> torc
 
 
 def train_step(runner: ModelRunner, batch: Mapping[str, torch.Tensor], optimizer) -> float:
-    """One training step of ``runner``'s model on the current mesh; returns the mean loss."""
+    """One training step of ``runner``'s model on its mesh; returns the mean loss."""
     return runner.train_step(batch, optimizer)

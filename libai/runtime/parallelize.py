@@ -71,7 +71,7 @@ def parallelize(
     collective for a ZeRO stage or switch the layout cannot apply.
     """
     spec = as_spec(train)
-    util = dist.get_dist_util()
+    util = dist.mesh_of(model)  # the mesh the model was built on
     amp_dtype = spec.amp_dtype()
     grad_scaler = None
     if amp_dtype == torch.float16:

@@ -21,16 +21,14 @@ from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.distributed.tensor import DTensor
 
-from libai import dist
 from libai.layers.collectives import check_sequence_split
 
 
-def check_sequence_parallel_support(model: nn.Module) -> None:
-    """Raise (before any collective) if sequence parallel is on and ``model`` cannot run it;
-    a model declares support with the class attribute ``supports_sequence_parallel = True``."""
-    if dist.get_dist_util().layout.sequence_parallel and not getattr(
-        model, "supports_sequence_parallel", False
-    ):
+def check_sequence_parallel_support(model: nn.Module, layout) -> None:
+    """Raise (before any collective) if sequence parallel is on in ``layout`` (a
+    :class:`~libai.dist.DistLayout`) and ``model`` cannot run it; a model declares support
+    with the class attribute ``supports_sequence_parallel = True``."""
+    if layout.sequence_parallel and not getattr(model, "supports_sequence_parallel", False):
         raise ValueError(
             f"train.dist.sequence_parallel=True, but {type(model).__name__} does not support "
             "sequence parallelism (GPT-2 and Llama/Qwen2 do). Set "
@@ -63,15 +61,15 @@ def all_reduce_sequence_parallel_grads(model: nn.Module, names: set[str], group)
             grad.copy_(summed)
 
 
-def check_sequence_parallel_batch(batch) -> None:
-    """Raise on every rank if the batch's sequences do not split over tp.
+def check_sequence_parallel_batch(batch, layout) -> None:
+    """Raise on every rank if the batch's sequences do not split over ``layout``'s tp.
 
     Under pipeline parallel only the first stage sees the token ids, and a later stage would
     wait for activations that never come; so each rank checks dim 1 of the batch's
     ``[batch, seq, ...]`` tensors (ids, labels, masks) before the schedule runs.
     """
-    if not dist.is_sequence_parallel() or not isinstance(batch, Mapping):
+    if not layout.sequence_parallel or not isinstance(batch, Mapping):
         return
     for value in batch.values():
         if isinstance(value, torch.Tensor) and value.dim() >= 2:
-            check_sequence_split(value.shape[1])
+            check_sequence_split(value.shape[1], layout.tensor_parallel_size)

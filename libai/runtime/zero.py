@@ -181,7 +181,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
             raise ValueError(f"ZeRO stage {stage!r} is not supported by ZeroOptimizer")
         if optimizer.state:
             raise ValueError("ZeroOptimizer needs a fresh optimizer (its state is not empty)")
-        util = dist.get_dist_util()
+        util = dist.mesh_of(model)
         self.util, self.stage, self.inner = util, stage, optimizer
         self.group = util.dp_group
         self.dp_size = util.layout.data_parallel_size

@@ -157,7 +157,7 @@ class SimCSE(nn.Module):
         of every data-parallel rank join the negatives (``gather_negatives``)."""
         group = None
         if self.training and self.gather_negatives:
-            group = dist.get_dist_util().dp_group
+            group = dist.mesh_of(self).dp_group  # the mesh this model was built on
         return contrastive_loss(embeddings, self.temperature, self.hard_negative_weight, group)
 
     @accepts_hf_keywords

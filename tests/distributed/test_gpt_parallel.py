@@ -134,3 +134,30 @@ def test_layout_2x2x2_on_8_ranks(reference):
     assert len(items) == 8
     check_numbers(items)
     check_pipeline_share(items, TINY_GPT["hidden_layers"], 2)
+
+
+def test_two_models_on_two_meshes_train_side_by_side(reference):
+    """A tp2 x dp2 GPT and a dp4 GPT built on two meshes of the same four processes; each
+    runs its steps while the *other* model's mesh is current (dist_scripts/two_meshes.py).
+    Both equal one process (loss, every gradient, global norm, final parameters) and each
+    rank holds its own mesh's share: a layer, loss or runner that read the current mesh at
+    run time would use the other model's tp / dp groups and diverge."""
+    _, path = reference
+    results = torchrun("two_meshes.py", 4, path)
+    for rank, result in enumerate(results):
+        assert result["ok"], f"rank {rank}: {result['error']}\n{result['trace']}"
+        for name, tp, dp in (("tp2xdp2", 2, 2), ("dp4", 1, 4)):
+            run = result[name]
+            assert (run["tensor_parallel_size"], run["data_parallel_size"]) == (tp, dp)
+            assert run["mesh_of_is_own"], name
+            assert run["init_diff"] == 0.0, name
+            assert run["loss_diff"] <= GRAD_TOL, (name, run["loss_diff"])
+            assert run["grad_diff"][0] <= GRAD_TOL, (name, run["grad_diff"])
+            assert run["norm_diff"] <= GRAD_TOL, (name, run["norm_diff"])
+            assert run["final_diff"][0] <= GRAD_TOL, (name, run["final_diff"])
+        a, b = result["tp2xdp2"], result["dp4"]
+        # tp2: every tp-sharded parameter is held by half, the rest whole; dp4: all whole
+        halves = {n for n, f in a["fractions"].items() if f == 0.5}
+        assert a["tp_sharded"] and set(a["tp_sharded"]) == halves
+        assert set(a["fractions"].values()) == {0.5, 1.0}
+        assert b["tp_sharded"] == [] and set(b["fractions"].values()) == {1.0}

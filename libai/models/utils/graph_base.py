@@ -79,7 +79,7 @@ class GraphBase(nn.Module):
         self.amp_dtype = torch.float16 if fp16 else None
         self.grad_scaler = None
         if fp16 and is_train:
-            dp = dist.get_data_parallel_size() if dist.current_dist_util() is not None else 1
+            dp = dist.mesh_of(model).layout.data_parallel_size
             self.grad_scaler = torch.amp.GradScaler(
                 self.device_type,
                 init_scale=65536.0 * dp,

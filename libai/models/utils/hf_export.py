@@ -42,8 +42,10 @@ def _written_here(p: torch.Tensor | None) -> bool:
     return p is not None and not p.is_meta and not getattr(p, "libai_tied_copy", False)
 
 
-def _stage_leader() -> bool:
-    util = dist.get_dist_util()
+def _stage_leader(model) -> bool:
+    """Whether this rank writes its stage's tensors (dp rank 0 and tp rank 0 of the mesh
+    ``model`` was built on)."""
+    util = dist.mesh_of(model)
     return util.data_parallel_rank == 0 and util.tensor_parallel_rank == 0
 
 
@@ -51,7 +53,7 @@ def _plan(model, rules: dict[str, Rule], dtype, max_shard_bytes: int):
     """Assign each exported rule to a shard file; the same answer on every rank."""
     params = dict(model.named_parameters(remove_duplicate=False))
     mine = []  # (libai name, {hf name: nbytes}) of rules this stage's leader writes
-    if _stage_leader():
+    if _stage_leader(model):
         for name, rule in rules.items():
             p = params.get(name)
             if not _written_here(p):

@@ -309,15 +309,19 @@ def check_linear(results: dict) -> None:
 
                 def run(layer, x, parallel=parallel, skip=skip_bias_add):
                     if parallel == "row":  # a row layer reads the split output of a col layer
-                        x = scatter_to_tp(x, dim=-1)
+                        x = scatter_to_tp(x, layer._dist_util.tp_group, dim=-1)
                     out = layer(x)
                     if skip:  # (output without bias, bias): the caller adds it
                         out, b = out
                         if parallel == "col":
-                            b = gather_from_tp(b, dim=-1)
-                            out = gather_from_tp(out, dim=-1)
+                            b = gather_from_tp(b, layer._dist_util.tp_group, dim=-1)
+                            out = gather_from_tp(out, layer._dist_util.tp_group, dim=-1)
                         return out + b
-                    return gather_from_tp(out, dim=-1) if parallel == "col" else out
+                    return (
+                        gather_from_tp(out, layer._dist_util.tp_group, dim=-1)
+                        if parallel == "col"
+                        else out
+                    )
 
                 def ref(P, x, bias=bias):
                     return ref_linear(P, "", x, bias=bias)

@@ -13,12 +13,13 @@ from layer_helpers import randn, single_process  # noqa: F401 (single_process: a
 from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
-import libai.layers.chunked_loss as chunked_loss_module
+import libai.layers.lm_logits as lm_logits_module
 from libai import dist
 from libai.layers import (
     LMLogits,
     MultiheadAttention,
     TransformerLayer,
+    VocabEmbedding,
     chunked_lm_loss,
     init_method_normal,
     lm_head_input,
@@ -305,18 +306,20 @@ def test_chunked_loss_forward_holds_one_chunk_of_logits():
     assert buffer <= peak < 1.5 * buffer, (peak, buffer)
 
 
-def test_lm_head_input_defaults_to_no_sequence_gather(monkeypatch):
-    """Without ``sequence_parallel`` (the documented default False) the head input is only
-    entered into the tp region, never all-gathered along the sequence."""
+def test_lm_head_input_enters_the_heads_region_as_the_head_does(monkeypatch):
+    """The head input is entered with the head's own ``sequence_parallel`` (LMLogits's
+    documented default False: entered into the tp region, never all-gathered along the
+    sequence) and the head's tp group."""
     seen = []
-    enter_head = chunked_loss_module.enter_head
+    enter_head = lm_logits_module.enter_head
 
-    def spy(hidden, sequence_parallel=False):
-        seen.append(sequence_parallel)
-        return enter_head(hidden, sequence_parallel)
+    def spy(hidden, group, sequence_parallel=False):
+        seen.append((group, sequence_parallel))
+        return enter_head(hidden, group, sequence_parallel)
 
-    monkeypatch.setattr(chunked_loss_module, "enter_head", spy)
+    monkeypatch.setattr(lm_logits_module, "enter_head", spy)
     hidden = randn(2, 3, 8)
-    assert torch.equal(lm_head_input(hidden), hidden)
-    lm_head_input(hidden, True)
-    assert seen == [False, True]
+    embedding = VocabEmbedding(11, 8)
+    assert torch.equal(lm_head_input(hidden, LMLogits(embedding)), hidden)
+    lm_head_input(hidden, LMLogits(embedding, sequence_parallel=True))
+    assert seen == [(None, False), (None, True)]

@@ -64,7 +64,7 @@ def ce_case():
 def test_vocab_parallel_cross_entropy_matches_torch_and_leaves_logits_alone():
     logits, target = ce_case()
     before = logits.clone()
-    ce = vocab_parallel_cross_entropy(logits, target, -100)
+    ce = vocab_parallel_cross_entropy(logits, target, -100, None)
     want = F.cross_entropy(before, target, ignore_index=-100, reduction="none")
     close(ce.loss, want)
     close(ce.row_max, before.max(dim=-1).values)
@@ -78,7 +78,7 @@ def test_vocab_parallel_cross_entropy_matches_torch_and_leaves_logits_alone():
 def test_vocab_parallel_cross_entropy_in_place_reuses_the_logits():
     logits, target = ce_case()
     before = logits.clone()
-    ce = vocab_parallel_cross_entropy(logits, target, -100, in_place=True)
+    ce = vocab_parallel_cross_entropy(logits, target, -100, None, in_place=True)
     close(ce.loss, F.cross_entropy(before, target, ignore_index=-100, reduction="none"))
     # the logits' storage now holds exp(logit - row max): no [N, V] temporary was allocated
     assert ce.exp.data_ptr() == logits.data_ptr()
@@ -205,9 +205,12 @@ def test_tp2_row_linear_given_the_full_input_says_so():
 def test_tp2_head_input_is_not_gathered_without_sequence_parallel():
     h = randn(2, 4, 8, seed=6)
     with fake_rank(1, 2, {"tensor_parallel_size": 2}):
-        assert torch.equal(enter_head(h), h)  # identity forward (all-reduce of d h backward)
         emb = VocabEmbedding(99, 8)
-        logits = LMLogits(emb)(h)
+        head = LMLogits(emb)
+        # identity forward (all-reduce of d h backward)
+        assert torch.equal(enter_head(h, head.tp_group), h)
+        assert torch.equal(head.enter(h), h)
+        logits = head(h)
     assert logits.shape == (2, 4, 50)  # this rank's vocab shard of every position
 
 

@@ -152,8 +152,7 @@ def test_resmlp_final_affine_belongs_to_the_last_stage():
     final Affine norm (built with ``layer_idx=-1``, like the head) is dropped with the head."""
     torch.manual_seed(0)
     model = ResMLP(img_size=16, patch_size=4, in_chans=3, embed_dim=12, depth=2, num_classes=5)
-    with dist.use_dist_util(stand_in_stages([0, 1])):
-        prune_to_stages(model, {0})
+    prune_to_stages(model, {0}, stand_in_stages([0, 1]))
     names = {n for n, _ in model.named_parameters()}
     assert model.norm is None and model.head is None
     assert not any(n.startswith(("norm.", "head.", "blocks.1.")) for n in names), names
@@ -238,9 +237,9 @@ def test_megatron_t5_pipeline_split_without_the_decoder_norm():
     batch = libai_batch()
     want = megatron_reference(model, batch)
     first, last = model, copy.deepcopy(model)
-    with dist.use_dist_util(stand_in_stages([0, 0, 0, 1])):
-        prune_to_stages(first, {0})
-        prune_to_stages(last, {1})
+    stages = stand_in_stages([0, 0, 0, 1])
+    prune_to_stages(first, {0}, stages)
+    prune_to_stages(last, {1}, stages)
     assert first.t5_model.decoder.final_layernorm is None
     masks = {
         "encoder_mask": batch["encoder_attn_mask"],

@@ -187,7 +187,7 @@ def test_dp_sharded_terms_summed_over_the_shard_group(world, p, shard_group):
     fake = peers({group: peer_terms, other: peer_terms * 100, TP: term([x1_tp_peer], p)})
     expected = torch.nn.utils.get_total_norm([x0, x1, x1_tp_peer, x2], norm_type=p)
 
-    terms = grad_clip._parameter_terms(params, p, True, shard_group)
+    terms = grad_clip._parameter_terms(params, p, True, dist.get_dist_util(), shard_group)
     want = [term([x0], p), term([x1], p), term([x2], p)]
     torch.testing.assert_close(torch.stack(terms), torch.stack(want).float(), rtol=1e-5, atol=0)
     assert fake.calls[-1] == (group, torch_dist.ReduceOp.SUM, (3,))
@@ -214,13 +214,15 @@ def test_is_tp_sharded_uses_mesh_names_then_stage_dims(world):
     util, _ = world
     util.stage_dims = ("tp", "dp")  # differs from the mesh's own names
     x = g(41, 2)
-    assert not grad_clip._is_tp_sharded(x)
-    assert not grad_clip._is_tp_sharded(param(x))
-    assert grad_clip._is_tp_sharded(param(x, [Replicate(), Shard(0)]))
-    assert not grad_clip._is_tp_sharded(param(x, [Shard(0), Replicate()]))
+    assert not grad_clip._is_tp_sharded(x, util)
+    assert not grad_clip._is_tp_sharded(param(x), util)
+    assert grad_clip._is_tp_sharded(param(x, [Replicate(), Shard(0)]), util)
+    assert not grad_clip._is_tp_sharded(param(x, [Shard(0), Replicate()]), util)
     # no names on the mesh: the stage dims name its dims
-    assert grad_clip._is_tp_sharded(param(x, [Shard(0), Replicate()], device_mesh=mesh(None)))
-    assert not grad_clip._is_tp_sharded(param(x, [Replicate(), Shard(0)], device_mesh=mesh(None)))
+    assert grad_clip._is_tp_sharded(param(x, [Shard(0), Replicate()], device_mesh=mesh(None)), util)
+    assert not grad_clip._is_tp_sharded(
+        param(x, [Replicate(), Shard(0)], device_mesh=mesh(None)), util
+    )
 
 
 @pytest.mark.parametrize("p", NORMS)
@@ -258,20 +260,20 @@ def test_zero_terms_are_fp32_on_the_util_device(world, p):
         total = grad_clip.clip_grad_norm_(params, 1e6, p)
         assert total.dtype == torch.float32
         torch.testing.assert_close(total, torch.nn.utils.get_total_norm([x], norm_type=p))
-        (zero,) = grad_clip._parameter_terms([params[1]], p, False)
+        (zero,) = grad_clip._parameter_terms([params[1]], p, False, util)
         assert zero.dtype == torch.float32 and float(zero) == 0.0
-        empty = grad_clip._combine([], p)
+        empty = grad_clip._combine([], p, util.device)
         assert empty.dtype == torch.float32 and float(empty) == 0.0
     util.device = torch.device("meta")
-    assert grad_clip._combine([], p).device.type == "meta"
-    assert grad_clip._parameter_terms([params[1]], p, False)[0].device.type == "meta"
+    assert grad_clip._combine([], p, util.device).device.type == "meta"
+    assert grad_clip._parameter_terms([params[1]], p, False, util)[0].device.type == "meta"
 
 
 def test_combine_sums_or_takes_the_max(world):
     t = [torch.tensor(1.5), torch.tensor(4.0), torch.tensor(2.0)]
-    assert float(grad_clip._combine(t, 2.0)) == 7.5
-    assert float(grad_clip._combine(t, 3.0)) == 7.5
-    assert float(grad_clip._combine(t, INF)) == 4.0
+    assert float(grad_clip._combine(t, 2.0, None)) == 7.5
+    assert float(grad_clip._combine(t, 3.0, None)) == 7.5
+    assert float(grad_clip._combine(t, INF, None)) == 4.0
 
 
 def test_default_norm_type_is_2(world):

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Shard
 
 from libai import dist
 from libai.layers.param import init_deferred, skip_init
@@ -163,7 +163,9 @@ def _shard_spec(param: torch.Tensor) -> ShardSpec | None:
     local = param.to_local().shape
     for d, (full, part) in enumerate(zip(param.shape, local)):
         if full != part:
-            return ShardSpec(d, dist.get_tensor_parallel_rank(), full // part)
+            # the mesh dim that shards ``d`` (the tensor-parallel one of the param's own mesh)
+            mesh_dim = next(i for i, p in enumerate(param.placements) if p == Shard(d))
+            return ShardSpec(d, param.device_mesh.get_local_rank(mesh_dim), full // part)
     return None
 
 
