@@ -8,7 +8,6 @@ import importlib
 from torch import nn
 
 from libai.layers.param import init_method_normal, scaled_init_method_normal
-from libai.models.utils.graph_base import GraphBase
 from libai.models.utils.hf_export import save_huggingface
 from libai.models.utils.hf_io import CheckpointError, CheckpointReader, read_hf_config
 from libai.models.utils.model_loader.base_loader import ModelLoaderHuggerFace, libai_class
@@ -27,6 +26,13 @@ LOADERS = {
     "swin": "libai.models.utils.model_loader.swin_loader:SwinLoaderHuggerFace",
     "swinv2": "libai.models.utils.model_loader.swin_loader:Swinv2LoaderHuggerFace",
 }
+
+
+def __getattr__(name: str):
+    """``GraphBase`` at LiBai's path, from :mod:`libai.runtime.graph` on first use."""
+    if name == "GraphBase":
+        return importlib.import_module("libai.runtime.graph").GraphBase
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def get_loader_class(model_type: str) -> type[ModelLoaderHuggerFace]:

@@ -32,6 +32,7 @@ from libai.models.swin_layers import SwinBlock
 from libai.models.t5_megatron import MegatronT5ForPreTraining
 from libai.models.utils import CheckpointError, GraphBase, load_huggingface, save_huggingface
 from libai.models.utils.hf_io import CheckpointReader
+from libai.runtime.memory_estimator import CountingDistUtil
 from libai.runtime.parallel import ModelRunner, prune_to_stages
 
 BERT_TINY = dict(
@@ -314,13 +315,15 @@ def test_graph_base_fp16_step_is_sgd(no_compile):
 
 
 def test_graph_base_fp16_initial_scale_is_65536_times_dp(no_compile):
-    """LiBai's initial loss scale is ``65536 x dp`` (dp read from the current mesh)."""
-    layout = types.SimpleNamespace(data_parallel_size=4)
+    """LiBai's initial loss scale is ``65536 x dp`` (dp of the model's mesh: here the current
+    one, a dp4 stand-in, as the model has no libai layers)."""
+    layout = dist.resolve_layout({"data_parallel_size": 4}, 4)
     model = Quadratic()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with dist.use_dist_util(types.SimpleNamespace(layout=layout)):
+    with dist.use_dist_util(CountingDistUtil(layout, 0)):
         graph = GraphBase(model, opt, fp16=True, device="cpu")
-    assert graph.grad_scaler.get_scale() == 65536.0 * 4
+    assert graph.grad_scaler.scale == 65536.0 * 4
+    assert graph.grad_scaler.growth_interval == 2000
 
 
 # ---- export ---------------------------------------------------------------------------------
