@@ -84,7 +84,7 @@ train = dict(
 
     # Parallel layout; the keys of libai.dist.DIST_CONFIG_KEYS
     dist=dict(
-        # None = world_size / (tensor_parallel_size * pipeline_parallel_size)
+        # None = world_size / (tensor x pipeline x context parallel sizes)
         data_parallel_size=None,
         tensor_parallel_size=1,
         pipeline_parallel_size=1,
@@ -101,6 +101,9 @@ train = dict(
         # ours: Megatron-style sequence parallel (norms / dropout / residuals split along the
         # sequence over the tp group; needs tensor_parallel_size > 1; GPT-2 and Llama/Qwen2)
         sequence_parallel=False,
+        # ours (Megatron's name): each sequence split over this many ranks (head-tail chunks),
+        # attention across them; composes with data and tensor parallel (GPT-2, Llama/Qwen2)
+        context_parallel_size=1,
     ),
 )
 # fmt: on

@@ -61,6 +61,8 @@ DIST_CONFIG_KEYS = {
     "pipeline_schedule": "1F1B",
     # ours: Megatron-style sequence parallel over the tp group (needs tensor_parallel_size > 1)
     "sequence_parallel": False,
+    # ours (Megatron's name): each sequence split over this many ranks, attention across them
+    "context_parallel_size": 1,
 }
 
 
@@ -106,6 +108,8 @@ class DistLayout:
     pipeline_schedule: str = "1F1B"
     #: norms, dropout and residuals of each block split along the sequence over tp
     sequence_parallel: bool = False
+    #: ranks each sequence is split over (context parallel, :mod:`libai.layers.context_parallel`)
+    context_parallel_size: int = 1
 
     @property
     def num_stages(self) -> int:
@@ -118,6 +122,7 @@ class DistLayout:
             world_size=self.world_size,
             pp=self.pipeline_parallel_size,
             dp_shard=self.data_parallel_size,
+            cp=self.context_parallel_size,
             tp=self.tensor_parallel_size,
         )
 
@@ -141,8 +146,10 @@ def resolve_layout(dist_cfg, world_size: int) -> DistLayout:
         raise ValueError(
             "train.dist.device_type='cuda' but no CUDA device is available; use 'cpu'."
         )
-    dims = ParallelDims.resolve(world_size, tp=tp, pp=pp, dp=cfg["data_parallel_size"])
+    cp = _positive_int("context_parallel_size", cfg["context_parallel_size"])
+    dims = ParallelDims.resolve(world_size, tp=tp, pp=pp, cp=cp, dp=cfg["data_parallel_size"])
     sequence_parallel = _sequence_parallel(cfg["sequence_parallel"], tp)
+    _check_context_parallel(cp, pp, sequence_parallel)
     dp = dims.dp
     num_layers = cfg["pipeline_num_layers"]
     custom = cfg["custom_pipeline_stage_id"]
@@ -178,7 +185,26 @@ def resolve_layout(dist_cfg, world_size: int) -> DistLayout:
         device_type=device_type,
         pipeline_schedule=str(cfg["pipeline_schedule"]),
         sequence_parallel=sequence_parallel,
+        context_parallel_size=cp,
     )
+
+
+def _check_context_parallel(cp: int, pp: int, sequence_parallel: bool) -> None:
+    """Context parallel composes with data and tensor parallel; with pipeline or sequence
+    parallel it is not built yet: one line saying so, before any process group."""
+    if cp == 1:
+        return
+    if pp > 1:
+        raise ValueError(
+            "train.dist.context_parallel_size > 1 with pipeline_parallel_size > 1 is not "
+            "supported yet: use context parallel with data and tensor parallel, or set "
+            "context_parallel_size=1."
+        )
+    if sequence_parallel:
+        raise ValueError(
+            "train.dist.context_parallel_size > 1 with sequence_parallel=True is not supported "
+            "yet: set sequence_parallel=False (context parallel already splits the sequence)."
+        )
 
 
 def _sequence_parallel(value, tp: int) -> bool:
@@ -233,13 +259,17 @@ class DistUtil:
         )
         coord = dict(zip(mesh.mesh_dim_names, mesh.get_coordinate()))
         self.pipeline_rank, self.data_parallel_rank = coord["pp"], coord["dp"]
-        self.tensor_parallel_rank = coord["tp"]
+        self.context_parallel_rank, self.tensor_parallel_rank = coord["cp"], coord["tp"]
         # The (dp, tp) sub-mesh of this rank's stage, keeping only dims of size > 1.
         self.stage_dims = layout.dims.stage_dims()
         self.stage_mesh = mesh[self.stage_dims] if self.stage_dims else None
         self.tp_group = mesh["tp"].get_group() if layout.tensor_parallel_size > 1 else None
         self.dp_group = mesh["dp"].get_group() if layout.data_parallel_size > 1 else None
         self.pp_group = mesh["pp"].get_group() if layout.pipeline_parallel_size > 1 else None
+        self.cp_group = mesh["cp"].get_group() if layout.context_parallel_size > 1 else None
+        #: the ranks that hold the same parameters and see different tokens (dp x cp): the
+        #: gradients and the loss are averaged over them
+        self.grad_group, self.grad_size = self._new_grad_group()
         self.embedding_group = self._new_embedding_group()
 
     def __deepcopy__(self, memo):
@@ -254,6 +284,26 @@ class DistUtil:
     @property
     def data_parallel_size(self) -> int:
         return self.layout.data_parallel_size
+
+    def _new_grad_group(self):
+        """``(group, size)`` of the dp x cp ranks with this rank's (pp, tp) coordinate: the
+        dp group when cp == 1, ``(None, 1)`` when that is one rank."""
+        layout = self.layout
+        size = layout.data_parallel_size * layout.context_parallel_size
+        if layout.context_parallel_size == 1 or size == 1:
+            return self.dp_group, size
+        ranks = self.mesh.mesh  # ("pp", "dp", "cp", "tp")
+        mine = None
+        for p, t in itertools.product(range(ranks.shape[0]), range(ranks.shape[3])):
+            members = [int(r) for r in ranks[p, :, :, t].flatten()]
+            group = torch_dist.new_group(members)  # collective: every rank creates each group
+            if self.rank in members:
+                mine = group
+        return mine, size
+
+    @property
+    def context_parallel_size(self) -> int:
+        return self.layout.context_parallel_size
 
     def _new_embedding_group(self):
         """Group of {first stage, last stage} ranks with the same (dp, tp) coordinate.
@@ -482,6 +532,10 @@ def get_tensor_parallel_rank() -> int:
 
 def get_tensor_parallel_size() -> int:
     return get_dist_util().layout.tensor_parallel_size
+
+
+def get_context_parallel_size() -> int:
+    return get_dist_util().layout.context_parallel_size
 
 
 def is_sequence_parallel() -> bool:

@@ -10,6 +10,12 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from libai import dist
+from libai.layers.context_parallel import (
+    causal_keep,
+    causal_share_attention,
+    gather_sequence,
+    shard_positions,
+)
 from libai.layers.kv_cache import LayerKVCache, StaticLayerKVCache
 from libai.layers.linear import Linear
 from libai.layers.param import InitMethod, default_init_method
@@ -91,7 +97,9 @@ class MultiheadAttention(nn.Module):
                     f"num_attention_heads={num_attention_heads}"
                 )
             head_size = hidden_size // num_attention_heads
-        tp = dist.get_tensor_parallel_size()
+        #: the mesh this layer was built on (its cp group gathers keys and values)
+        self._dist_util = dist.capture_mesh()
+        tp = self._dist_util.tensor_parallel_size
         _divisible("hidden_size", hidden_size, tp)
         _divisible("num_attention_heads", num_attention_heads, tp)
         _divisible("num_key_value_heads", num_key_value_heads, tp)
@@ -193,6 +201,9 @@ class MultiheadAttention(nn.Module):
         if rotary_pos_emb is not None:
             q = apply_rotary_pos_emb(q, *rotary_pos_emb)
             k = apply_rotary_pos_emb(k, *rotary_pos_emb)
+        query_positions = None  # context parallel: the global positions of the queries
+        if self._dist_util.cp_group is not None and not self.is_cross_attention:
+            query_positions, k, v = self._gather_context(q, k, v, past_key_value, use_cache)
         static_keep = None  # a static cache: which slots each query attends to
         if past_key_value is not None and not self.is_cross_attention:
             if isinstance(past_key_value, StaticLayerKVCache):
@@ -203,16 +214,25 @@ class MultiheadAttention(nn.Module):
                 k = torch.cat((past_key_value[0], k), dim=2)
                 v = torch.cat((past_key_value[1], v), dim=2)
         present = (k, v) if use_cache else None
-        mask, is_causal = self._attention_bias(q, k, attention_mask, position_bias, static_keep)
-        # [S(0), S(heads)] per rank: attention is local to this rank's heads
-        core = functools.partial(
-            F.scaled_dot_product_attention,
-            attn_mask=mask,
+        sdpa = dict(
             dropout_p=self.attention_dropout_prob if self.training else 0.0,
-            is_causal=is_causal,
             scale=self.scale,
             enable_gqa=self.group_size > 1,  # kv heads shared by query groups, no copies
         )
+        unmasked = attention_mask is None and position_bias is None
+        if query_positions is not None and self.causal and unmasked:
+            # context parallel: each query chunk against the keys up to its end
+            util = self._dist_util
+            cp, rank = util.context_parallel_size, util.context_parallel_rank
+            core = functools.partial(causal_share_attention, cp=cp, rank=rank, **sdpa)
+        else:
+            mask, is_causal = self._attention_bias(
+                q, k, attention_mask, position_bias, static_keep, query_positions
+            )
+            # [S(0), S(heads)] per rank: attention is local to this rank's heads
+            core = functools.partial(
+                F.scaled_dot_product_attention, attn_mask=mask, is_causal=is_causal, **sdpa
+            )
         if self.checkpoint_core and self.training and torch.is_grad_enabled():
             context = checkpoint(core, q, k, v, use_reentrant=False)
         else:
@@ -226,11 +246,35 @@ class MultiheadAttention(nn.Module):
             out = self.output_dropout(out)
         return (out, present) if use_cache else out
 
-    def _attention_bias(self, q, k, attention_mask, position_bias, static_keep=None):
+    def _gather_context(self, q, k, v, past_key_value, use_cache):
+        """Context parallel: ``(query positions, keys, values)``, the keys and values of the
+        whole sequence gathered from the cp ranks (:mod:`libai.layers.context_parallel`)."""
+        if past_key_value is not None or use_cache:
+            raise ValueError(
+                "a KV cache under context parallel is not supported: generate with "
+                "train.dist.context_parallel_size=1"
+            )
+        util = self._dist_util
+        cp = util.context_parallel_size
+        positions = shard_positions(
+            q.shape[2] * cp, cp, util.context_parallel_rank, device=q.device
+        )
+        # [S(0), S(2)] over (dp, cp) -> all-gather -> [S(0), B]  (reduce-scatter backward)
+        k, v = gather_sequence(k, util.cp_group, 2), gather_sequence(v, util.cp_group, 2)
+        return positions, k, v
+
+    def _attention_bias(
+        self, q, k, attention_mask, position_bias, static_keep=None, query_positions=None
+    ):
         """Return ``(attn_mask, is_causal)`` for SDPA; masked scores get the dtype's min.
-        ``static_keep``: a static cache's bool mask over its slots (instead of causality)."""
+        ``static_keep``: a static cache's bool mask over its slots (instead of causality);
+        ``query_positions``: the queries' global positions (context parallel)."""
         q_len, kv_len = q.shape[2], k.shape[2]
         causal = self.causal and not self.is_cross_attention and q_len > 1
+        if query_positions is not None:
+            causal = self.causal  # one query of a shard still sees only its past
+            if causal and static_keep is None:
+                static_keep = causal_keep(query_positions, kv_len)
         if attention_mask is None and position_bias is None and static_keep is None:
             if causal and q_len == kv_len:
                 return None, True

@@ -24,7 +24,11 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-from libai.layers.cross_entropy import tp_rank, vocab_parallel_cross_entropy
+from libai.layers.cross_entropy import (
+    data_parallel_token_mean,
+    tp_rank,
+    vocab_parallel_cross_entropy,
+)
 from libai.layers.lm_logits import LMLogits
 
 
@@ -207,5 +211,8 @@ def chunked_lm_loss(
         lm_head.local_vocab_columns(),
         lm_head.tp_group,
     )
-    count = (target != ignore_index).sum().clamp(min=1)
-    return total / count
+    count = (target != ignore_index).sum()
+    cp_group = lm_head._dist_util.cp_group
+    if cp_group is not None:  # the token mean of the whole sequences (see ParallelCrossEntropyLoss)
+        return data_parallel_token_mean(total, count, cp_group)
+    return total / count.clamp(min=1)

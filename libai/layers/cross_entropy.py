@@ -92,6 +92,10 @@ class ParallelCrossEntropyLoss(nn.Module):
     full vocab when tp == 1. Ignored positions are masked out of both the sum and the count
     (never mapped to class 0). Computed in fp32. The tp and dp groups are those of the mesh
     current when the loss is built (the model's).
+
+    Under context parallel each rank holds a share of every sequence: the mean is over the
+    valid tokens of the whole sequences (:func:`data_parallel_token_mean` over cp; with
+    ``over_data_parallel`` over dp x cp), as one process computes it.
     """
 
     def __init__(self, ignore_index: int = -100):
@@ -118,9 +122,11 @@ class ParallelCrossEntropyLoss(nn.Module):
         """The mean token loss; with ``over_data_parallel`` the mean over the valid tokens of
         the whole data-parallel batch (see :func:`data_parallel_token_mean`)."""
         count = (target != self.ignore_index).sum()
+        util = self._dist_util
         if over_data_parallel:
-            total = self._total(logits, target)
-            return data_parallel_token_mean(total, count, self._dist_util.dp_group)
+            return data_parallel_token_mean(self._total(logits, target), count, util.grad_group)
+        if util.cp_group is not None:
+            return data_parallel_token_mean(self._total(logits, target), count, util.cp_group)
         return self._total(logits, target) / count.clamp(min=1)
 
     def _total(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -142,7 +148,8 @@ def data_parallel_token_mean(total: torch.Tensor, count: torch.Tensor, group) ->
     """This rank's share of a token mean over the whole data-parallel batch.
 
     ``total`` / ``count`` are this rank's loss sum and valid-token count; ``group`` the
-    data-parallel group (``None`` for dp == 1). The runtime averages
+    ranks whose tokens make up the batch, whose losses the runtime averages (the dp group;
+    dp x cp or cp under context parallel; ``None`` for one rank). The runtime averages
     the ranks' losses (and gradients) over data parallel, so rank ``r`` returns
     ``total_r * dp / sum(count)``: the average is ``sum(total) / sum(count)``, the token mean
     of the global batch -- what LiBai's global tensors compute (its BERT / RoBERTa loss), and

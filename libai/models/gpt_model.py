@@ -221,6 +221,10 @@ class GPTForPreTraining(nn.Module):
     pipeline_target_key = "labels"
     #: runs with train.dist.sequence_parallel (checked by the ModelRunner)
     supports_sequence_parallel = True
+    #: runs with train.dist.context_parallel_size > 1 (libai.runtime.context_parallel): the
+    #: batch keys cut along the sequence (labels are already shifted in GPT's batches)
+    supports_context_parallel = True
+    context_parallel_keys = ("input_ids", "labels")
 
     def __init__(self, cfg=None, **kwargs):
         super().__init__()

@@ -46,6 +46,9 @@ def shift_labels(labels: torch.Tensor, ignore_index: int = IGNORE_INDEX) -> torc
     return F.pad(labels[:, 1:], (0, 1), value=ignore_index)
 
 
+_shift = shift_labels  # the forward's ``shift_labels`` argument shadows the name
+
+
 def check_tensor_parallel(num_attention_heads: int, num_key_value_heads: int) -> None:
     """Raise before anything is built if tp does not divide the (key/value) heads."""
     tp = dist.get_tensor_parallel_size()
@@ -241,10 +244,18 @@ class LlamaForCausalLM(nn.Module):
     parallelism the last stage then returns its hidden states while autograd records (the
     schedule's training step) and ``pipeline_loss`` applies the head chunked. Evaluation and
     generation keep the logits.
+
+    ``shift_labels`` (transformers' name) gives the targets already shifted (position t
+    scored on its entry, no shift inside): context parallel shifts the whole sequence's
+    labels before cutting it (:meth:`context_parallel_batch`).
     """
 
     #: runs with train.dist.sequence_parallel (checked by the ModelRunner)
     supports_sequence_parallel = True
+    #: runs with train.dist.context_parallel_size > 1 (libai.runtime.context_parallel):
+    #: the batch keys cut along the sequence, after :meth:`context_parallel_batch`
+    supports_context_parallel = True
+    context_parallel_keys = ("input_ids", "shift_labels")
 
     def __init__(self, cfg=None, **kwargs):
         super().__init__()
@@ -272,23 +283,36 @@ class LlamaForCausalLM(nn.Module):
         labels: torch.Tensor | None = None,
         past_key_values=None,
         use_cache: bool = False,
+        shift_labels: torch.Tensor | None = None,
     ) -> dict:
         hidden, presents = self.model.hidden_states(
             input_ids, attention_mask, position_ids, past_key_values, use_cache
         )
+        targets = shift_labels
+        if targets is None and labels is not None:
+            targets = _shift(labels)
         chunk = self.model.loss_chunk_size
-        if labels is not None and self.training and not use_cache and chunk:  # the loss only
-            targets = shift_labels(labels)
+        if targets is not None and self.training and not use_cache and chunk:  # the loss only
             return {"lm_loss": chunked_lm_loss(hidden, self.lm_head, targets, chunk, IGNORE_INDEX)}
         logits = self.lm_head(hidden)  # [S(0), S(-1)]: this rank's vocab shard
         out = {}
-        if labels is not None:
-            out["lm_loss"] = self.loss_func(logits, shift_labels(labels))
+        if targets is not None:
+            out["lm_loss"] = self.loss_func(logits, targets)
             if self.training and not use_cache:
                 return out
         out["logits"] = self.lm_head.gather(logits)
         if use_cache:
             out["past_key_values"] = presents
+        return out
+
+    def context_parallel_batch(self, batch) -> dict:
+        """The batch with ``labels`` shifted over the whole sequence (as ``shift_labels``),
+        before context parallel cuts it: a share's last token is scored on the next share's
+        first."""
+        out = dict(batch)
+        labels = out.pop("labels", None)
+        if labels is not None:
+            out["shift_labels"] = _shift(labels)
         return out
 
     # ---- pipeline contract ------------------------------------------------------------------

@@ -85,6 +85,7 @@ gradients during backward, communication buckets) and the allocator's fragmentat
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 from dataclasses import dataclass, field
 
@@ -133,6 +134,8 @@ class RankMemory:
     optimizer: int
     activations_micro_batch: int
     in_flight: int
+    #: context-parallel rank (its peers hold the same bytes)
+    cp_rank: int = 0
     activations: int = field(init=False)
 
     def __post_init__(self):
@@ -148,18 +151,32 @@ class CountingDistUtil(dist.DistUtil):
     """A mesh answer for one rank's coordinates with no process group: parameters come out
     as plain ``meta`` tensors of the rank's local (tp-shard, own-stage) shapes."""
 
-    def __init__(self, layout: dist.DistLayout, pp_rank: int, dp_rank: int = 0, tp_rank: int = 0):
+    def __init__(
+        self,
+        layout: dist.DistLayout,
+        pp_rank: int,
+        dp_rank: int = 0,
+        tp_rank: int = 0,
+        cp_rank: int = 0,
+    ):
         self.layout, self.mesh = layout, None
         self.pipeline_rank, self.data_parallel_rank, self.tensor_parallel_rank = (
             pp_rank,
             dp_rank,
             tp_rank,
         )
-        dp, tp = layout.data_parallel_size, layout.tensor_parallel_size
-        self.rank = (pp_rank * dp + dp_rank) * tp + tp_rank
+        dp, cp, tp = (
+            layout.data_parallel_size,
+            layout.context_parallel_size,
+            layout.tensor_parallel_size,
+        )
+        self.rank = ((pp_rank * dp + dp_rank) * cp + cp_rank) * tp + tp_rank
         self.device = torch.device("meta")
         self.stage_dims, self.stage_mesh = (), None  # plain local tensors
+        self.context_parallel_rank = cp_rank
         self.tp_group = self.dp_group = self.pp_group = self.embedding_group = None
+        self.cp_group = self.grad_group = None
+        self.grad_size = dp * layout.context_parallel_size
 
 
 @contextlib.contextmanager
@@ -304,6 +321,17 @@ def block_activation_bytes(
     return int(tokens * per_token) + weights
 
 
+def gathered_kv_bytes(geo: dict, settings: TrainSettings, cp: int, tp: int, e: int) -> int:
+    """Context parallel: the keys and values of the whole sequence that a block's attention
+    gathers and keeps for backward. A share's two query chunks read the keys up to their own
+    ends (:func:`~libai.layers.context_parallel.causal_share_attention`), chunk ``r`` and
+    chunk ``2 cp - 1 - r`` of ``2 cp``: ``(2 cp + 1) / (2 cp)`` of the sequence's keys and
+    values on every rank."""
+    kv_width = (geo["qkv"] - geo["attn_out"]) // tp  # keys + values per token, this rank
+    tokens = settings.micro_batch_size * settings.seq_length
+    return int(tokens * kv_width * e * (2 * cp + 1) / (2 * cp))
+
+
 def stage_activation_bytes(model, util: CountingDistUtil, settings: TrainSettings) -> int:
     """Bytes a rank keeps for one micro-batch through its pipeline stage(s)."""
     from libai.layers import TransformerLayer
@@ -311,7 +339,8 @@ def stage_activation_bytes(model, util: CountingDistUtil, settings: TrainSetting
     layout = util.layout
     tp, sp = layout.tensor_parallel_size, layout.sequence_parallel
     q = tp if sp else 1
-    tokens = settings.micro_batch_size * settings.seq_length
+    # context parallel: a rank's share of each sequence (its keys and values come on top)
+    tokens = settings.micro_batch_size * settings.seq_length // layout.context_parallel_size
     if not settings.activations:
         return 0
     blocks = [m for m in model.modules() if isinstance(m, TransformerLayer)]
@@ -331,6 +360,9 @@ def stage_activation_bytes(model, util: CountingDistUtil, settings: TrainSetting
     )
     h = _block_geometry(blocks[0])["hidden"]
     e = 2 if settings.amp_dtype is not None else _FP32
+    if layout.context_parallel_size > 1:
+        cp = layout.context_parallel_size
+        total += sum(gathered_kv_bytes(_block_geometry(b), settings, cp, tp, e) for b in blocks)
     stages = util.local_stages() if layout.pipeline_parallel_size > 1 else [0]
     total += sum(s != 0 for s in stages) * tokens * _FP32 * h // q  # received activations
     in_blocks = {id(m) for b in blocks for m in b.modules()}
@@ -377,37 +409,39 @@ def in_flight_micro_batches(layout: dist.DistLayout, pp_rank: int, m: int) -> fl
 
 # ---- the estimate -----------------------------------------------------------------------------
 def estimate_memory(model_cfg, layout: dist.DistLayout, settings: TrainSettings, optim_cfg=None):
-    """One :class:`RankMemory` per rank of ``layout`` (rank order of the ``(pp, dp, tp)``
+    """One :class:`RankMemory` per rank of ``layout`` (rank order of the ``(pp, dp, cp, tp)``
     mesh). Builds the model once per (pp, tp) position on ``meta``; ``optim_cfg``
     (``cfg.optim``) orders the parameters as the trainer's optimizer does."""
     dp, tp = layout.data_parallel_size, layout.tensor_parallel_size
+    cp = layout.context_parallel_size
     rows = []
-    for pp_rank in range(layout.pipeline_parallel_size):
-        for tp_rank in range(tp):
-            util = CountingDistUtil(layout, pp_rank, 0, tp_rank)
-            model = build_stage_model(model_cfg, util)
-            with counting_mesh(util):
-                shapes = [tuple(p.shape) for p in unique_parameters(model, optim_cfg)]
-            act = stage_activation_bytes(model, util, settings)
-            flight = in_flight_micro_batches(layout, pp_rank, settings.num_microbatches)
-            for dp_rank in range(dp):
-                params, grads, opt = held_numels(shapes, settings, dp, dp_rank)
-                # O2: 2-byte parameters and gradients, fp32 masters of what the rank steps
-                width = 2 if settings.master_weights else _FP32
-                masters = _FP32 * sum(opt) if settings.master_weights else 0
-                rows.append(
-                    RankMemory(
-                        rank=(pp_rank * dp + dp_rank) * tp + tp_rank,
-                        pp_rank=pp_rank,
-                        dp_rank=dp_rank,
-                        tp_rank=tp_rank,
-                        parameters=width * sum(params),
-                        gradients=width * sum(grads),
-                        optimizer=optimizer_bytes(opt, settings.optimizer) + masters,
-                        activations_micro_batch=act,
-                        in_flight=flight,
-                    )
+    for pp_rank, tp_rank in itertools.product(range(layout.pipeline_parallel_size), range(tp)):
+        # context-parallel peers hold the same parameters and the same share of activations
+        util = CountingDistUtil(layout, pp_rank, 0, tp_rank)
+        model = build_stage_model(model_cfg, util)
+        with counting_mesh(util):
+            shapes = [tuple(p.shape) for p in unique_parameters(model, optim_cfg)]
+        act = stage_activation_bytes(model, util, settings)
+        flight = in_flight_micro_batches(layout, pp_rank, settings.num_microbatches)
+        for dp_rank, cp_rank in itertools.product(range(dp), range(cp)):
+            params, grads, opt = held_numels(shapes, settings, dp, dp_rank)
+            # O2: 2-byte parameters and gradients, fp32 masters of what the rank steps
+            width = 2 if settings.master_weights else _FP32
+            masters = _FP32 * sum(opt) if settings.master_weights else 0
+            rows.append(
+                RankMemory(
+                    rank=((pp_rank * dp + dp_rank) * cp + cp_rank) * tp + tp_rank,
+                    pp_rank=pp_rank,
+                    dp_rank=dp_rank,
+                    tp_rank=tp_rank,
+                    cp_rank=cp_rank,
+                    parameters=width * sum(params),
+                    gradients=width * sum(grads),
+                    optimizer=optimizer_bytes(opt, settings.optimizer) + masters,
+                    activations_micro_batch=act,
+                    in_flight=flight,
                 )
+            )
     return sorted(rows, key=lambda r: r.rank)
 
 

@@ -43,6 +43,7 @@ from libai.models.contract import (
 from libai.runtime.amp import DynamicLossScaler, autocast
 from libai.runtime.blocks import apply_block_switches
 from libai.runtime.buckets import bucket_tensors
+from libai.runtime.context_parallel import check_context_parallel_support, shard_batch
 from libai.runtime.fsdp import fsdp_forward_method
 from libai.runtime.grad_clip import clip_grad_norm_
 from libai.runtime.pipeline_stages import (
@@ -164,6 +165,7 @@ class ModelRunner:
         util = dist.mesh_of(model)
         layout = util.layout
         check_sequence_parallel_support(model, layout)
+        check_context_parallel_support(model, layout, loss_fn)
         if not isinstance(num_microbatches, int) or num_microbatches < 1:
             raise ValueError(
                 f"num_microbatches must be a positive integer, got {num_microbatches!r}"
@@ -323,7 +325,7 @@ class ModelRunner:
         if self.pipeline:  # the schedule's loss: its terms stay on the last stage
             loss = self._pipeline_step(batch)
         else:
-            loss, terms = self._local_step(batch)
+            loss, terms = self._local_step(self._context_share(batch))
         self.sync_gradients()
         # the loss and its terms in one reduction: [total, term_1, ...]
         reduced = self._reduce_loss(torch.stack([loss, *terms.values()]))
@@ -354,12 +356,18 @@ class ModelRunner:
                 sums[key] = sums.get(key, 0) + value.detach().float() / n
         return total, sums
 
+    def _context_share(self, batch):
+        """This rank's share of ``batch`` under context parallel (the batch itself without)."""
+        if self.util.cp_group is None:
+            return batch
+        return shard_batch(self.model, batch, self.util)
+
     def _overlapped_reducer(self):
         """The dp all-reduce overlapped with backward, when it applies (built on first use,
         after ZeRO has settled the parameters)."""
         if (
             not self.overlap_grad_reduce
-            or self.util.dp_group is None
+            or self.util.grad_group is None
             or self.pipeline
             or self.grad_sharder is not None
         ):
@@ -369,8 +377,8 @@ class ModelRunner:
 
             self._grad_reducer = OverlappedGradReducer(
                 list(self.model.parameters()),
-                self.util.dp_group,
-                self.util.layout.data_parallel_size,
+                self.util.grad_group,
+                self.util.grad_size,
             )
         return self._grad_reducer
 
@@ -440,7 +448,11 @@ class ModelRunner:
         the loss is taken over the real rows only."""
         if not self.pipeline:
             with self.autocast():
-                return self._loss(batch).float()
+                loss = self._loss(self._context_share(batch)).float()
+            if self.util.cp_group is not None:  # each cp rank holds its share of the mean
+                torch_dist.all_reduce(loss, group=self.util.cp_group)
+                loss /= self.util.context_parallel_size
+            return loss
         if self.pipeline_batch_size not in (None, _batch_rows(batch)):
             out = self.predict(batch)  # pads, and cuts the outputs back to the real rows
             loss = torch.zeros((), device=self.util.device)
@@ -459,6 +471,11 @@ class ModelRunner:
         ``model.pipeline_forward(*inputs)`` on every rank (under ZeRO-3 inside FSDP2's root
         hooks, which gather the parameters outside the blocks). Under pp a batch smaller than
         the training one is padded to its size and the output cut back to the real rows."""
+        if self.util.cp_group is not None:
+            raise ValueError(
+                "predicting outputs (an evaluator's logits) under context parallel is not "
+                "supported yet: evaluate by loss, or with train.dist.context_parallel_size=1"
+            )
         if not self.pipeline:
             forward = fsdp_forward_method(self.model, "pipeline_forward")
             with self.autocast():
@@ -479,9 +496,10 @@ class ModelRunner:
         return out if rows is None else _first_rows(out, rows)
 
     def sync_gradients(self) -> None:
-        """Sum tied-weight grads between first and last stage; average grads over dp; then
-        sum the grads of sequence-parallel parameters over tp (after dp: the overlapped and
-        ZeRO reducers write their results into the grads)."""
+        """Sum tied-weight grads between first and last stage; average grads over dp (dp x cp
+        under context parallel: every rank that holds the same parameters); then sum the
+        grads of sequence-parallel parameters over tp (after dp: the overlapped and ZeRO
+        reducers write their results into the grads)."""
         if self.util.embedding_group is not None:
             for p in self.tied_parameters:
                 if p.grad is not None:
@@ -490,12 +508,12 @@ class ModelRunner:
             self.grad_sharder.reduce_gradients()
         elif self._grad_reducer is not None and self._grad_reducer.armed:
             self._grad_reducer.finish()  # launched during backward
-        elif self.util.dp_group is not None:
+        elif self.util.grad_group is not None:
             grads = [_local(p.grad) for p in self.model.parameters() if p.grad is not None]
             for bucket in bucket_tensors(grads):
                 flat = _flatten_dense_tensors(bucket)
-                torch_dist.all_reduce(flat, group=self.util.dp_group)
-                flat /= self.util.layout.data_parallel_size
+                torch_dist.all_reduce(flat, group=self.util.grad_group)
+                flat /= self.util.grad_size
                 for g, synced in zip(bucket, _unflatten_dense_tensors(flat, bucket)):
                     g.copy_(synced)
         all_reduce_sequence_parallel_grads(
@@ -505,9 +523,9 @@ class ModelRunner:
     def _reduce_loss(self, loss: torch.Tensor) -> torch.Tensor:
         if self.util.pp_group is not None:  # only the last stage has it; others hold 0
             torch_dist.all_reduce(loss, group=self.util.pp_group)
-        if self.util.dp_group is not None:
-            torch_dist.all_reduce(loss, group=self.util.dp_group)
-            loss /= self.util.layout.data_parallel_size
+        if self.util.grad_group is not None:  # dp (x cp): each rank's share of the mean
+            torch_dist.all_reduce(loss, group=self.util.grad_group)
+            loss /= self.util.grad_size
         return loss
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0, params=None) -> torch.Tensor:

@@ -71,6 +71,13 @@ def resolve_zero_stage(zero_cfg, layout) -> int | None:
         raise ValueError(
             f"train.zero_optimization.stage={stage!r} is invalid; supported stages are 1, 2 and 3."
         )
+    cp = getattr(layout, "context_parallel_size", 1)
+    if cp > 1:
+        raise ValueError(
+            f"train.zero_optimization with train.dist.context_parallel_size={cp} is not "
+            "supported yet (ZeRO would shard over data x context parallel ranks): set "
+            "train.zero_optimization.enabled=False or context_parallel_size=1."
+        )
     if layout.data_parallel_size < 2:
         log_first_n(
             logging.WARNING,

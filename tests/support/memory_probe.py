@@ -36,9 +36,30 @@ def held_activation_bytes(runner, batch) -> int:
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         with runner.autocast():
-            loss = runner._loss(batch)
+            loss = runner._loss(runner._context_share(batch))  # a cp rank's share
     held = {k: v for k, v in storages().items() if k not in before}
     held.update({k: v for k, v in packed.items() if k not in before})
     total = sum(held.values())
     loss.backward()
     return total
+
+
+def saved_activation_bytes(model, run) -> int:
+    """Bytes of the activations autograd saves for backward while ``run()`` executes (a
+    whole training step, collectives included): saved tensors' storages, each once, the
+    parameters of ``model`` left out."""
+    weights = {
+        (p.to_local() if hasattr(p, "to_local") else p).untyped_storage().data_ptr()
+        for p in model.parameters()
+    }
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in weights:
+            seen[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        run()
+    return sum(seen.values())

@@ -224,6 +224,7 @@ def test_corrupt_checkpoint_is_a_clear_error(sample_env, tmp_path):
             "/nonexistent/vocab.json",
         ),
         (["train.dist.tensor_parallel_size=4"], 2, "tensor_parallel_size"),
+        (["train.dist.context_parallel_size=2"], 1, "context_parallel_size (2) = 2"),
     ],
 )
 def test_bad_input_fails_early_with_a_clear_message(
@@ -249,12 +250,14 @@ def test_bad_input_fails_early_with_a_clear_message(
         ["train.dist.tensor_parallel_size=2"],
         ["train.dist.pipeline_parallel_size=2", "train.num_accumulation_steps=2"],
         ["train.dist.tensor_parallel_size=2", "train.dist.sequence_parallel=true"],
+        ["train.dist.context_parallel_size=2"],
     ],
-    ids=["tp2", "pp2", "tp2-sequence-parallel"],
+    ids=["tp2", "pp2", "tp2-sequence-parallel", "cp2"],
 )
 def test_two_processes_train_evaluate_and_checkpoint(sample_env, tmp_path, layout):
-    """tp2 / pp2 / tp2 + sequence parallel through tools/train.sh: the losses of every
-    iteration and the perplexity equal one process on the same global batches."""
+    """tp2 / pp2 / tp2 + sequence parallel / cp2 (each sequence over both ranks) through
+    tools/train.sh: the losses of every iteration and the perplexity equal one process on
+    the same global batches."""
     out = tmp_path / "run"
     common = ("train.train_iter=4", "train.evaluation.eval_period=4")
     train_net(sample_env, out, *common, *layout, nproc=2)

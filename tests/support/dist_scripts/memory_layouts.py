@@ -15,7 +15,15 @@ import json
 
 from common import parse_out_dir, run_checks
 from gpt_reference import BATCH, SEQ, TINY_GPT
-from memory_cases import activation_case, local_bytes, measured_state, predicted_row
+from memory_cases import (
+    ACT_BATCH,
+    ACT_GPT,
+    ACT_SEQ,
+    activation_case,
+    local_bytes,
+    measured_state,
+    predicted_row,
+)
 from zero_runs import make_run, train
 
 from libai import dist
@@ -55,6 +63,12 @@ def check_layout(layout: dict) -> dict:
         result["act"] = activation_case(util.layout, util.rank, dp_rank=util.data_parallel_rank)
         sp = dist.setup_dist_util({**layout["dist"], "sequence_parallel": True})
         result["act_sp"] = activation_case(sp.layout, sp.rank, dp_rank=sp.data_parallel_rank)
+    if layout.get("cp_activations"):  # a cp rank's share, and one process's whole sequence
+        result["act_cp"] = activation_case(util.layout, util.rank, dp_rank=util.data_parallel_rank)
+        one = predicted_row(
+            ACT_GPT, dist.resolve_layout({}, 1), 0, seq_length=ACT_SEQ, micro_batch_size=ACT_BATCH
+        )
+        result["act_one_predicted"] = one["activations_micro_batch"]
     return result
 
 

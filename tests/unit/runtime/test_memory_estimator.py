@@ -162,6 +162,13 @@ LAYOUTS = [
         "microbatches": 2,
     },
     {"name": "dp4_hsdp", "dist": {}, "stages": [None, 3], "hsdp": 2},
+    # dp2 x cp2: replicas like dp (ZeRO is refused with cp), a share of each sequence
+    {
+        "name": "dp2_cp2",
+        "dist": {"context_parallel_size": 2},
+        "stages": [None],
+        "cp_activations": True,
+    },
 ]
 
 
@@ -174,6 +181,8 @@ def test_layouts_hold_the_predicted_bytes():
             for stage in [str(s) for s in layout.get("stages", [None, 1, 2, 3])]:
                 case = cases[stage]
                 assert case["measured"] == case["predicted"], (rank, layout["name"], stage, case)
+            if "3" not in cases:
+                continue
             base, z3 = cases["None"]["measured"], cases["3"]["measured"]
             assert z3["parameters"] < base["parameters"]
             if "1" in cases:
@@ -184,6 +193,11 @@ def test_layouts_hold_the_predicted_bytes():
         assert close(act["held"], act["predicted"]), (rank, act)
         assert close(act_sp["held"], act_sp["predicted"]), (rank, act_sp)
         assert act_sp["held"] < act["held"] and act_sp["predicted"] < act["predicted"]
+        # context parallel: the share's activations (and the gathered keys and values) as
+        # predicted, well under one process's whole sequence
+        act_cp = result["dp2_cp2"]["act_cp"]
+        assert close(act_cp["held"], act_cp["predicted"]), (rank, act_cp)
+        assert act_cp["held"] < 0.7 * result["dp2_cp2"]["act_one_predicted"], (rank, act_cp)
 
 
 def test_in_flight_micro_batches_follow_the_schedule():

@@ -42,7 +42,9 @@ def test_unknown_keys_name_at_most_two_close_matches():
         "tensor_parallel_size?), 'zzz', 'device' (did you mean device_type?). Valid keys: "
     )
     assert "pipeline_parallel_size?" not in message  # the third close match is left out
-    with pytest.raises(ValueError, match=r"train.dist: 'zzz'\. Valid keys: custom_pipeline"):
+    with pytest.raises(
+        ValueError, match=r"train.dist: 'zzz'\. Valid keys: context_parallel_size, cu"
+    ):
         dist_config_items({"zzz": 1, "tensor_parallel_size": 2})
 
 

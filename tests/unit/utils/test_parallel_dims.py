@@ -113,3 +113,53 @@ def test_the_mesh_puts_tp_innermost_then_cp_dp_pp(pp, dp, cp, tp):
             if cp > 1:
                 peers = [want[(*coordinate[:2], c, coordinate[3])] for c in range(cp)]
                 assert sorted(torch_dist.get_process_group_ranks(mesh["cp"].get_group())) == peers
+
+
+def test_context_parallel_size_is_a_layout_key():
+    """``train.dist.context_parallel_size`` takes ranks from dp (dp = world / (tp pp cp))."""
+    layout = dist.resolve_layout({"context_parallel_size": 2, "tensor_parallel_size": 2}, 8)
+    assert (layout.context_parallel_size, layout.data_parallel_size) == (2, 2)
+    assert layout.dims == ParallelDims(world_size=8, dp_shard=2, cp=2, tp=2)
+    assert dist.resolve_layout({}, 4).context_parallel_size == 1
+    with pytest.raises(ValueError, match="context_parallel_size must be a positive integer"):
+        dist.resolve_layout({"context_parallel_size": 0}, 4)
+
+
+@pytest.mark.parametrize(
+    ("cfg", "message"),
+    [
+        (
+            {"pipeline_parallel_size": 2, "pipeline_num_layers": 2},
+            "context_parallel_size > 1 with pipeline_parallel_size > 1 is not supported yet",
+        ),
+        (
+            {"tensor_parallel_size": 2, "sequence_parallel": True},
+            "context_parallel_size > 1 with sequence_parallel=True is not supported yet",
+        ),
+    ],
+)
+def test_context_parallel_with_what_is_not_built_is_refused(cfg, message):
+    with pytest.raises(ValueError, match=message):
+        dist.resolve_layout({"context_parallel_size": 2, **cfg}, 8)
+
+
+def test_the_gradient_group_is_dp_times_cp_of_the_ranks_pp_and_tp():
+    """Every rank of dp2 x cp2 x tp2, played in turn (fake collectives): the ranks holding the
+    same parameters and other tokens -- the dp x cp peers with its tp coordinate -- average
+    the gradients; its cp peers share its dp and tp coordinates. On a layout without cp the
+    gradient group is the dp group."""
+    cfg, world = {"context_parallel_size": 2, "tensor_parallel_size": 2}, 8
+    for rank in range(world):  # rank = (d * cp + c) * tp + t
+        d, c, t = rank // 4, (rank // 2) % 2, rank % 2
+        with fake_rank(rank, world):
+            util = dist.setup_dist_util(cfg)
+            assert (util.data_parallel_rank, util.context_parallel_rank) == (d, c)
+            assert util.grad_size == 4
+            want = [r for r in range(world) if r % 2 == t]
+            assert sorted(torch_dist.get_process_group_ranks(util.grad_group)) == want
+            cp_peers = [(d * 2 + cc) * 2 + t for cc in range(2)]
+            assert sorted(torch_dist.get_process_group_ranks(util.cp_group)) == cp_peers
+    with fake_rank(1, 4):
+        util = dist.setup_dist_util({"tensor_parallel_size": 2})
+        assert util.grad_group is util.dp_group and util.grad_size == 2
+        assert util.cp_group is None

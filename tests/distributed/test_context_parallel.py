@@ -1,0 +1,120 @@
+"""Context parallelism: GPT-2 and Llama with each sequence split over two ranks (composed
+with data and tensor parallel) equal the single-process run, and each rank holds its share
+of the sequence (dist_scripts/cp_layouts.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from gpt_reference import GRAD_TOL, TINY_GPT, build_model, make_batch, reference_run
+from launch import torchrun
+from memory_probe import saved_activation_bytes
+from sp_reference import TINY_LLAMA, build_llama, llama_batch, llama_reference_run
+
+from libai import dist
+from libai.runtime.parallel import ModelRunner
+
+LAYOUTS = [
+    # 4 ranks: 2 data-parallel replicas, each sequence over 2 context-parallel ranks
+    {"name": "cp2xdp2", "dist": {"context_parallel_size": 2}, "models": ["gpt", "llama"]},
+    {
+        "name": "cp2xtp2",
+        "dist": {"context_parallel_size": 2, "tensor_parallel_size": 2},
+        "models": ["gpt", "llama"],
+    },
+    # gradient accumulation: the position ids of the share follow the micro-batches
+    {
+        "name": "cp2xdp2-accumulate2",
+        "dist": {"context_parallel_size": 2},
+        "microbatches": 2,
+        "models": ["llama"],
+    },
+]
+
+
+def one_process_saved_bytes(build, batch) -> int:
+    """What autograd saves for backward in one process's training step on ``batch``."""
+    dist.setup_dist_util({})
+    model = build()
+    runner = ModelRunner(model)
+    return saved_activation_bytes(model, lambda: runner.forward_backward(batch))
+
+
+@pytest.fixture(scope="module")
+def cp_results(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("cp")
+    refs = {"gpt": reference_run(), "llama": llama_reference_run()}
+    paths = {}
+    for name, ref in refs.items():
+        paths[name] = str(folder / f"{name}.pt")
+        torch.save(ref, paths[name])
+    results = torchrun("cp_layouts.py", 4, json.dumps(paths), json.dumps(LAYOUTS))
+    for rank, result in enumerate(results):
+        assert result["ok"], f"rank {rank}: {result['error']}\n{result['trace']}"
+    return results
+
+
+def test_bidirectional_attention_over_sequence_shards_equals_the_whole(cp_results):
+    """A padding-mask (bidirectional) attention layer on cp2 and cp2 x tp2: each rank's output
+    rows and the weight gradients summed over cp equal attention written out on the whole
+    sequence (dist_scripts/cp_layouts.py: bidirectional_attention)."""
+    for result in cp_results:
+        assert set(result["bidirectional"]) == {layout["name"] for layout in LAYOUTS}
+        for name, diffs in result["bidirectional"].items():
+            assert diffs["out_diff"] <= GRAD_TOL, (name, diffs)
+            assert diffs["grad_diff"] <= GRAD_TOL, (name, diffs)
+
+
+def model_runs(cp_results) -> list[dict]:
+    return [item for result in cp_results for item in result["results"]]
+
+
+def test_context_parallel_equals_one_process(cp_results):
+    cp_results = model_runs(cp_results)
+    assert {(r["model"], r["name"]) for r in cp_results} == {
+        (m, layout["name"]) for layout in LAYOUTS for m in layout["models"]
+    }
+    for r in cp_results:
+        name = f"{r['model']} {r['name']}"
+        assert r["init_diff"] == 0.0, name
+        assert r["loss_diff"] <= GRAD_TOL, (name, r["losses"])
+        assert r["grad_diff"][0] <= GRAD_TOL, (name, r["grad_diff"])
+        assert r["norm_diff"] <= GRAD_TOL, (name, r["norm_diff"])
+        assert r["final_diff"][0] <= GRAD_TOL, (name, r["final_diff"])
+        assert r["eval_diff"] <= GRAD_TOL, (name, r["eval_diff"])
+
+
+def gathered_kv_bytes(model: str, rows: int, seq: int) -> int:
+    """fp32 bytes of the whole sequence's keys and values of every attention layer."""
+    if model == "gpt":
+        layers, kv_heads = TINY_GPT["hidden_layers"], TINY_GPT["num_attention_heads"]
+        head_dim = TINY_GPT["hidden_size"] // kv_heads
+    else:
+        layers, kv_heads = TINY_LLAMA["hidden_layers"], TINY_LLAMA["num_key_value_heads"]
+        head_dim = TINY_LLAMA["hidden_size"] // TINY_LLAMA["num_attention_heads"]
+    return layers * 2 * rows * kv_heads * seq * head_dim * 4
+
+
+def test_each_context_parallel_rank_holds_its_share_of_the_sequence(cp_results):
+    """The blocks of a cp rank see seq / cp positions, and what autograd keeps for backward
+    on a cp2 rank is one process's on the same rows / 2, plus the keys and values gathered
+    over the whole sequence for attention (x 1.25: each query chunk reads the keys up to
+    its end, (2 cp + 1) / (2 cp) of them over the two chunks; a little more for the masks)."""
+    cp_results = model_runs(cp_results)
+    builds = {"gpt": (build_model, make_batch), "llama": (build_llama, llama_batch)}
+    reference_bytes = {}
+    for r in cp_results:
+        assert r["cp"] == 2
+        assert r["block_positions"] == [r["sequence_length"] // 2], r
+        if r["tp"] == 1 and r["name"] == "cp2xdp2":
+            build, batch_of = builds[r["model"]]
+            if r["model"] not in reference_bytes:
+                rows = {k: v[: r["rows"]] for k, v in batch_of(0).items()}
+                reference_bytes[r["model"]] = one_process_saved_bytes(build, rows)
+            half = reference_bytes[r["model"]] / 2
+            kv = gathered_kv_bytes(r["model"], r["rows"], r["sequence_length"])
+            assert r["activation_bytes"] - half <= 1.3 * kv, (r, half, kv)
+            assert r["activation_bytes"] < 0.7 * reference_bytes[r["model"]]
+    assert set(reference_bytes) == {"gpt", "llama"}
