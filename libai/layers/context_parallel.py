@@ -76,15 +76,6 @@ def causal_keep(query_positions: torch.Tensor, key_len: int) -> torch.Tensor:
     return query_positions[:, None] >= keys[None, :]
 
 
-def _lower_right_causal(q_len: int, key_len: int, device: torch.device):
-    """Query ``i`` of ``q_len`` sees keys ``0 .. key_len - q_len + i``: a fused-kernel bias on
-    CUDA (``causal_lower_right``), a boolean mask elsewhere."""
-    if device.type == "cuda":
-        return causal_lower_right(q_len, key_len)
-    keep = torch.ones(q_len, key_len, dtype=torch.bool, device=device)
-    return keep.tril(key_len - q_len)
-
-
 def causal_share_attention(q, k, v, cp: int, rank: int, **sdpa_kwargs) -> torch.Tensor:
     """Causal attention of cp rank ``rank``'s queries (its two chunks, ``[b, h, 2c, d]``)
     against the gathered keys and values of the whole sequence (``[b, h', 2 cp c, d]``).
@@ -98,7 +89,9 @@ def causal_share_attention(q, k, v, cp: int, rank: int, **sdpa_kwargs) -> torch.
     outs = []
     for j, index in enumerate((rank, 2 * cp - 1 - rank)):
         end = (index + 1) * chunk
-        bias = _lower_right_causal(chunk, end, q.device)
+        # query i of the chunk sees keys 0 .. end - chunk + i: PyTorch's lower-right causal
+        # bias (fused flash / memory-efficient kernels on CUDA, a boolean mask on CPU)
+        bias = causal_lower_right(chunk, end)
         q_j = q[:, :, j * chunk : (j + 1) * chunk]
         outs.append(
             F.scaled_dot_product_attention(q_j, k[:, :, :end], v[:, :, :end], bias, **sdpa_kwargs)
