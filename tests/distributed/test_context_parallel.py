@@ -31,6 +31,14 @@ LAYOUTS = [
         "microbatches": 2,
         "models": ["llama"],
     },
+    # the chunked head + loss (the same loss and gradients as the plain head): its token
+    # mean over the whole sequences
+    {
+        "name": "cp2xtp2-chunked-loss",
+        "dist": {"context_parallel_size": 2, "tensor_parallel_size": 2},
+        "model_overrides": {"loss_chunk_size": 5},
+        "models": ["gpt", "llama"],
+    },
 ]
 
 

@@ -254,7 +254,25 @@ def test_bad_input_fails_early_with_a_clear_message(
     ],
     ids=["tp2", "pp2", "tp2-sequence-parallel", "cp2"],
 )
-def test_two_processes_train_evaluate_and_checkpoint(sample_env, tmp_path, layout):
+@pytest.fixture(scope="module")
+def one_process_metrics(sample_env, tmp_path_factory):
+    """metrics.json of a one-process run with these overrides, each run once per module
+    (the layouts below share their references)."""
+    runs = {}
+
+    def metrics(*overrides):
+        if overrides not in runs:
+            out = tmp_path_factory.mktemp("one")
+            train_net(sample_env, out, *overrides)
+            runs[overrides] = read_metrics(out)
+        return runs[overrides]
+
+    return metrics
+
+
+def test_two_processes_train_evaluate_and_checkpoint(
+    sample_env, tmp_path, layout, one_process_metrics
+):
     """tp2 / pp2 / tp2 + sequence parallel / cp2 (each sequence over both ranks) through
     tools/train.sh: the losses of every iteration and the perplexity equal one process on
     the same global batches."""
@@ -265,8 +283,7 @@ def test_two_processes_train_evaluate_and_checkpoint(sample_env, tmp_path, layou
     alone = [o for o in layout if o.startswith("train.num_accumulation_steps")]
     if alone:
         alone.append("train.test_micro_batch_size=8")
-    train_net(sample_env, tmp_path / "one", *common, *alone)
-    got, want = read_metrics(out), read_metrics(tmp_path / "one")
+    got, want = read_metrics(out), one_process_metrics(*common, *alone)
     for i in range(4):
         assert got[i]["total_loss"] == pytest.approx(want[i]["total_loss"], abs=1e-5), i
     assert got[3]["ppl"] == pytest.approx(want[3]["ppl"], rel=1e-5)

@@ -48,7 +48,7 @@ def check(model_name: str, layout: dict, ref: dict) -> dict:
     build, batch_of, state = MODELS[model_name]
     util = dist.setup_dist_util(dict(layout["dist"]))
     dp, rank = util.data_parallel_size, util.data_parallel_rank
-    model = build()
+    model = build(**layout.get("model_overrides", {}))
     positions = block_positions(model)
     runner = ModelRunner(model, num_microbatches=layout.get("microbatches", 1))
     optimizer = make_optimizer(model)
