@@ -244,16 +244,6 @@ def test_bad_input_fails_early_with_a_clear_message(
     assert "Starting training" not in proc.stdout + proc.stderr
 
 
-@pytest.mark.parametrize(
-    "layout",
-    [
-        ["train.dist.tensor_parallel_size=2"],
-        ["train.dist.pipeline_parallel_size=2", "train.num_accumulation_steps=2"],
-        ["train.dist.tensor_parallel_size=2", "train.dist.sequence_parallel=true"],
-        ["train.dist.context_parallel_size=2"],
-    ],
-    ids=["tp2", "pp2", "tp2-sequence-parallel", "cp2"],
-)
 @pytest.fixture(scope="module")
 def one_process_metrics(sample_env, tmp_path_factory):
     """metrics.json of a one-process run with these overrides, each run once per module
@@ -270,6 +260,16 @@ def one_process_metrics(sample_env, tmp_path_factory):
     return metrics
 
 
+@pytest.mark.parametrize(
+    "layout",
+    [
+        ["train.dist.tensor_parallel_size=2"],
+        ["train.dist.pipeline_parallel_size=2", "train.num_accumulation_steps=2"],
+        ["train.dist.tensor_parallel_size=2", "train.dist.sequence_parallel=true"],
+        ["train.dist.context_parallel_size=2"],
+    ],
+    ids=["tp2", "pp2", "tp2-sequence-parallel", "cp2"],
+)
 def test_two_processes_train_evaluate_and_checkpoint(
     sample_env, tmp_path, layout, one_process_metrics
 ):
