@@ -85,3 +85,19 @@ def test_zero_with_context_parallel_is_refused_before_anything_runs():
     with pytest.raises(ValueError, match="context_parallel_size=2 is not supported yet"):
         resolve_zero_stage({"enabled": True, "stage": 1}, layout)
     assert resolve_zero_stage({"enabled": False}, layout) is None
+
+
+def test_a_batch_of_ids_alone_gets_its_positions():
+    """No labels (an evaluation or generation batch): the ids and their positions."""
+    share = shard_batch(Plain(), {"input_ids": torch.arange(8).view(1, 8)}, RANK1_OF_2)
+    assert share["input_ids"].tolist() == [RANK1_POSITIONS]
+    assert share["position_ids"].tolist() == [RANK1_POSITIONS]
+
+
+def test_positions_named_among_the_models_keys_are_cut_once():
+    class WithPositions(Plain):
+        context_parallel_keys = ("input_ids", "position_ids")
+
+    ids = torch.arange(8).view(1, 8)
+    share = shard_batch(WithPositions(), {"input_ids": ids, "position_ids": ids + 1}, RANK1_OF_2)
+    assert share["position_ids"].tolist() == [[p + 1 for p in RANK1_POSITIONS]]
