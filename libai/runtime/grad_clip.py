@@ -45,14 +45,15 @@ def _parameter_terms(
 ) -> list:
     """One fp32 norm term per parameter in parameter order, 0 for a parameter without a
     gradient. With ``dp_sharded`` (ZeRO stage 2: a dp rank holds the gradients of its own
-    part only; stage 3: a piece of each) they are summed over ``group`` (default: dp); for
+    part only; stage 3: a piece of each) they are summed over ``group`` (default: the dp
+    ranks, times cp under context parallel: the mesh's gradient group); for
     stage 2 that is exact (one rank holds each), so the terms and their sum equal those of
     an unsharded run to the bit."""
     held = [p for p in parameters if p.grad is not None]
     computed = dict(zip(map(id, held), _terms([p.grad for p in held], norm_type)))
     zero = torch.zeros((), device=util.device, dtype=torch.float32)
     terms = [computed.get(id(p), zero) for p in parameters]
-    group = util.dp_group if group is None else group
+    group = util.grad_group if group is None else group
     if dp_sharded and group is not None and terms:
         stacked = torch.stack(terms)
         torch_dist.all_reduce(stacked, group=group)

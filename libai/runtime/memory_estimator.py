@@ -424,7 +424,8 @@ def estimate_memory(model_cfg, layout: dist.DistLayout, settings: TrainSettings,
         act = stage_activation_bytes(model, util, settings)
         flight = in_flight_micro_batches(layout, pp_rank, settings.num_microbatches)
         for dp_rank, cp_rank in itertools.product(range(dp), range(cp)):
-            params, grads, opt = held_numels(shapes, settings, dp, dp_rank)
+            # ZeRO 1/2 shard over the dp x cp ranks (ordered (dp, cp))
+            params, grads, opt = held_numels(shapes, settings, dp * cp, dp_rank * cp + cp_rank)
             # O2: 2-byte parameters and gradients, fp32 masters of what the rank steps
             width = 2 if settings.master_weights else _FP32
             masters = _FP32 * sum(opt) if settings.master_weights else 0

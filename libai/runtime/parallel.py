@@ -504,7 +504,7 @@ class ModelRunner:
             for p in self.tied_parameters:
                 if p.grad is not None:
                     torch_dist.all_reduce(_local(p.grad), group=self.util.embedding_group)
-        if self.util.dp_group is not None and self.grad_sharder is not None:
+        if self.util.grad_group is not None and self.grad_sharder is not None:
             self.grad_sharder.reduce_gradients()
         elif self._grad_reducer is not None and self._grad_reducer.armed:
             self._grad_reducer.finish()  # launched during backward

@@ -72,13 +72,13 @@ def resolve_zero_stage(zero_cfg, layout) -> int | None:
             f"train.zero_optimization.stage={stage!r} is invalid; supported stages are 1, 2 and 3."
         )
     cp = getattr(layout, "context_parallel_size", 1)
-    if cp > 1:
+    if cp > 1 and stage == 3:
         raise ValueError(
-            f"train.zero_optimization with train.dist.context_parallel_size={cp} is not "
-            "supported yet (ZeRO would shard over data x context parallel ranks): set "
-            "train.zero_optimization.enabled=False or context_parallel_size=1."
+            f"train.zero_optimization.stage=3 with train.dist.context_parallel_size={cp} is "
+            "not supported yet (FSDP over the data x context parallel ranks): use stage 1 or "
+            "2, or context_parallel_size=1."
         )
-    if layout.data_parallel_size < 2:
+    if layout.data_parallel_size * cp < 2:
         log_first_n(
             logging.WARNING,
             f"ZeRO stage {stage} with one data-parallel rank: nothing to shard over; running "
@@ -95,7 +95,7 @@ def resolve_zero_stage(zero_cfg, layout) -> int | None:
             f"{HSDP_KEY}={replicate} (HSDP) applies to stage=3 only (got stage={stage}); "
             "set train.zero_optimization.stage=3 or hsdp_replicate_size=1."
         )
-    if dp % replicate or replicate == dp:
+    if stage == 3 and (dp % replicate or replicate == dp):
         divisors = [d for d in range(1, dp) if dp % d == 0]
         raise ValueError(
             f"{HSDP_KEY}={replicate} must divide data_parallel_size={dp} and leave at least 2 "
@@ -190,9 +190,12 @@ class ZeroOptimizer(torch.optim.Optimizer):
             raise ValueError("ZeroOptimizer needs a fresh optimizer (its state is not empty)")
         util = dist.mesh_of(model)
         self.util, self.stage, self.inner = util, stage, optimizer
-        self.group = util.dp_group
-        self.dp_size = util.layout.data_parallel_size
-        self.dp_rank = util.data_parallel_rank
+        # the ranks that hold the same parameters: dp, times cp under context parallel (the
+        # gradient group, whose ranks are ordered (dp, cp))
+        self.group = util.grad_group
+        self.dp_size = util.grad_size
+        cp = util.layout.context_parallel_size
+        self.dp_rank = util.data_parallel_rank * cp + util.context_parallel_rank
         names = {id(p): n for n, p in model.named_parameters()}
         self.params = [p for g in optimizer.param_groups for p in g["params"]]
         if len({id(p) for p in self.params}) != len(self.params):

@@ -31,6 +31,14 @@ LAYOUTS = [
         "microbatches": 2,
         "models": ["llama"],
     },
+    # ZeRO over the dp x cp ranks: stage 2 reduces each gradient to its owner among the 4
+    {"name": "cp2xdp2-zero2", "dist": {"context_parallel_size": 2}, "zero": 2, "models": ["gpt"]},
+    {
+        "name": "cp2xtp2-zero1",
+        "dist": {"context_parallel_size": 2, "tensor_parallel_size": 2},
+        "zero": 1,
+        "models": ["llama"],
+    },
     # the chunked head + loss (the same loss and gradients as the plain head): its token
     # mean over the whole sequences
     {
@@ -88,10 +96,26 @@ def test_context_parallel_equals_one_process(cp_results):
         name = f"{r['model']} {r['name']}"
         assert r["init_diff"] == 0.0, name
         assert r["loss_diff"] <= GRAD_TOL, (name, r["losses"])
-        assert r["grad_diff"][0] <= GRAD_TOL, (name, r["grad_diff"])
+        if r["zero"] != 2:  # stage 2 drops the gradients other ranks own
+            assert r["grad_diff"][0] <= GRAD_TOL, (name, r["grad_diff"])
         assert r["norm_diff"] <= GRAD_TOL, (name, r["norm_diff"])
         assert r["final_diff"][0] <= GRAD_TOL, (name, r["final_diff"])
         assert r["eval_diff"] <= GRAD_TOL, (name, r["eval_diff"])
+
+
+def test_zero_shards_the_optimizer_state_over_data_and_context_parallel_ranks(cp_results):
+    """Under ZeRO 1/2 the momentum buffers of the dp x cp ranks that hold the same parameters
+    (all 4 on cp2 x dp2, the 2 cp ranks of a tp shard on cp2 x tp2) partition them: together
+    exactly one copy, each rank less than its share of the others'."""
+    runs = [r for r in model_runs(cp_results) if r["zero"]]
+    assert {(r["name"], r["zero"]) for r in runs} == {("cp2xdp2-zero2", 2), ("cp2xtp2-zero1", 1)}
+    for name, holders in (("cp2xdp2-zero2", 4), ("cp2xtp2-zero1", 2)):
+        ranks = [r for r in runs if r["name"] == name]
+        local = ranks[0]["parameter_numel"]  # the same on every rank (tp shards here)
+        assert all(r["parameter_numel"] == local for r in ranks)
+        held = [r["optimizer_state_numel"] for r in ranks]
+        assert sum(held) == local * len(ranks) // holders, (name, held, local)
+        assert max(held) < local, (name, held)
 
 
 def gathered_kv_bytes(model: str, rows: int, seq: int) -> int:

@@ -80,11 +80,15 @@ def test_a_model_without_context_parallel_or_a_custom_loss_is_refused():
         check_context_parallel_support(Plain(), layout, loss_fn=lambda batch: 0)
 
 
-def test_zero_with_context_parallel_is_refused_before_anything_runs():
+def test_zero_3_with_context_parallel_is_refused_and_1_2_shard_over_dp_and_cp():
     layout = dist.resolve_layout({"context_parallel_size": 2}, 4)
-    with pytest.raises(ValueError, match="context_parallel_size=2 is not supported yet"):
-        resolve_zero_stage({"enabled": True, "stage": 1}, layout)
+    with pytest.raises(ValueError, match="stage=3 with train.dist.context_parallel_size=2"):
+        resolve_zero_stage({"enabled": True, "stage": 3}, layout)
     assert resolve_zero_stage({"enabled": False}, layout) is None
+    assert resolve_zero_stage({"enabled": True, "stage": 2}, layout) == 2
+    # one data-parallel rank but two context-parallel ones: two ranks hold the same state
+    cp_only = dist.resolve_layout({"context_parallel_size": 2}, 2)
+    assert resolve_zero_stage({"enabled": True, "stage": 1}, cp_only) == 1
 
 
 def test_a_batch_of_ids_alone_gets_its_positions():

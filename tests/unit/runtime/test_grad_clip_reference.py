@@ -60,6 +60,7 @@ def world():
     dist.get_dist_util()
     util = types.SimpleNamespace(
         device=torch.device("cpu"), tp_group=None, dp_group=None, pp_group=None,
+        grad_group=None,
         stage_dims=("dp", "tp"),
     )  # fmt: skip
     with pytest.MonkeyPatch.context() as mp:
@@ -174,9 +175,11 @@ def test_no_clip_below_max_norm_leaves_grads_bitwise_and_returns_norm(world, p):
 def test_dp_sharded_terms_summed_over_the_shard_group(world, p, shard_group):
     """ZeRO: this rank holds the gradients of parameters 0 and 2, its dp peer that of 1
     (tp-sharded, so it is also summed over tp). The per-parameter terms are summed over
-    ``shard_group`` when given, else over dp; the other group contributes nothing."""
+    ``shard_group`` when given, else over the gradient group (dp; dp x cp under context
+    parallel); the other group contributes nothing."""
     util, peers = world
-    util.dp_group, util.tp_group = DP, TP
+    util.dp_group = util.grad_group = DP
+    util.tp_group = TP
     group = DP if shard_group is None else shard_group
     x0, x1, x2 = g(21, 4, scale=2.0), g(22, 3, 2, scale=1.5), g(23, 5)
     x1_tp_peer = g(24, 3, 2, scale=0.7)
@@ -201,7 +204,7 @@ def test_dp_sharded_terms_summed_over_the_shard_group(world, p, shard_group):
 
 def test_not_dp_sharded_does_not_reduce_over_dp(world):
     util, peers = world
-    util.dp_group = DP
+    util.dp_group = util.grad_group = DP
     fake = peers({DP: torch.tensor([100.0, 100.0])})
     x = [g(31, 3), g(32, 4)]
     params = [param(t) for t in x]

@@ -162,11 +162,11 @@ LAYOUTS = [
         "microbatches": 2,
     },
     {"name": "dp4_hsdp", "dist": {}, "stages": [None, 3], "hsdp": 2},
-    # dp2 x cp2: replicas like dp (ZeRO is refused with cp), a share of each sequence
+    # dp2 x cp2: ZeRO 1/2 shard over the 4 dp x cp ranks; a share of each sequence
     {
         "name": "dp2_cp2",
         "dist": {"context_parallel_size": 2},
-        "stages": [None],
+        "stages": [None, 1, 2],
         "cp_activations": True,
     },
 ]
@@ -181,10 +181,9 @@ def test_layouts_hold_the_predicted_bytes():
             for stage in [str(s) for s in layout.get("stages", [None, 1, 2, 3])]:
                 case = cases[stage]
                 assert case["measured"] == case["predicted"], (rank, layout["name"], stage, case)
-            if "3" not in cases:
-                continue
-            base, z3 = cases["None"]["measured"], cases["3"]["measured"]
-            assert z3["parameters"] < base["parameters"]
+            base = cases["None"]["measured"]
+            if "3" in cases:
+                assert cases["3"]["measured"]["parameters"] < base["parameters"]
             if "1" in cases:
                 z1, z2 = cases["1"]["measured"], cases["2"]["measured"]
                 assert z1["optimizer"] < base["optimizer"]
