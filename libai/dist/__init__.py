@@ -293,13 +293,18 @@ class DistUtil:
         if layout.context_parallel_size == 1 or size == 1:
             return self.dp_group, size
         ranks = self.mesh.mesh  # ("pp", "dp", "cp", "tp")
+        pp_tp = itertools.product(range(ranks.shape[0]), range(ranks.shape[3]))
+        return self._own_group([int(r) for r in ranks[p, :, :, t].flatten()] for p, t in pp_tp), size
+
+    def _own_group(self, member_lists):
+        """A process group for each list of ranks (a collective: every rank creates every
+        group, in the same order); the one this rank is in."""
         mine = None
-        for p, t in itertools.product(range(ranks.shape[0]), range(ranks.shape[3])):
-            members = [int(r) for r in ranks[p, :, :, t].flatten()]
-            group = torch_dist.new_group(members)  # collective: every rank creates each group
+        for members in member_lists:
+            group = torch_dist.new_group(members)
             if self.rank in members:
                 mine = group
-        return mine, size
+        return mine
 
     @property
     def context_parallel_size(self) -> int:
@@ -314,13 +319,10 @@ class DistUtil:
         if pp == 1:
             return None
         ranks = self.mesh.mesh  # ("pp", "dp", "cp", "tp")
-        mine = None
-        for d, c, t in itertools.product(*(range(n) for n in ranks.shape[1:])):
-            members = [int(ranks[0, d, c, t]), int(ranks[pp - 1, d, c, t])]
-            group = torch_dist.new_group(members)  # collective: every rank creates each group
-            if self.rank in members:
-                mine = group
-        return mine
+        coordinates = itertools.product(*(range(n) for n in ranks.shape[1:]))
+        return self._own_group(
+            [int(ranks[0, d, c, t]), int(ranks[pp - 1, d, c, t])] for d, c, t in coordinates
+        )
 
     # ---- stages ---------------------------------------------------------------------------
     def get_layer_stage(self, layer_idx: int) -> int:

@@ -259,8 +259,9 @@ class MultiheadAttention(nn.Module):
         positions = shard_positions(
             q.shape[2] * cp, cp, util.context_parallel_rank, device=q.device
         )
-        # [S(0), S(2)] over (dp, cp) -> all-gather -> [S(0), B]  (reduce-scatter backward)
-        k, v = gather_sequence(k, util.cp_group, 2), gather_sequence(v, util.cp_group, 2)
+        # [S(0), S(2)] over (dp, cp) -> all-gather -> [S(0), B]  (reduce-scatter backward);
+        # keys and values in one collective
+        k, v = gather_sequence(torch.stack((k, v)), util.cp_group, 3).unbind(0)
         return positions, k, v
 
     def _attention_bias(

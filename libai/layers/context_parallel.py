@@ -21,6 +21,8 @@ Everything here is a no-op for ``group=None`` (cp == 1).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.distributed as torch_dist
 import torch.nn.functional as F
@@ -65,9 +67,15 @@ def gather_sequence(x: torch.Tensor, group, dim: int) -> torch.Tensor:
         return x
     cp = torch_dist.get_world_size(group)
     gathered = all_gather_with_grad(x, group, dim)  # rank order: [r's head, r's tail] each
-    seq_len = gathered.shape[dim]
+    return gathered.index_select(dim, _sequence_order(gathered.shape[dim], cp, x.device))
+
+
+@functools.lru_cache(maxsize=64)
+def _sequence_order(seq_len: int, cp: int, device: torch.device) -> torch.Tensor:
+    """The index putting the cp ranks' shares (concatenated in rank order) back in sequence
+    order; computed once per (length, cp, device), not on every layer of every step."""
     held = torch.cat([shard_positions(seq_len, cp, r) for r in range(cp)])
-    return gathered.index_select(dim, torch.argsort(held).to(x.device))
+    return torch.argsort(held).to(device)
 
 
 def causal_keep(query_positions: torch.Tensor, key_len: int) -> torch.Tensor:

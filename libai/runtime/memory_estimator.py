@@ -176,7 +176,7 @@ class CountingDistUtil(dist.DistUtil):
         self.context_parallel_rank = cp_rank
         self.tp_group = self.dp_group = self.pp_group = self.embedding_group = None
         self.cp_group = self.grad_group = None
-        self.grad_size = dp * layout.context_parallel_size
+        self.grad_size = dp * cp
 
 
 @contextlib.contextmanager
@@ -360,8 +360,8 @@ def stage_activation_bytes(model, util: CountingDistUtil, settings: TrainSetting
     )
     h = _block_geometry(blocks[0])["hidden"]
     e = 2 if settings.amp_dtype is not None else _FP32
-    if layout.context_parallel_size > 1:
-        cp = layout.context_parallel_size
+    cp = layout.context_parallel_size
+    if cp > 1:
         total += sum(gathered_kv_bytes(_block_geometry(b), settings, cp, tp, e) for b in blocks)
     stages = util.local_stages() if layout.pipeline_parallel_size > 1 else [0]
     total += sum(s != 0 for s in stages) * tokens * _FP32 * h // q  # received activations

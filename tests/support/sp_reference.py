@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import torch
-from gpt_reference import SEED, make_batch, reference_run
+from gpt_reference import SEED, build_model, full_state, make_batch, reference_run
 
 from libai import dist
 from libai.models import LlamaForCausalLM
@@ -42,3 +42,10 @@ def llama_state(model, with_grads=False) -> dict[str, torch.Tensor]:
 
 def llama_reference_run() -> dict:
     return reference_run(build=build_llama, batch=llama_batch, state=llama_state)
+
+
+#: (build, batch, state) of each decoder the layout scripts run against its reference
+MODELS = {
+    "gpt": (build_model, make_batch, full_state),
+    "llama": (build_llama, llama_batch, llama_state),
+}

@@ -16,25 +16,17 @@ from common import parse_out_dir, run_checks
 from gpt_reference import (
     MAX_GRAD_NORM,
     STEPS,
-    build_model,
-    full_state,
-    make_batch,
     make_optimizer,
     max_diff,
 )
 from memory_probe import saved_activation_bytes
-from sp_reference import build_llama, llama_batch, llama_state
+from sp_reference import MODELS
 
 from libai import dist
 from libai.layers import MultiheadAttention, TransformerLayer
 from libai.layers.context_parallel import shard_positions, shard_sequence
 from libai.runtime.parallel import ModelRunner
 from libai.runtime.zero import shard_optimizer
-
-MODELS = {
-    "gpt": (build_model, make_batch, full_state),
-    "llama": (build_llama, llama_batch, llama_state),
-}
 
 
 def block_positions(model) -> list[int]:

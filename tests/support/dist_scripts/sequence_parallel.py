@@ -21,23 +21,15 @@ from common import parse_out_dir, run_checks
 from gpt_reference import (
     MAX_GRAD_NORM,
     STEPS,
-    build_model,
-    full_state,
-    make_batch,
     make_optimizer,
     max_diff,
 )
-from sp_reference import build_llama, llama_batch, llama_state
+from sp_reference import MODELS
 
 from libai import dist
 from libai.layers import TransformerLayer
 from libai.models import BertForPreTraining
 from libai.runtime.parallel import ModelRunner
-
-MODELS = {
-    "gpt": (build_model, make_batch, full_state),
-    "llama": (build_llama, llama_batch, llama_state),
-}
 
 
 def _first_tensor(value) -> torch.Tensor:
