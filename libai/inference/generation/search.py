@@ -63,6 +63,21 @@ def _left_pad_counts(attention_mask: torch.Tensor) -> torch.Tensor | None:
     return (attention_mask != 0).int().argmax(dim=1)
 
 
+def _next_tokens(stepper, sequences, attention_mask, processors, config, generators):
+    """The next token of each row on the last stage (None on the others): the logits,
+    the processors, then the argmax or a multinomial draw."""
+    logits = stepper.next_logits(sequences, attention_mask)
+    if not stepper.is_last:
+        return None
+    scores = apply_processors(processors, sequences, logits.float())
+    if not config.do_sample:
+        return scores.argmax(dim=-1)
+    probs = scores.softmax(dim=-1)
+    if generators is None:
+        return torch.multinomial(probs, 1).squeeze(1)
+    return torch.cat([torch.multinomial(p, 1, generator=g) for p, g in zip(probs, generators)])
+
+
 def sample_search(
     stepper,
     sequences: torch.Tensor,
@@ -89,23 +104,18 @@ def sample_search(
     # (the host then queues the next step while the device runs this one)
     can_stop = bool(eos) or bool(stop.stop_strings)
     eos_ids = torch.tensor(eos, device=sequences.device) if eos else []
+    # greedy without processors on a compiled static cache: the argmax is in the graph
+    fused = getattr(stepper, "fuses_greedy", None)
+    fused = fused is not None and fused(config, processors)
     for _ in range(config.max_new_tokens):
-        logits = stepper.next_logits(sequences, attention_mask)
-        tokens = None
-        if stepper.is_last:
-            scores = apply_processors(processors, sequences, logits.float())
-            if config.do_sample:
-                probs = scores.softmax(dim=-1)
-                if generators is None:
-                    tokens = torch.multinomial(probs, 1).squeeze(1)
-                else:
-                    tokens = torch.cat(
-                        [torch.multinomial(p, 1, generator=g) for p, g in zip(probs, generators)]
-                    )
-            else:
-                tokens = scores.argmax(dim=-1)
-            if eos:
-                tokens = torch.where(unfinished, tokens, torch.full_like(tokens, pad))
+        if fused:
+            tokens = stepper.greedy_next(sequences, attention_mask)
+        else:
+            tokens = _next_tokens(
+                stepper, sequences, attention_mask, processors, config, generators
+            )
+        if eos and tokens is not None:
+            tokens = torch.where(unfinished, tokens, torch.full_like(tokens, pad))
         (tokens,) = stepper.share((tokens,))
         sequences = torch.cat((sequences, tokens[:, None]), dim=1)
         attention_mask = torch.cat((attention_mask, attention_mask.new_ones(len(tokens), 1)), 1)

@@ -25,6 +25,13 @@ cache=, encoder_states=, encoder_mask=)`` (encoder-decoder: T5, mT5).
   default mode (Inductor's fused CPU kernels). The prompt step runs eagerly. It compiles once
   per (rows, cache length, stage): pass a fixed ``max_cache_len`` to serve calls of different
   lengths with one compiled step.
+
+**Greedy decoding in one graph** (:meth:`ModelStepper.greedy_next`): with the compiled step,
+a decoder-only model on one pipeline stage and greedy search without logits processors, the
+compiled function also does the per-token bookkeeping (the slot to write, each row's
+position, the attention mask over the slots) on device buffers it advances in place, and
+picks the token (argmax): each new token is one compiled call (one CUDA-graph replay), with
+no eager kernels around it. The tokens are the same as the unfused path's.
 """
 
 from __future__ import annotations
@@ -116,6 +123,8 @@ class ModelStepper:
         self.cache: KVCache | None = None
         self._static: StaticKVCache | None = None  # kept for the next generation
         self._compiled = None  # torch.compile of model.decode_stage, built on first use
+        self._compiled_greedy = None  # torch.compile of _greedy_step, built on first use
+        self._greedy_buffers: tuple | None = None  # its device state, kept with the cache
         self.compiled_step = False
 
     def _autocast(self):
@@ -142,6 +151,7 @@ class ModelStepper:
             raise ValueError("max_cache_len applies to cache_implementation='static' only")
         rows = input_ids.shape[0] * expand
         self.cached = 0
+        self._greedy_ready = False  # greedy_next loads its buffers at its first decode step
         self.padded = attention_mask is not None and not bool(attention_mask.all())
         if static:
             self.cache = self._static_cache(rows, max_cache_len or self.max_cache_len, max_length)
@@ -237,6 +247,79 @@ class ModelStepper:
             logits = self.pipe.run(stage, new)
         self.cached = sequences.shape[1]
         return None if logits is None else logits.float()
+
+    def fuses_greedy(self, config, processors) -> bool:
+        """Whether :meth:`greedy_next` picks this generation's tokens in the compiled step:
+        greedy search without logits processors (``processors``: the search's list), the
+        compiled static cache, a decoder-only model, one pipeline stage."""
+        return (
+            self.compiled_step
+            and isinstance(self.cache, StaticKVCache)
+            and not self.is_encoder_decoder
+            and self.pipe.num_stages == 1
+            and not config.do_sample
+            and not processors
+        )
+
+    def greedy_next(self, sequences: torch.Tensor, attention_mask: torch.Tensor):
+        """The greedy next token ``[B]`` after ``sequences`` (when :meth:`fuses_greedy`): the
+        prompt step eagerly, then each single-token step as one compiled call that writes
+        the cache, advances the slot and positions on device and takes the argmax."""
+        if self.cached == 0 or sequences.shape[1] - self.cached != 1:
+            return self.next_logits(sequences, attention_mask).argmax(dim=-1)
+        cursor, positions, padding, keep = self._greedy_state(attention_mask)
+        # the attention layers read the slot and the mask from the cache: point it at the
+        # buffers the compiled step fills in place
+        self.cache.cache_position, self.cache.keep = cursor, keep
+        if self._compiled_greedy is None:
+            self._compiled_greedy = torch.compile(
+                self._greedy_step, mode=self.compile_mode, dynamic=False
+            )
+        step = self._compiled_greedy
+        if self.compile_mode == "reduce-overhead":
+            step = _fresh_outputs(step)
+        with self._autocast():
+            tokens = step(_dense(sequences[:, -1:]), cursor, positions, padding, keep)
+        self.cached = sequences.shape[1]
+        self.cache.seen = self.cached
+        return tokens
+
+    def _greedy_state(self, attention_mask: torch.Tensor) -> tuple:
+        """``(slot [1], positions [B, 1], padding [B, slots], keep [B, 1, 1, slots])``: device
+        buffers kept with the static cache (a CUDA graph replays on their addresses), loaded
+        at the first decode step of a generation from the Python-side state."""
+        cache = self.cache
+        if self._greedy_buffers is None or self._greedy_buffers[0] is not cache:
+            rows, device = attention_mask.shape[0], attention_mask.device
+            buffers = (
+                torch.zeros(1, dtype=torch.long, device=device),
+                torch.zeros(rows, 1, dtype=torch.long, device=device),
+                torch.ones(rows, cache.max_length, dtype=torch.bool, device=device),
+                torch.ones(rows, 1, 1, cache.max_length, dtype=torch.bool, device=device),
+            )
+            if device.type == "cuda":
+                for t in buffers:
+                    torch._dynamo.mark_static_address(t)
+            self._greedy_buffers = (cache, *buffers)
+        cursor, positions, padding, keep = self._greedy_buffers[1:]
+        if not self._greedy_ready:
+            cursor.fill_(self.cached)
+            # a token's position counts the real tokens before it (left padding)
+            positions.copy_(attention_mask[:, : self.cached].sum(-1, keepdim=True))
+            padding.copy_(self.slot_mask)
+            self._greedy_ready = True
+        return cursor, positions, padding, keep
+
+    def _greedy_step(self, tokens, cursor, positions, padding, keep):
+        """One single-token greedy step, traced whole: the mask of slot ``cursor`` (slots up
+        to it that are not padding), the decode stage writing the cache at ``cursor``, the
+        argmax; then ``cursor`` and ``positions`` move on by one, in place."""
+        slots = torch.arange(keep.shape[-1], device=keep.device)
+        keep.copy_((slots <= cursor)[None, None, None, :] & padding[:, None, None, :])
+        logits = self.model.decode_stage(tokens, None, positions, self.cache)
+        cursor.add_(1)
+        positions.add_(1)
+        return logits.float().argmax(dim=-1)
 
     def reorder(self, beam_idx: torch.Tensor) -> None:
         """Beam search: keep cache rows ``beam_idx``."""
