@@ -36,7 +36,7 @@ from libai.config import LazyConfig, instantiate, locate, try_get_key
 from libai.inference.stage_comm import StagePipe
 from libai.inference.tokenizer_loading import find_tokenizer_files, load_tokenizer
 from libai.models.utils import CheckpointReader, load_huggingface, read_hf_config
-from libai.runtime.parallel import pipeline_inputs, pipeline_stage_kwargs, prune_to_stages
+from libai.runtime.pipeline_split import pipeline_inputs, pipeline_stage_kwargs, prune_to_stages
 from libai.runtime.run_config import model_num_layers
 
 logger = logging.getLogger(__name__)

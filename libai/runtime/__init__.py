@@ -1,8 +1,10 @@
 """The execution core every front door drives: how a model is parallelized and run.
 
-``parallel`` (ModelRunner: pipeline stages, micro-batches, gradient sync), ``zero`` / ``fsdp``
-(ZeRO 1-3), ``grad_overlap`` / ``grad_clip`` / ``sequence_parallel`` / ``blocks`` /
-``pipeline_stages``, ``amp`` / ``amp_lists`` (mixed precision), ``trainer`` / ``hooks`` (the
+``parallelize`` (the transforms, in their order), ``parallel`` (ModelRunner: one step),
+``pipeline_split`` / ``pipeline_schedule`` / ``pipeline_stages`` (pipeline parallel),
+``context_parallel``, ``grad_sync`` / ``grad_overlap`` / ``grad_clip`` / ``sequence_parallel``,
+``blocks`` (checkpointing and compile), ``zero`` / ``fsdp`` (ZeRO 1-3), ``forward_only``
+(evaluation passes), ``amp`` / ``amp_lists`` (mixed precision), ``trainer`` / ``hooks`` (the
 loop), ``core`` (building the runner, optimizer wrapping, checkpointer and hooks from the
 ``train`` settings) and ``memory_estimator``. The doors (``libai.engine`` for LiBai,
 FleetX's Engine, ``libai.accelerate``) translate their own syntax into these; nothing here

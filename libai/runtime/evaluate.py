@@ -20,7 +20,7 @@ import torch
 
 from libai.evaluation.utils import all_reduce_over_data_parallel
 from libai.models.contract import total_loss
-from libai.runtime.parallel import pipeline_target
+from libai.runtime.pipeline_split import pipeline_target
 from libai.runtime.trainer import to_device
 
 __all__ = ["EvalResult", "eval_mode", "evaluate", "step_loss_and_sums", "sum_over_ranks"]

@@ -55,7 +55,7 @@ HSDP_KEY = "train.zero_optimization.hsdp_replicate_size"
 
 
 class FullyShardedGrads:
-    """Stage 3's place in ``ModelRunner.grad_sharder``: FSDP2 reduce-scatters the gradients
+    """Stage 3's place in ``ModelRunner.grads.sharder``: FSDP2 reduce-scatters the gradients
     over dp in backward, so the runner's dp sync has nothing left to do. Each rank of a shard
     group holds a disjoint piece of every gradient: clipping sums the norm terms over
     ``norm_group`` (the shard group; HSDP's replicas hold the same pieces)."""
@@ -219,7 +219,7 @@ def _share_back(runner) -> None:
     ``runner.model`` those: the optimizer, clipping and checkpoints see the shards. (FSDP2
     swaps gathered weights in and out on the copies only; nothing runs ``runner.model``
     itself under pp.)"""
-    for stage_model in runner._stage_models:
+    for stage_model in runner.stage_schedule.stage_models:
         for path, module in stage_model.named_modules():
             target = runner.model.get_submodule(path)
             for name, p in module.named_parameters(recurse=False):
@@ -244,11 +244,15 @@ def _check_disjoint(units) -> None:
 def apply_fully_shard(runner, *, hsdp_replicate_size: int = 1) -> FullyShardedGrads:
     """ZeRO stage 3 on ``runner``'s model (after the ModelRunner is built, before the
     optimizer): see the module doc. Checks every stage root first (no collective before an
-    error), then shards. Returns the runner's new ``grad_sharder``."""
+    error), then shards. Returns the runner's new ``grads.sharder``."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     util = runner.util
-    roots = [stage.submod for stage in runner.stages] if runner.pipeline else [runner.model]
+    roots = (
+        [stage.submod for stage in runner.stage_schedule.stages]
+        if runner.pipeline
+        else [runner.model]
+    )
     units = _units(roots)
     for root, blocks in units:
         check_fsdp_units(root, blocks)
@@ -277,9 +281,9 @@ def apply_fully_shard(runner, *, hsdp_replicate_size: int = 1) -> FullyShardedGr
                 p.__dict__.update(attributes.get((id(module), name), {}))
     if runner.pipeline and len(roots) > 1:
         _share_back(runner)
-    runner.tied_parameters = [
+    runner.grads.tied_parameters = [
         p for p in runner.model.parameters() if getattr(p, "libai_tied_group", None) is not None
     ]
     group = mesh["dp_shard"].get_group() if hsdp_replicate_size > 1 else util.dp_group
-    runner.grad_sharder = FullyShardedGrads(group)
-    return runner.grad_sharder
+    runner.grads.sharder = FullyShardedGrads(group)
+    return runner.grads.sharder

@@ -9,7 +9,7 @@ the model is built from the config on the ``meta`` device under a *counting* mes
 :class:`~libai.dist.DistUtil` that holds this rank's coordinates but no process
 group): every layer creates exactly the tp shard and pipeline stage it would create in
 training (vocab padding, custom stage ids, the tied LM-head copy on the last stage), and
-:func:`~libai.runtime.parallel.prune_to_stages` drops the other stages. Tied tensors are
+:func:`~libai.runtime.pipeline_split.prune_to_stages` drops the other stages. Tied tensors are
 counted once.
 
 **ZeRO** then splits these local tensors over the data-parallel ranks, with the same rules
@@ -190,7 +190,7 @@ def build_stage_model(model_cfg, util: CountingDistUtil) -> nn.Module:
     """The model of ``util``'s rank, on ``meta``: its pipeline stages only, its tp shards."""
     from libai.config import instantiate
     from libai.layers.param import skip_init
-    from libai.runtime.parallel import prune_to_stages
+    from libai.runtime.pipeline_split import prune_to_stages
 
     with counting_mesh(util), torch.random.fork_rng(devices=[]), skip_init():
         model = instantiate(model_cfg)

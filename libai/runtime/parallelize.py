@@ -1,18 +1,29 @@
-"""The one place a model is parallelized for a run, in a fixed order (torchtitan's):
+"""The one place a model is parallelized for a run, in a fixed order (torchtitan's). Each
+transform lives in its own module:
 
 0. tensor and sequence parallel: at construction -- libai's layers are built on the mesh as
    DTensors (``libai.layers``), so a model is tp-sharded when it exists;
-1. the pipeline split: :class:`~libai.runtime.parallel.ModelRunner` prunes the model to this
-   rank's stages (a copy per virtual stage) and builds the schedule;
-2. activation checkpointing on the blocks of what this rank runs;
-3. ``torch.compile`` of those blocks;
-4. ZeRO-3: FSDP2 ``fully_shard`` per block and the root (HSDP with a replicate size);
-5. once the optimizer exists (:func:`shard_optimizer_for`): ZeRO-1/2 shard its state and the
-   gradients over the data-parallel ranks; mixed precision O2 (parameters cast after step 3)
-   swaps fp32 master weights in for the parameters this rank steps.
+1. float8 matmuls (``train.amp.fp8``; :mod:`libai.layers.float8`), before anything copies or
+   traces the layers;
+2. the pipeline split (:mod:`libai.runtime.pipeline_split`, the schedule in
+   :mod:`libai.runtime.pipeline_schedule`): the model pruned to this rank's stages, a copy
+   per virtual stage;
+3. activation checkpointing, then ``torch.compile``, on the blocks of what this rank runs
+   (:mod:`libai.runtime.blocks`);
+4. the gradient reductions (:mod:`libai.runtime.grad_sync`): tied weights, dp (x cp),
+   sequence-parallel sums; context parallel shards each batch as it arrives
+   (:mod:`libai.runtime.context_parallel`);
+5. mixed precision O2: parameters cast, fp32 masters kept (:mod:`libai.runtime.master_weights`);
+6. ZeRO-3: FSDP2 ``fully_shard`` per block and the root, HSDP with a replicate size
+   (:mod:`libai.runtime.fsdp`);
+7. once the optimizer exists (:func:`shard_optimizer_for`): ZeRO-1/2 shard its state and the
+   gradients over the data-parallel ranks (:mod:`libai.runtime.zero`); O2 swaps the fp32
+   masters in for the parameters this rank steps.
 
-Every door calls :func:`parallelize` (through :mod:`libai.runtime.core`); nothing else
-applies a parallel feature.
+Steps 2-4 run inside :class:`~libai.runtime.parallel.ModelRunner`'s constructor (so a runner
+built directly is parallelized the same way); the runner itself only steps. Every door calls
+:func:`parallelize` (through :mod:`libai.runtime.core`); nothing else applies a parallel
+feature.
 """
 
 from __future__ import annotations

@@ -377,12 +377,12 @@ def shard_optimizer(runner, optimizer: torch.optim.Optimizer, stage: int):
     by :func:`prepare_model`) returns ``optimizer`` itself: its state follows the sharded
     parameters."""
     if stage == 3:
-        if not isinstance(runner.grad_sharder, FullyShardedGrads):
+        if not isinstance(runner.grads.sharder, FullyShardedGrads):
             raise RuntimeError("ZeRO stage 3: call prepare_model(runner, 3) before the optimizer")
         return optimizer
     zero = ZeroOptimizer(optimizer, runner.model, stage=stage)
     if stage >= 2:
-        runner.grad_sharder = zero
+        runner.grads.sharder = zero
     return zero
 
 

@@ -94,7 +94,7 @@ def run_step(
     training step (not the no-grad shape-inference call torch < 2.13 makes first)."""
     runner = ModelRunner(model, num_microbatches=microbatches, amp_dtype=amp_dtype)
     if on_stage_output is not None:
-        for stage in runner.stages:
+        for stage in runner.stage_schedule.stages:
             stage.submod.register_forward_hook(
                 lambda module, args, out: on_stage_output(out) if torch.is_grad_enabled() else None
             )

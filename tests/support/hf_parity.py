@@ -133,7 +133,7 @@ def run_case(case_path: str, hf_dir: str, spec: dict) -> dict:
         eval_loss = runner.eval_loss(batch)  # this dp rank's: compared without dp only
         if dp == 1:
             result["eval_loss"] = abs(eval_loss.item() - ref["loss"].item())
-        for stage in runner.stages:
+        for stage in runner.stage_schedule.stages:
             if not stage.is_last:
                 stage.submod.register_forward_hook(
                     lambda m, a, out: handed.extend(out if isinstance(out, tuple) else (out,))

@@ -50,14 +50,14 @@ def watch_schedule_inputs(runner) -> list[bool]:
     against the ones the stage was built with)."""
     handed: list[bool] = []
     if runner.pipeline:
-        step = runner.schedule.step
+        step = runner.stage_schedule.schedule.step
 
         def watched(*args, **kwargs):
             tensors = [*args, *(v for v in kwargs.values() if isinstance(v, torch.Tensor))]
             handed.append(all(t.is_contiguous() for t in tensors))
             return step(*args, **kwargs)
 
-        runner.schedule.step = watched
+        runner.stage_schedule.schedule.step = watched
     return handed
 
 
@@ -141,7 +141,7 @@ def check_layout(layout: dict, ref: dict) -> dict:
     runner.eval_loss(batch)
     eval_everywhere = True
     if runner.pipeline:
-        stage_modules = [m for s in runner.stages for m in s.submod.model.modules()]
+        stage_modules = [m for s in runner.stage_schedule.stages for m in s.submod.model.modules()]
         eval_everywhere = not any(m.training for m in stage_modules)
     model.train()
     loss_diff = max(abs(a - b) for a, b in zip(losses, ref["losses"]))

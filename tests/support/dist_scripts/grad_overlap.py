@@ -24,7 +24,7 @@ def train(overlap: bool, small_buckets: bool = True) -> tuple[dict, list[int], i
     model = build_model()
     runner = ModelRunner(model, num_microbatches=2, overlap_grad_reduce=overlap)
     if overlap and small_buckets:  # several all-reduces, most of them during backward
-        runner._grad_reducer = OverlappedGradReducer(
+        runner.grads.reducer = OverlappedGradReducer(
             list(model.parameters()), util.dp_group, dp, bucket_bytes=8192
         )
     optimizer = make_optimizer(model)
@@ -32,9 +32,9 @@ def train(overlap: bool, small_buckets: bool = True) -> tuple[dict, list[int], i
     for step in range(STEPS):
         batch = {k: v.chunk(dp)[util.data_parallel_rank] for k, v in make_batch(step).items()}
         runner.train_step(batch, optimizer, max_grad_norm=0.5)
-        reducer = runner._grad_reducer
+        reducer = runner.grads.reducer
         launched.append(None if reducer is None else reducer.launched_in_backward)
-    reducer = runner._grad_reducer
+    reducer = runner.grads.reducer
     return full_state(model), launched, (0 if reducer is None else len(reducer.buckets))
 
 

@@ -77,10 +77,10 @@ def record_shapes(model) -> tuple[dict, list]:
 def unsynced_grad_diff(runner, batch, state, ref) -> float:
     """The first step's gradients without the tp sum of the sequence-parallel parameters:
     how far the classic bug lands from the reference (then the gradients are dropped)."""
-    names = runner.sequence_parallel_names
-    runner.sequence_parallel_names = set()
+    names = runner.grads.sequence_parallel_names
+    runner.grads.sequence_parallel_names = set()
     runner.forward_backward(batch)
-    runner.sequence_parallel_names = names
+    runner.grads.sequence_parallel_names = names
     grads = state(runner.model, with_grads=True)
     diff, _ = max_diff({k: v for k, v in grads.items() if k in names}, ref["grads"])
     runner.model.zero_grad(set_to_none=True)
@@ -129,7 +129,7 @@ def check_case(case: dict, refs: dict) -> dict:
         "final_worst": final_name,
         "losses": losses,
         "shapes": shapes,
-        "sequence_parallel_params": sorted(runner.sequence_parallel_names),
+        "sequence_parallel_params": sorted(runner.grads.sequence_parallel_names),
         "all_params": sorted(n for n, _ in model.named_parameters()),
         "pipeline_rank": util.pipeline_rank,
         "unsynced_grad_diff": control,

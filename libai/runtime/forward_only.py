@@ -1,0 +1,49 @@
+"""Forward-only passes of a :class:`~libai.runtime.parallel.ModelRunner`: the evaluation
+loss and the model's outputs (an evaluator's logits), on any layout.
+
+Under pipeline parallel both go through the runner's schedule
+(:class:`~libai.runtime.pipeline_schedule.PipelineSchedule`); under context parallel the
+loss is averaged over the sequence's shards, and predicting outputs is refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+import torch.distributed as torch_dist
+
+from libai.runtime.fsdp import fsdp_forward_method
+from libai.runtime.pipeline_split import pipeline_inputs, pipeline_stage_kwargs
+
+
+@torch.no_grad()
+def eval_loss(runner, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """This data-parallel rank's mean loss on ``batch`` (the same on its tp, cp and pp ranks)."""
+    if runner.pipeline:
+        return runner.stage_schedule.eval_loss(batch)
+    util = runner.util
+    with runner.autocast():
+        loss = runner._loss(runner._context_share(batch)).float()
+    if util.cp_group is not None:  # each cp rank holds its share of the mean
+        torch_dist.all_reduce(loss, group=util.cp_group)
+        loss /= util.context_parallel_size
+    return loss
+
+
+@torch.no_grad()
+def predict(runner, batch: Mapping[str, torch.Tensor]) -> torch.Tensor | None:
+    """The last stage's ``pipeline_forward`` output for ``batch`` (``None`` on the ranks of
+    other stages); without pp ``model.pipeline_forward(*inputs)`` on every rank (under
+    ZeRO-3 inside FSDP2's root hooks, which gather the parameters outside the blocks)."""
+    if runner.util.cp_group is not None:
+        raise ValueError(
+            "predicting outputs (an evaluator's logits) under context parallel is not "
+            "supported yet: evaluate by loss, or with train.dist.context_parallel_size=1"
+        )
+    if runner.pipeline:
+        return runner.stage_schedule.predict(batch)
+    model = runner.model
+    forward = fsdp_forward_method(model, "pipeline_forward")
+    with runner.autocast():
+        return forward(*pipeline_inputs(model, batch), **pipeline_stage_kwargs(model, batch))
