@@ -17,6 +17,7 @@ import shlex
 from libai.accelerate.megatron_args import add_megatron_names, set_megatron_names
 from libai.accelerate.pretraining import add_megatron_model_flags, check_pretraining_args
 from libai.accelerate.tasks import TASKS
+from libai.config.resolve import BatchNames, batch_sizes
 from libai.layers.float8 import FP8_RECIPES
 from libai.runtime.spec import (
     ActivationCheckpointSpec,
@@ -28,6 +29,9 @@ from libai.runtime.spec import (
 )
 
 logger = logging.getLogger(__name__)
+
+#: the flags of the batch sizes (the accumulation steps are always derived)
+FLAGS = BatchNames("--micro-batch-size", "--global-batch-size", None, sep=" ")
 
 __all__ = [
     "build_parser",
@@ -289,15 +293,9 @@ def check_args(args: argparse.Namespace) -> argparse.Namespace:
             f"--pipeline-model-parallel-size {pp}; launch a multiple of {tp * pp}"
         )
     dp = world // (tp * pp)
-    per_step = args.micro_batch_size * dp
-    args.global_batch_size = args.global_batch_size or per_step
-    if args.global_batch_size % per_step:
-        raise ValueError(
-            f"--global-batch-size {args.global_batch_size} is not divisible by "
-            f"--micro-batch-size {args.micro_batch_size} x {dp} data-parallel ranks = {per_step}"
-        )
+    sizes = batch_sizes(args.micro_batch_size, args.global_batch_size or None, None, dp, FLAGS)
     args.data_parallel_size = dp
-    args.num_accumulation_steps = args.global_batch_size // per_step
+    args.global_batch_size, args.num_accumulation_steps = sizes[1:]
     if args.zero_stage is not None and dp < 2:  # as DeepSpeed: nothing to shard over
         logger.warning(
             "--%s: one data-parallel rank, nothing to shard over; running without ZeRO",
@@ -323,28 +321,34 @@ def check_black_box_args(args: argparse.Namespace) -> None:
 def train_namespace(args, *, train_iter: int, dist_cfg: dict) -> RunSpec:
     """The run spec (:class:`~libai.runtime.spec.RunSpec`) of ``args``."""
     never = train_iter + 1
-    return RunSpec(
-        output_dir=args.save,
-        train_iter=int(train_iter),
-        train_micro_batch_size=args.micro_batch_size,
-        global_batch_size=args.global_batch_size,
-        num_accumulation_steps=args.num_accumulation_steps,
-        log_period=args.log_interval,
-        seed=args.seed,
-        amp=AmpSpec(
-            enabled=bool(args.mixed_precision), dtype=args.mixed_precision_dtype, fp8=args.fp8
-        ),
-        activation_checkpoint=ActivationCheckpointSpec(
-            enabled=bool(args.checkpoint_activations), mode=args.recompute_granularity
-        ),
-        zero_optimization=ZeroSpec(enabled=args.zero_stage is not None, stage=args.zero_stage or 1),
-        checkpointer=CheckpointerSpec(period=int(args.save_interval or never), max_to_keep=None),
-        evaluation=EvaluationSpec(
-            enabled=True,
-            eval_period=int(args.eval_interval or never),
-            eval_iter=args.eval_iters,
-            eval_metric=None,
-            eval_mode="max",
-        ),
-        dist=dist_cfg,
+    return RunSpec.from_config(
+        dict(
+            output_dir=args.save,
+            train_iter=int(train_iter),
+            train_micro_batch_size=args.micro_batch_size,
+            global_batch_size=args.global_batch_size,
+            num_accumulation_steps=args.num_accumulation_steps,
+            log_period=args.log_interval,
+            seed=args.seed,
+            amp=AmpSpec(
+                enabled=bool(args.mixed_precision), dtype=args.mixed_precision_dtype, fp8=args.fp8
+            ),
+            activation_checkpoint=ActivationCheckpointSpec(
+                enabled=bool(args.checkpoint_activations), mode=args.recompute_granularity
+            ),
+            zero_optimization=ZeroSpec(
+                enabled=args.zero_stage is not None, stage=args.zero_stage or 1
+            ),
+            checkpointer=CheckpointerSpec(
+                period=int(args.save_interval or never), max_to_keep=None
+            ),
+            evaluation=EvaluationSpec(
+                enabled=True,
+                eval_period=int(args.eval_interval or never),
+                eval_iter=args.eval_iters,
+                eval_metric=None,
+                eval_mode="max",
+            ),
+            dist=dist_cfg,
+        )
     )

@@ -11,7 +11,14 @@ from typing import Any, NamedTuple
 
 from libai.config.lazy import try_get_key
 
-__all__ = ["BatchSizes", "TrainIters", "resolve_batch_sizes", "resolve_train_iters"]
+__all__ = [
+    "BatchNames",
+    "BatchSizes",
+    "TrainIters",
+    "batch_sizes",
+    "resolve_batch_sizes",
+    "resolve_train_iters",
+]
 
 
 class BatchSizes(NamedTuple):
@@ -35,58 +42,83 @@ def _optional_positive_int(name: str, value: Any) -> int | None:
     return value
 
 
-def resolve_batch_sizes(train_cfg: Any, data_parallel_size: int) -> BatchSizes:
-    """Fill in whichever of micro batch, global batch and accumulation steps is missing.
+class BatchNames(NamedTuple):
+    """A door's names for the three batch sizes, for its error messages: ``sep`` joins a
+    name to its value (``train.global_batch_size=8``, ``--global-batch-size 8``);
+    ``accumulation`` is None where the door has no such setting (it is always derived)."""
 
-    ``train_cfg`` is ``cfg.train`` (keys ``train_micro_batch_size``, ``global_batch_size``,
-    ``num_accumulation_steps``; ``None`` = derive). Rules, with ``dp = data_parallel_size``:
+    micro: str
+    glob: str
+    accumulation: str | None
+    sep: str = "="
 
-    - micro and global given: ``acc = global / (micro × dp)``, which must divide exactly; if
-      ``acc`` is given too, the three must agree;
-    - only micro given: ``acc`` defaults to 1, ``global = micro × dp × acc``;
-    - only global given: ``acc`` defaults to 1, ``micro = global / (dp × acc)`` (must divide).
 
-    Raises ``ValueError`` naming the keys on a contradiction, a non-divisible split, or when
-    neither micro nor global batch size is set.
+#: LiBai's ``train`` keys
+LIBAI_BATCH_NAMES = BatchNames(
+    "train.train_micro_batch_size", "train.global_batch_size", "train.num_accumulation_steps"
+)
+
+
+def batch_sizes(
+    micro: int | None,
+    glob: int | None,
+    accumulation: int | None,
+    data_parallel_size: int,
+    names: BatchNames = LIBAI_BATCH_NAMES,
+) -> BatchSizes:
+    """The one batch rule of every door: ``global = micro x data-parallel ranks x
+    accumulation``, filling in whichever is missing (``None``); the sizes given are
+    positive integers.
+
+    - micro and global given: ``accumulation = global / (micro x dp)``, which must divide
+      exactly; a given accumulation must agree;
+    - only micro given: accumulation defaults to 1, ``global = micro x dp x accumulation``;
+    - only global given: accumulation defaults to 1, ``micro = global / (dp x accumulation)``
+      (must divide).
+
+    Raises ``ValueError`` naming the door's settings (``names``) on a contradiction, a split
+    that does not divide, or when neither micro nor global is set.
     """
+    dp, (m, g, a, sep) = int(data_parallel_size), names
+    if micro is None and glob is None:
+        raise ValueError(f"set {m} or {g} (or both)")
+    if micro is not None and glob is not None:
+        if glob % (micro * dp):
+            derived = f", so {a} cannot be derived" if a and accumulation is None else ""
+            raise ValueError(
+                f"{g}{sep}{glob} is not divisible by {m} {micro} x {dp} data-parallel ranks "
+                f"= {micro * dp}{derived}"
+            )
+        steps = glob // (micro * dp)
+        if accumulation is not None and accumulation != steps:
+            raise ValueError(
+                f"{a}{sep}{accumulation} contradicts the batch sizes: {g} {glob} / ({m} "
+                f"{micro} x {dp} data-parallel ranks) = {steps} micro-batches per step; leave "
+                f"{a} unset (it is derived) or change {m}"
+            )
+        return BatchSizes(micro, glob, steps)
+    accumulation = 1 if accumulation is None else accumulation
+    if micro is not None:
+        return BatchSizes(micro, micro * dp * accumulation, accumulation)
+    if glob % (dp * accumulation):
+        steps = f" x {a} {accumulation}" if a else ""
+        raise ValueError(
+            f"{g}{sep}{glob} is not divisible by {dp} data-parallel ranks{steps} = "
+            f"{dp * accumulation}, so {m} cannot be derived"
+        )
+    return BatchSizes(glob // (dp * accumulation), glob, accumulation)
+
+
+def resolve_batch_sizes(train_cfg: Any, data_parallel_size: int) -> BatchSizes:
+    """LiBai's ``train`` batch sizes (keys ``train_micro_batch_size``, ``global_batch_size``,
+    ``num_accumulation_steps``; ``None`` = derive) by :func:`batch_sizes`'s rule."""
     if isinstance(data_parallel_size, bool) or int(data_parallel_size) < 1:
         raise ValueError(f"data parallel size must be a positive integer, got {data_parallel_size}")
-    dp = int(data_parallel_size)
-    micro = _optional_positive_int(
-        "train_micro_batch_size", try_get_key(train_cfg, "train_micro_batch_size")
-    )
-    glob = _optional_positive_int("global_batch_size", try_get_key(train_cfg, "global_batch_size"))
-    acc = _optional_positive_int(
-        "num_accumulation_steps", try_get_key(train_cfg, "num_accumulation_steps")
-    )
-
-    if micro is None and glob is None:
-        raise ValueError("set train.train_micro_batch_size or train.global_batch_size (or both)")
-    if micro is not None and glob is not None:
-        if acc is None:
-            if glob % (micro * dp) != 0:
-                raise ValueError(
-                    f"train.global_batch_size={glob} is not divisible by "
-                    f"train_micro_batch_size {micro} x data parallel {dp} = {micro * dp}, so "
-                    "train.num_accumulation_steps cannot be derived"
-                )
-            acc = glob // (micro * dp)
-        elif glob != micro * dp * acc:
-            raise ValueError(
-                f"train.global_batch_size={glob} != train_micro_batch_size {micro} x "
-                f"data parallel {dp} x num_accumulation_steps {acc} = {micro * dp * acc}"
-            )
-        return BatchSizes(micro, glob, acc)
-    acc = 1 if acc is None else acc
-    if micro is not None:
-        return BatchSizes(micro, micro * dp * acc, acc)
-    if glob % (dp * acc) != 0:
-        raise ValueError(
-            f"train.global_batch_size={glob} is not divisible by data parallel {dp} x "
-            f"num_accumulation_steps {acc} = {dp * acc}, so train.train_micro_batch_size "
-            "cannot be derived"
-        )
-    return BatchSizes(glob // (dp * acc), glob, acc)
+    sizes = [
+        _optional_positive_int(key, try_get_key(train_cfg, key))
+        for key in ("train_micro_batch_size", "global_batch_size", "num_accumulation_steps")
+    ]
+    return batch_sizes(*sizes, int(data_parallel_size))
 
 
 def resolve_train_iters(

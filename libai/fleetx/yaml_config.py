@@ -42,6 +42,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from libai.config.overrides import apply_overrides
+from libai.config.resolve import BatchNames, batch_sizes
 from libai.fleetx.fleetx_keys import OPEN_SECTIONS as FLEETX_OPEN_SECTIONS
 from libai.fleetx.fleetx_keys import SCHEMA as FLEETX_SCHEMA
 from libai.fleetx.fleetx_keys import SPLIT_KEYS, literal_values
@@ -111,6 +112,10 @@ DEFAULTS: dict[str, Any] = {
 }
 #: sections whose own keys are free (checked by the constructor they feed)
 OPEN_SECTIONS = ("Model", "Optimizer")
+#: FleetX's names of the batch sizes, for the shared rule's messages
+BATCH_NAMES = BatchNames(
+    "Global.micro_batch_size", "Global.global_batch_size", "Engine.accumulate_steps"
+)
 DATA_SPLIT_KEYS = ("dataset", "sampler", "loader")
 
 
@@ -273,35 +278,21 @@ def resolve_batch_config(cfg: DictConfig, world_size: int) -> DictConfig:
     glob = _positive(g.global_batch_size, "Global.global_batch_size")
     local = _positive(g.local_batch_size, "Global.local_batch_size")
     micro = _positive(g.micro_batch_size, "Global.micro_batch_size")
-    if glob is None and local is None:
-        raise YAMLConfigError("set Global.global_batch_size or Global.local_batch_size")
-    if local is None:
-        if glob % n:
-            raise YAMLConfigError(
-                f"Global.global_batch_size {glob} is not divisible by the {n} data-parallel "
-                "ranks (dp_degree x sharding_degree)"
-            )
-        local = glob // n
-    elif glob is None:
-        glob = local * n
-    elif glob != local * n:
+    if local is not None and glob is not None and glob != local * n:
         raise YAMLConfigError(
             f"Global.global_batch_size {glob} != local_batch_size {local} x {n} data-parallel "
             "ranks (dp_degree x sharding_degree)"
         )
-    micro = local if micro is None else micro
-    if local % micro:
-        raise YAMLConfigError(
-            f"Global.local_batch_size {local} is not divisible by micro_batch_size {micro}"
-        )
-    acc = local // micro
+    if glob is None and local is not None:
+        glob = local * n
+    if micro is None and local is not None:
+        micro = local  # FleetX: the micro batch defaults to the local one
     given = _positive(cfg.Engine.accumulate_steps, "Engine.accumulate_steps")
-    if given is not None and given != acc:
-        raise YAMLConfigError(
-            f"Engine.accumulate_steps={given} contradicts the batch sizes: local_batch_size "
-            f"{local} / micro_batch_size {micro} = {acc} micro-batches per step. Remove "
-            "Engine.accumulate_steps (it is derived) or change Global.micro_batch_size"
-        )
+    try:  # the rule every door shares (libai.config.resolve)
+        micro, glob, acc = batch_sizes(micro, glob, given, n, BATCH_NAMES)
+    except ValueError as err:
+        raise YAMLConfigError(f"{err} (data-parallel ranks: dp_degree x sharding_degree)") from None
+    local = glob // n
     g.global_batch_size, g.local_batch_size, g.micro_batch_size = glob, local, micro
     cfg.Engine.accumulate_steps = acc
     if cfg.Engine.test_iters is None:

@@ -196,36 +196,38 @@ def train_namespace(
     eval_period = engine.eval_freq * per if engine.eval_freq and engine.eval_freq > 0 else 0
     amp_on, amp_dtype, _ = amp_settings(cfg, mode)
     sharding = cfg.Distributed.sharding
-    return RunSpec(
-        output_dir=save.output_dir,
-        train_iter=int(train_iter),
-        train_micro_batch_size=cfg.Global.micro_batch_size,
-        global_batch_size=cfg.Global.global_batch_size,
-        num_accumulation_steps=cfg.Engine.accumulate_steps,
-        test_micro_batch_size=cfg.Global.local_batch_size,
-        log_period=engine.logging_freq,
-        seed=cfg.Global.seed,
-        amp=AmpSpec(
-            enabled=amp_on,
-            dtype=amp_dtype,
-            init_scale=engine.mix_precision.scale_loss,
-            level=str(engine.mix_precision.level or "O1").upper(),
-            fp8=engine.mix_precision.get("fp8") if mode == "train" else None,
-        ),
-        activation_checkpoint=recompute_spec(cfg),
-        zero_optimization=ZeroSpec(
-            enabled=mode == "train" and sharding.sharding_degree > 1,
-            stage=sharding.sharding_stage,
-        ),
-        checkpointer=CheckpointerSpec(period=int(save_period), max_to_keep=save.max_to_keep),
-        evaluation=EvaluationSpec(
-            enabled=bool(has_eval and eval_period > 0),
-            eval_period=int(eval_period),
-            eval_iter=engine.eval_iters,
-            eval_metric=None,
-            eval_mode="min",
-        ),
-        dist=dist_config(cfg),
+    return RunSpec.from_config(
+        dict(
+            output_dir=save.output_dir,
+            train_iter=int(train_iter),
+            train_micro_batch_size=cfg.Global.micro_batch_size,
+            global_batch_size=cfg.Global.global_batch_size,
+            num_accumulation_steps=cfg.Engine.accumulate_steps,
+            test_micro_batch_size=cfg.Global.local_batch_size,
+            log_period=engine.logging_freq,
+            seed=cfg.Global.seed,
+            amp=AmpSpec(
+                enabled=amp_on,
+                dtype=amp_dtype,
+                init_scale=engine.mix_precision.scale_loss,
+                level=str(engine.mix_precision.level or "O1").upper(),
+                fp8=engine.mix_precision.get("fp8") if mode == "train" else None,
+            ),
+            activation_checkpoint=recompute_spec(cfg),
+            zero_optimization=ZeroSpec(
+                enabled=mode == "train" and sharding.sharding_degree > 1,
+                stage=sharding.sharding_stage,
+            ),
+            checkpointer=CheckpointerSpec(period=int(save_period), max_to_keep=save.max_to_keep),
+            evaluation=EvaluationSpec(
+                enabled=bool(has_eval and eval_period > 0),
+                eval_period=int(eval_period),
+                eval_iter=engine.eval_iters,
+                eval_metric=None,
+                eval_mode="min",
+            ),
+            dist=dist_config(cfg),
+        )
     )
 
 

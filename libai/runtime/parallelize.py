@@ -98,7 +98,7 @@ def parallelize(
     runner = ModelRunner(
         model,
         num_microbatches=spec.num_accumulation_steps,
-        schedule=spec.dist.get("pipeline_schedule"),
+        schedule=spec.dist.pipeline_schedule,
         amp_dtype=amp_dtype,
         loss_scaler=grad_scaler,
         activation_checkpointing=spec.checkpointing() or False,

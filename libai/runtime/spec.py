@@ -19,7 +19,6 @@ import dataclasses
 import difflib
 import logging
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -35,6 +34,7 @@ __all__ = [
     "ActivationCheckpointSpec",
     "AmpSpec",
     "CheckpointerSpec",
+    "DistSpec",
     "EvaluationSpec",
     "RunSpec",
     "ZeroSpec",
@@ -147,6 +147,24 @@ class EvaluationSpec:
 
 
 @dataclass
+class DistSpec:
+    """``train.dist``: the parallel layout, typed (the keys of
+    :data:`libai.dist.DIST_CONFIG_KEYS`; a test keeps the two equal). The sizes are checked
+    against the world size by :func:`libai.dist.resolve_layout` before any process group."""
+
+    data_parallel_size: int | None = None
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    pipeline_num_layers: int | None = None
+    custom_pipeline_stage_id: list[int] | None = None
+    device_type: str = "cpu"
+    virtual_pipeline_size: int = 1
+    pipeline_schedule: str = "1F1B"
+    sequence_parallel: bool = False
+    context_parallel_size: int = 1
+
+
+@dataclass
 class RunSpec:
     """Every setting of a run the runtime reads (LiBai's ``train`` keys)."""
 
@@ -175,18 +193,25 @@ class RunSpec:
     zero_optimization: ZeroSpec = field(default_factory=ZeroSpec)
     checkpointer: CheckpointerSpec = field(default_factory=CheckpointerSpec)
     evaluation: EvaluationSpec = field(default_factory=EvaluationSpec)
-    #: the parallel layout (``libai.dist.DIST_CONFIG_KEYS``; checked there)
-    dist: dict[str, Any] = field(default_factory=lambda: dict(dist.DIST_CONFIG_KEYS))
+    #: the parallel layout
+    dist: DistSpec = field(default_factory=DistSpec)
 
     @classmethod
     def from_config(cls, train) -> RunSpec:
         """The spec of LiBai's ``train`` namespace (a DictConfig or mapping): every key the
         spec names, typed and checked by OmegaConf's structured config -- a value of the
-        wrong type, or a key neither the spec nor the door knows, raises naming it."""
+        wrong type, or a key neither the spec nor the door knows, raises naming it. Every
+        door builds its spec here (FleetX's and Rapidformer's from the mapping they
+        translate to)."""
         data = train
         if isinstance(train, DictConfig):
             data = OmegaConf.to_container(train, resolve=True)
         data = _integral_floats_as_ints(_without_door_keys(dict(data), DOOR_KEYS), cls)
+        # a door's nested spec objects as mappings: every error names the key's full path
+        data = {
+            k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for k, v in data.items()
+        }
+        dist.dist_config_items(data.get("dist"))  # an unknown layout key: named with close ones
         ignored = sorted(k for k in NO_EFFECT_KEYS if data.pop(k, None) is not None)
         if ignored:
             logger.info(
@@ -199,7 +224,6 @@ class RunSpec:
             raise ValueError(_error_line(err)) from None
         spec = OmegaConf.to_object(merged)
         spec.amp.fp8_recipe()  # a wrong recipe name: raised here, naming the key
-        dist.dist_config_items(spec.dist)  # an unknown layout key: named with the close ones
         return spec
 
     @classmethod

@@ -210,7 +210,7 @@ def test_the_run_config_is_saved_resolved(tmp_path):
     saved = (tmp_path / "config.yaml").read_text()
     assert "${" not in saved  # interpolations resolved
     assert engine.cfg.Data.Train.dataset.image_size == 32
-    assert json.loads(json.dumps(engine.train_cfg.dist["data_parallel_size"])) == 1
+    assert json.loads(json.dumps(engine.train_cfg.dist.data_parallel_size)) == 1
 
 
 def test_engine_save_after_fit_resumes_where_the_straight_run_goes_on(tmp_path):

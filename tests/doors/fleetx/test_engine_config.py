@@ -98,13 +98,19 @@ def test_batch_sizes_are_derived_and_a_contradiction_is_an_error():
         == 2
     )
     with pytest.raises(
-        YAMLConfigError, match=r"Engine.accumulate_steps=4 contradicts.*8 / micro_batch_size 4 = 2"
+        YAMLConfigError,
+        match=r"Engine.accumulate_steps=4 contradicts.*global_batch_size 32 / \(Global.micro_batch_size 4 "
+        r"x 4 data-parallel ranks\) = 2 micro-batches per step",
     ):
         resolved("Engine.accumulate_steps=4", "Global.micro_batch_size=4")
-    with pytest.raises(YAMLConfigError, match="not divisible by the 3 data-parallel ranks"):
+    with pytest.raises(
+        YAMLConfigError, match="32 is not divisible by .* 16 x 3 data-parallel ranks"
+    ):
         resolved(world=3)
     with pytest.raises(
-        YAMLConfigError, match="local_batch_size 8 is not divisible by micro_batch_size 3"
+        YAMLConfigError,
+        match=r"global_batch_size=32 is not divisible by Global.micro_batch_size 3 x 4 data-parallel "
+        r"ranks = 12, so Engine.accumulate_steps cannot be derived",
     ):
         resolved("Global.micro_batch_size=3")
     with pytest.raises(YAMLConfigError, match=r"dp_degree 3 x mp_degree 1.*= 3, but 4 processes"):

@@ -462,8 +462,9 @@ def test_resolve_batch_sizes_derives_the_missing_one(micro, glob, acc, dp, expec
 def test_resolve_batch_sizes_errors_name_the_keys():
     with pytest.raises(
         ValueError,
-        match=r"train.global_batch_size=16 != train_micro_batch_size 4 x data parallel 2 x "
-        r"num_accumulation_steps 1",
+        match=r"train.num_accumulation_steps=1 contradicts the batch sizes: "
+        r"train.global_batch_size 16 / \(train.train_micro_batch_size 4 x 2 data-parallel ranks\) "
+        r"= 2 micro-batches per step",
     ):
         resolve_batch_sizes(_train(4, 16, 1), 2)
     with pytest.raises(ValueError, match=r"global_batch_size=10 is not divisible.*micro"):

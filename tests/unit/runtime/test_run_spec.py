@@ -10,7 +10,7 @@ import torch
 
 from libai import dist
 from libai.config import LazyConfig
-from libai.runtime.spec import AmpSpec, RunSpec, ZeroSpec
+from libai.runtime.spec import AmpSpec, DistSpec, RunSpec, ZeroSpec
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -41,6 +41,48 @@ def test_a_wrong_type_or_unknown_key_is_one_line_naming_it():
     train.dist.tensor_paralel_size = 2
     with pytest.raises(ValueError, match="tensor_parallel_size"):
         RunSpec.from_config(train)
+
+
+def test_the_layout_is_typed_with_the_mesh_code_keys_and_defaults():
+    """``RunSpec.dist`` is a dataclass holding exactly libai.dist's layout keys and defaults;
+    a value of the wrong type is one line naming the key."""
+    assert dataclasses.asdict(DistSpec()) == dist.DIST_CONFIG_KEYS
+    spec = RunSpec.from_config({"dist": {"tensor_parallel_size": 2, "pipeline_schedule": "GPipe"}})
+    assert isinstance(spec.dist, DistSpec)
+    assert (spec.dist.tensor_parallel_size, spec.dist.pipeline_schedule) == (2, "GPipe")
+    assert spec.dist.context_parallel_size == 1  # the defaults fill the rest
+    with pytest.raises(ValueError, match=r"^train\.dist\.tensor_parallel_size: Value 'two'"):
+        RunSpec.from_config({"dist": {"tensor_parallel_size": "two"}})
+    with pytest.raises(ValueError, match=r"custom_pipeline_stage_id"):
+        RunSpec.from_config({"dist": {"custom_pipeline_stage_id": ["a", "b"]}})
+
+
+def test_the_other_doors_build_their_spec_through_the_validating_constructor():
+    """FleetX's and Rapidformer's translations go through RunSpec.from_config: a value the
+    schema refuses is an error naming the key, not a spec carrying it."""
+    import argparse
+
+    from libai.accelerate.arguments import train_namespace
+
+    args = argparse.Namespace(
+        save="out", micro_batch_size=2, global_batch_size=4, num_accumulation_steps=2,
+        log_interval=1, seed=1, mixed_precision=False, mixed_precision_dtype="bf16", fp8=None,
+        checkpoint_activations=False, recompute_granularity="full", zero_stage=None,
+        save_interval=None, eval_interval=None, eval_iters=2,
+    )  # fmt: skip
+    spec = train_namespace(args, train_iter=5, dist_cfg={"data_parallel_size": 2})
+    assert isinstance(spec.dist, DistSpec) and spec.dist.data_parallel_size == 2
+    with pytest.raises(ValueError, match=r"train\.log_period"):
+        train_namespace(
+            argparse.Namespace(**{**vars(args), "log_interval": "often"}),
+            train_iter=5,
+            dist_cfg={},
+        )
+    with pytest.raises(ValueError, match=r"^train\.activation_checkpoint\.mode: "):
+        no_mode = argparse.Namespace(**{**vars(args), "recompute_granularity": None})
+        train_namespace(no_mode, train_iter=5, dist_cfg={})
+    with pytest.raises(ValueError, match="tensor_paralel_size.*did you mean"):
+        train_namespace(args, train_iter=5, dist_cfg={"tensor_paralel_size": 2})
 
 
 def test_resolvers_turn_switches_into_what_runs():
