@@ -10,7 +10,8 @@
 - **sequence parallel**: the gradients of parameters marked ``libai_sequence_parallel`` are
   summed over tp (:mod:`libai.runtime.sequence_parallel`).
 
-:meth:`GradientSync.reduce_loss` averages a step's loss (and its terms) the same way.
+:meth:`GradientSync.reduce_loss` averages a step's loss (and its terms) the same way;
+:meth:`GradientSync.clip_` clips by the norm of the whole model over the same groups.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.distributed.tensor import DTensor
 
 from libai.runtime.buckets import bucket_tensors
+from libai.runtime.grad_clip import clip_grad_norm_
 from libai.runtime.sequence_parallel import (
     all_reduce_sequence_parallel_grads,
     sequence_parallel_parameter_names,
@@ -100,3 +102,17 @@ class GradientSync:
             torch_dist.all_reduce(loss, group=util.grad_group)
             loss /= util.grad_size
         return loss
+
+    def clip_(self, max_norm: float, norm_type: float = 2.0, params=None) -> torch.Tensor:
+        """Clip by the global gradient norm of the whole (unsharded) model, summed over the
+        groups that split it (tp, pp, and dp under ZeRO 2/3); returns the norm. ``params``:
+        the tensors holding the gradients (default the model's parameters; the fp32 masters
+        under mixed precision O2)."""
+        return clip_grad_norm_(
+            self.model.parameters() if params is None else params,
+            max_norm,
+            norm_type,
+            dp_sharded=self.sharder is not None,
+            shard_group=getattr(self.sharder, "norm_group", None),
+            util=self.util,
+        )

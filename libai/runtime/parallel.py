@@ -1,21 +1,12 @@
 """Run a libai model on the mesh it was built on: one training step, evaluation, prediction.
 
-The model file is layout-agnostic. Under tensor parallelism its layers already hold only
-their shards; the runner adds what crosses layers, each from its own module:
-
-- **pipeline parallel** (:mod:`libai.runtime.pipeline_schedule`): this rank's stages are cut
-  out of the model and driven by a schedule (GPipe, 1F1B, interleaved 1F1B, ...);
-- **context parallel** (:mod:`libai.runtime.context_parallel`): each rank runs its share of
-  every sequence;
-- **activation checkpointing and compile** (:mod:`libai.runtime.blocks`) on the blocks of
-  what this rank runs;
-- **gradient synchronization** (:mod:`libai.runtime.grad_sync`): tied weights across
-  stages, the dp (x cp) average, sequence-parallel sums.
-
-The runner itself only steps: forward and backward (or the schedule), the fp16 loss scale,
-clipping and the optimizer step.
-
-Usage::
+Its layers already hold their tensor-parallel shards; what crosses layers comes from one
+module each, applied by the constructor in :mod:`libai.runtime.parallelize`'s order: the
+pipeline split and schedule (:mod:`~libai.runtime.pipeline_schedule`), activation
+checkpointing and compile (:mod:`~libai.runtime.blocks`), the gradient reductions
+(:mod:`~libai.runtime.grad_sync`); context parallel shards each batch
+(:mod:`~libai.runtime.context_parallel`). The runner itself only steps: forward and
+backward (or the schedule), the fp16 loss scale, clipping, the optimizer step. Usage::
 
     runner = ModelRunner(model, num_microbatches=4)       # prunes ``model`` to this rank
     optimizer = torch.optim.AdamW(runner.model.parameters())
@@ -36,7 +27,6 @@ from libai.runtime import forward_only
 from libai.runtime.amp import DynamicLossScaler, autocast
 from libai.runtime.blocks import apply_block_switches
 from libai.runtime.context_parallel import check_context_parallel_support, shard_batch
-from libai.runtime.grad_clip import clip_grad_norm_
 from libai.runtime.grad_sync import GradientSync
 from libai.runtime.pipeline_schedule import PipelineSchedule
 from libai.runtime.pipeline_split import (  # noqa: F401  (their old home, kept for imports)
@@ -127,19 +117,13 @@ class ModelRunner:
                 "stage and runs backward in its schedule: a custom loss_fn / backward_fn cannot "
                 "be split over stages"
             )
-        # the order of libai.runtime.parallelize: pipeline split, then activation
-        # checkpointing and compile on what this rank runs, then the gradient reductions
+        # parallelize's order: pipeline split, checkpointing + compile, gradient reductions
         self.stage_schedule = None
         if self.pipeline:
             self.stage_schedule = PipelineSchedule(
                 model, util, num_microbatches=num_microbatches, schedule_name=self.schedule_name,
                 host=self, loss_scale=lambda: self._loss_scale,
             )  # fmt: skip
-        leftover = [n for n, p in model.named_parameters() if p.is_meta]
-        if leftover:
-            raise RuntimeError(
-                f"parameters of other pipeline stages were not pruned: {leftover[:5]}"
-            )
         apply_block_switches(
             self.local_models,
             checkpointing=activation_checkpointing,
@@ -257,17 +241,9 @@ class ModelRunner:
         self.grads.sync()
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0, params=None) -> torch.Tensor:
-        """Clip by the global gradient norm of the whole (unsharded) model; returns the norm.
-        ``params``: the tensors holding the gradients (default the model's parameters; the
-        fp32 masters under mixed precision O2)."""
-        return clip_grad_norm_(
-            self.model.parameters() if params is None else params,
-            max_norm,
-            norm_type,
-            dp_sharded=self.grads.sharder is not None,
-            shard_group=getattr(self.grads.sharder, "norm_group", None),
-            util=self.util,
-        )
+        """Clip by the global gradient norm of the whole (unsharded) model; returns the norm
+        (:meth:`~libai.runtime.grad_sync.GradientSync.clip_`)."""
+        return self.grads.clip_(max_norm, norm_type, params)
 
     def train_step(
         self,

@@ -85,6 +85,11 @@ class PipelineSchedule:
         stages = util.local_stages()
         #: the module of each local stage (the model itself, or copies sharing its parameters)
         self.stage_models = stage_copies(model, stages, util)
+        leftover = [n for n, p in model.named_parameters() if p.is_meta]
+        if leftover:
+            raise RuntimeError(
+                f"parameters of other pipeline stages were not pruned: {leftover[:5]}"
+            )
         last = layout.num_stages - 1
         self.stages = [
             LibaiPipelineStage(

@@ -193,8 +193,12 @@ class RunSpec:
     zero_optimization: ZeroSpec = field(default_factory=ZeroSpec)
     checkpointer: CheckpointerSpec = field(default_factory=CheckpointerSpec)
     evaluation: EvaluationSpec = field(default_factory=EvaluationSpec)
-    #: the parallel layout
+    #: the parallel layout (a mapping of its keys is taken too, checked and typed)
     dist: DistSpec = field(default_factory=DistSpec)
+
+    def __post_init__(self):
+        if not isinstance(self.dist, DistSpec):
+            self.dist = DistSpec(**dist.dist_config_items(self.dist))
 
     @classmethod
     def from_config(cls, train) -> RunSpec:

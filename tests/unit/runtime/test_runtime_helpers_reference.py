@@ -16,7 +16,7 @@ from master_weights_cases import GPT
 from libai.models import GPTForPreTraining
 from libai.runtime.buckets import bucket_tensors
 from libai.runtime.core import build_step, parallelize
-from libai.runtime.spec import RunSpec
+from libai.runtime.spec import DistSpec, RunSpec
 from libai.runtime.trainer import to_device
 
 
@@ -137,8 +137,8 @@ def test_parallelize_hands_the_runner_the_specs_schedule():
 
     assert dist.get_dist_util().layout.pipeline_schedule != "GPipe"
     for schedule in ("GPipe", "Interleaved1F1B"):
-        d = {**dist.DIST_CONFIG_KEYS, "pipeline_schedule": schedule}
-        spec = RunSpec(num_accumulation_steps=1, dist=d)
+        spec = RunSpec(num_accumulation_steps=1, dist={"pipeline_schedule": schedule})
+        assert spec.dist == DistSpec(pipeline_schedule=schedule)  # the mapping, typed
         assert parallelize(GPTForPreTraining(**GPT), spec).runner.schedule_name == schedule
 
 
