@@ -133,6 +133,15 @@ class Engine:
                 f"{type(module).__name__} holds parameters outside self.model ({outside[:3]}): "
                 "the Engine parallelizes, optimizes and checkpoints self.model; move them there"
             )
+        cp = layout.context_parallel_size
+        own = [h for h in (*_STEP_HOOKS, *_EVAL_HOOKS) if overridden(module, h)]
+        if cp > 1 and own:
+            raise ValueError(
+                f"{type(module).__name__} overrides {', '.join(own)}: under context parallel "
+                f"(Distributed.cp_degree={cp}) each rank runs its share of every sequence "
+                "through the model's own loss, which these hooks replace; keep the defaults "
+                "(the model contract) or set cp_degree: 1"
+            )
         if layout.pipeline_parallel_size > 1:
             custom = [h for h in _STEP_HOOKS if overridden(module, h)]
             if custom:
@@ -359,7 +368,10 @@ class Engine:
             loader,
             max_batches=max_batches,
             prepare=self.module.pretreating_batch,
-            step=getattr(self.module, step_name),
+            # context parallel: the runner's own loss, over the sequence shards
+            step=None
+            if self.util.layout.context_parallel_size > 1
+            else getattr(self.module, step_name),
             on_batch=log_window,
         )
         return {

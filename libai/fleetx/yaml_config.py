@@ -14,6 +14,7 @@ A config has the sections of PaddleFleetX's::
     Data:        {Train|Eval|Test: {dataset: {name, ...}, sampler: {name, ...}, loader: {...}}}
     Optimizer:   {name, lr: {name, ...} or a number, grad_clip: {name, clip_norm}, ...}
     Distributed: {dp_degree, mp_degree, pp_degree, pipeline_num_layers, pipeline_schedule,
+                  cp_degree (ours: context parallel),
                   sharding: {sharding_degree, sharding_stage, sharding_offload}}
     Inference:   {model_dir}
 
@@ -106,6 +107,8 @@ DEFAULTS: dict[str, Any] = {
         "pp_degree": 1,
         "pipeline_num_layers": None,
         "pipeline_schedule": "1F1B",
+        # ours (the name; Megatron's context_parallel_size): sequences split over cp
+        "cp_degree": 1,
         "sharding": {"sharding_degree": 1, "sharding_stage": 1, "sharding_offload": False},
     },
     "Inference": {"model_dir": None},
@@ -259,18 +262,22 @@ def resolve_batch_config(cfg: DictConfig, world_size: int) -> DictConfig:
     pp = _positive(d.pp_degree, "Distributed.pp_degree", allow_none=False)
     sharding = _positive(d.sharding.sharding_degree, "Distributed.sharding.sharding_degree", False)
     dp = _positive(d.dp_degree, "Distributed.dp_degree")
-    model_ranks = mp * pp * sharding
+    cp = _positive(d.get("cp_degree", 1), "Distributed.cp_degree", allow_none=False)
+    model_ranks = mp * pp * sharding * cp
+    sizes = f"mp_degree {mp} x pp_degree {pp} x sharding_degree {sharding}" + (
+        f" x cp_degree {cp}" if cp > 1 else ""
+    )
     if dp is None:
         if world_size % model_ranks:
             raise YAMLConfigError(
-                f"{world_size} processes are not divisible by mp_degree {mp} x pp_degree {pp} x "
-                f"sharding_degree {sharding} = {model_ranks}; launch a multiple of {model_ranks}"
+                f"{world_size} processes are not divisible by {sizes} = {model_ranks}; launch "
+                f"a multiple of {model_ranks}"
             )
         dp = world_size // model_ranks
     if dp * model_ranks != world_size:
         raise YAMLConfigError(
-            f"Distributed: dp_degree {dp} x mp_degree {mp} x pp_degree {pp} x sharding_degree "
-            f"{sharding} = {dp * model_ranks}, but {world_size} processes were launched"
+            f"Distributed: dp_degree {dp} x {sizes} = {dp * model_ranks}, but {world_size} "
+            "processes were launched"
         )
     d.dp_degree = dp
     n = dp * sharding

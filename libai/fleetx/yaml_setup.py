@@ -148,6 +148,8 @@ def dist_config(cfg: DictConfig) -> dict:
         "virtual_pipeline_size": vpp if pp > 1 else 1,
         # FleetX's Model.sequence_parallel: Megatron-style, over the mp group (needs mp > 1)
         "sequence_parallel": bool(cfg.Model.get("sequence_parallel")) and d.mp_degree > 1,
+        # ours: each sequence split over cp_degree ranks (the model's attention across them)
+        "context_parallel_size": int(d.get("cp_degree") or 1),
     }
 
 
@@ -269,6 +271,7 @@ def setup_yaml_run(cfg: DictConfig, mode: str = "train") -> None:
         for kind, key, size in (
             ("tensor", "mp_degree", "tensor_parallel_size"),
             ("pipeline", "pp_degree", "pipeline_parallel_size"),
+            ("context", "cp_degree", "context_parallel_size"),
         )
         if dist_cfg[size] > 1
     ]

@@ -115,6 +115,12 @@ def test_batch_sizes_are_derived_and_a_contradiction_is_an_error():
         resolved("Global.micro_batch_size=3")
     with pytest.raises(YAMLConfigError, match=r"dp_degree 3 x mp_degree 1.*= 3, but 4 processes"):
         resolved("Distributed.dp_degree=3")
+    # context parallel (ours: Distributed.cp_degree) takes ranks from the data-parallel ones
+    assert resolved("Distributed.cp_degree=2").Distributed.dp_degree == 2
+    with pytest.raises(YAMLConfigError, match=r"3 processes are not divisible by .* x cp_degree 2"):
+        resolved("Distributed.cp_degree=2", world=3)
+    with pytest.raises(YAMLConfigError, match="Distributed.cp_degree must be a positive integer"):
+        resolved("Distributed.cp_degree=0")
 
 
 def test_names_that_do_not_resolve_are_clear_errors(tmp_path):
@@ -205,6 +211,10 @@ def test_the_tool_reports_bad_input_in_one_line_before_training(tmp_path):
     assert proc.returncode != 0
     assert "builds a plain nn.Module: tensor parallel (Distributed.mp_degree=2)" in proc.stderr
     assert "Starting training" not in proc.stdout + proc.stderr
+    # context parallel (ours) needs a model whose attention runs across sequence shards
+    proc = run_tool("train", SIMPLE_NET, "Distributed.cp_degree=2", nproc=2, check=False)
+    assert proc.returncode != 0
+    assert "builds a plain nn.Module: context parallel (Distributed.cp_degree=2)" in proc.stderr
 
 
 def test_overrides_apply_before_the_key_check_and_tilde_deletes(tmp_path):
@@ -259,3 +269,27 @@ def test_mix_precision_o2_keeps_low_precision_parameters_and_fp32_masters(tmp_pa
     assert torch.float16 in dtypes  # the YAML's mix_precision.dtype
     stepped = [p for g in engine.optimizer.param_groups for p in g["params"]]
     assert stepped and all(p.dtype == torch.float32 for p in stepped)
+
+
+@pytest.mark.parametrize("hook", ["training_step", "validation_step"])
+def test_a_module_with_its_own_loss_is_refused_under_context_parallel(hook):
+    """Under Distributed.cp_degree > 1 each rank runs its share of every sequence through
+    the model's own loss: a module replacing the loss (training or evaluation) is refused
+    with one line naming the hook and the key; with cp_degree 1 it is accepted."""
+    from types import SimpleNamespace
+
+    from libai.fleetx.engine import Engine
+    from libai.fleetx.module import BasicModule
+
+    own = type("OwnLoss", (BasicModule,), {hook: lambda self, batch: torch.zeros(())})
+    module = own.__new__(own)
+    torch.nn.Module.__init__(module)
+    module.model = torch.nn.Linear(2, 2)
+
+    def engine(cp):
+        layout = SimpleNamespace(context_parallel_size=cp, pipeline_parallel_size=1)
+        return SimpleNamespace(module=module, util=SimpleNamespace(layout=layout))
+
+    Engine._check_module(engine(1))
+    with pytest.raises(ValueError, match=rf"OwnLoss overrides {hook}: .*cp_degree=2"):
+        Engine._check_module(engine(2))

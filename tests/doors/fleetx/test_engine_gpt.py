@@ -1,6 +1,6 @@
 """One core, two front doors: GPT pretraining through the FleetX Engine (the YAMLs and
 launchers of projects/gpt, GPTModule) gives the same per-step losses as tools/train_net.py on
-the same config values, on 1 process and on dp2, tp2 and pp2."""
+the same config values, on 1 process and on dp2, tp2, pp2 and cp2."""
 
 from __future__ import annotations
 
@@ -23,6 +23,13 @@ LAYOUTS = {
     "single": (1, "single_card", [], []),
     "dp2": (2, "dp2", ["Global.local_batch_size=2"], ["train.train_micro_batch_size=2"]),
     "tp2": (2, "mp2", [], ["train.dist.tensor_parallel_size=2"]),
+    # Distributed.cp_degree (ours): each sequence split over the 2 ranks, as LiBai's key
+    "cp2": (
+        2,
+        "dp2",
+        ["Distributed.dp_degree=1", "Distributed.cp_degree=2"],
+        ["train.dist.context_parallel_size=2"],
+    ),
     "pp2": (
         2,
         "pp2",
@@ -91,3 +98,26 @@ def test_gpt_evaluation_through_the_engine_equals_the_model_by_hand(tmp_path):
             batch = engine.module.pretreating_batch(to_device(batch, "cpu"))
             want.append(float(model(**batch)["lm_loss"]))
     assert results["loss"] == pytest.approx(sum(want) / len(want), rel=1e-6)
+
+
+def test_context_parallel_evaluation_equals_one_process(sample_env, tmp_path):
+    """Distributed.cp_degree=2 with evaluation on: the FleetX Engine scores through the
+    runner's own loss over the sequence shards (the module's default validation_step would
+    run whole sequences), and its evaluation losses equal one process's."""
+    evaluation = ["Engine.eval_freq=2", "Engine.eval_iters=2"]
+    runs = {}
+    for name, launcher, nproc, layout in (
+        ("one", "single_card", 1, []),
+        ("cp2", "dp2", 2, ["Distributed.dp_degree=1", "Distributed.cp_degree=2"]),
+    ):
+        out = tmp_path / name
+        script = ROOT / "projects" / "gpt" / f"pretrain_gpt_345M_{launcher}.sh"
+        overrides = [*YAML, *evaluation, *layout, f"Engine.save_load.output_dir={out}"]
+        run_command(["bash", str(script)], overrides, nproc=nproc, env=sample_env)
+        runs[name] = read_metrics(out)
+    one, cp2 = runs["one"], runs["cp2"]
+    evaluated = [i for i in sorted(one) if "eval_loss" in one[i]]
+    assert evaluated and evaluated == [i for i in sorted(cp2) if "eval_loss" in cp2[i]]
+    for i in evaluated:
+        assert cp2[i]["eval_loss"] == pytest.approx(one[i]["eval_loss"], rel=1e-5, abs=1e-6)
+        assert cp2[i]["total_loss"] == pytest.approx(one[i]["total_loss"], rel=1e-5, abs=1e-6)
