@@ -81,3 +81,43 @@ def test_the_rule_under_rapidformer_flag_names(micro, glob, dp):
         assert str(err).startswith(f"--global-batch-size {glob} is not divisible")
         return
     assert got == want
+
+
+def test_the_rule_words_its_errors_in_each_doors_names():
+    """Each refusal is one line in the door's own names, the numbers written out; the sizes
+    returned are ints."""
+    from libai.config.resolve import LIBAI_BATCH_NAMES
+
+    cases = [
+        ((None, None, 2, 1), LIBAI_BATCH_NAMES,
+         "set train.train_micro_batch_size or train.global_batch_size (or both)"),
+        ((4, 10, None, 2), LIBAI_BATCH_NAMES,
+         "train.global_batch_size=10 is not divisible by train.train_micro_batch_size 4 x 2 "
+         "data-parallel ranks = 8, so train.num_accumulation_steps cannot be derived"),
+        ((4, 12, 2, 2), LIBAI_BATCH_NAMES,
+         "train.global_batch_size=12 is not divisible by train.train_micro_batch_size 4 x 2 "
+         "data-parallel ranks = 8"),
+        ((4, 16, 1, 2), LIBAI_BATCH_NAMES,
+         "train.num_accumulation_steps=1 contradicts the batch sizes: train.global_batch_size "
+         "16 / (train.train_micro_batch_size 4 x 2 data-parallel ranks) = 2 micro-batches per "
+         "step; leave train.num_accumulation_steps unset (it is derived) or change "
+         "train.train_micro_batch_size"),
+        ((None, 10, 2, 2), LIBAI_BATCH_NAMES,
+         "train.global_batch_size=10 is not divisible by 2 data-parallel ranks x "
+         "train.num_accumulation_steps 2 = 4, so train.train_micro_batch_size cannot be derived"),
+        ((4, 20, None, 2), FLAGS,
+         "--global-batch-size 20 is not divisible by --micro-batch-size 4 x 2 data-parallel "
+         "ranks = 8"),
+        ((None, 9, None, 2), FLAGS,
+         "--global-batch-size 9 is not divisible by 2 data-parallel ranks = 2, so "
+         "--micro-batch-size cannot be derived"),
+    ]  # fmt: skip
+    for args, names, message in cases:
+        with pytest.raises(ValueError) as err:
+            batch_sizes(*args, names)
+        assert str(err.value) == message
+    for args in ((None, 12, 2, 3), (2, 12, None, 3), (2, None, 2, 3)):
+        assert all(type(n) is int for n in batch_sizes(*args))
+    for dp in (0, True):
+        with pytest.raises(ValueError, match="data parallel size must be a positive integer"):
+            resolve_batch_sizes(OmegaConf.create({"train_micro_batch_size": 2}), dp)
