@@ -24,6 +24,7 @@ from libai.config import (
 )
 from libai.config.instantiate import is_lazy_node
 from libai.optim import build_optimizer
+from libai.runtime.blocks import compile_mode
 from libai.runtime.core import (
     build_checkpointer,
     build_hooks,
@@ -202,15 +203,23 @@ class DefaultTrainer(TrainerBase):
         seed_all(train.seed)
         model = self.build_model(cfg)
         seed_this_rank(train.seed, util)
-        compile_blocks = resolve_compile(try_get_key(cfg, "graph.enabled"), util.layout.device_type)
-        if compile_blocks:
+        compiled = compile_mode(
+            resolve_compile(try_get_key(cfg, "graph.enabled"), util.layout.device_type),
+            try_get_key(cfg, "graph.compile_scope"),
+            pipeline=util.layout.pipeline_parallel_size > 1,
+            zero_stage=self.spec.zero_stage(util.layout),
+        )
+        if compiled:
             logger.info(
-                "graph.enabled=True: LiBai's static graph is torch.compile of each Transformer "
-                "block here; the first iterations pay the compile time (tens of seconds on %s); "
+                "graph.enabled=True: LiBai's static graph is torch.compile of %s here; the "
+                "first iterations pay the compile time (tens of seconds on %s); "
                 "graph.enabled=False runs eager from the first step",
+                "the whole model (graph.compile_scope='model')"
+                if compiled == "model"
+                else "each Transformer block",
                 util.layout.device_type.upper(),
             )
-        parts = parallelize(model, self.spec, compile=compile_blocks)
+        parts = parallelize(model, self.spec, compile=compiled)
         self.grad_scaler = parts.grad_scaler
         optimizer = self.build_optimizer(cfg, parts.runner.model)
         # ZeRO wraps the optimizer before the LR scheduler, which holds it

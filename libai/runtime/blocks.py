@@ -141,10 +141,42 @@ def enable_activation_checkpointing(
     return switched
 
 
+#: ``graph.compile_scope``: what ``torch.compile`` wraps
+COMPILE_SCOPES = ("blocks", "model")
+
+
+def compile_mode(enabled: bool, scope: str | None, *, pipeline: bool, zero_stage=None):
+    """The ``compile`` argument of the runner: False, True (each block) or "model" (the
+    whole forward), from ``graph.enabled`` and ``graph.compile_scope``; raises naming the
+    key for a scope the run cannot take."""
+    scope = scope or "blocks"
+    if scope not in COMPILE_SCOPES:
+        raise ValueError(f"graph.compile_scope must be one of {COMPILE_SCOPES}, got {scope!r}")
+    if not enabled or scope == "blocks":
+        return bool(enabled)
+    if pipeline:
+        raise ValueError(
+            "graph.compile_scope='model' compiles the model's forward, which pipeline stages "
+            "do not call (they run pipeline_forward): use graph.compile_scope='blocks' with "
+            "pipeline_parallel_size > 1"
+        )
+    if zero_stage == 3:
+        raise ValueError(
+            "graph.compile_scope='model' with ZeRO stage 3 (FSDP2 per block) is not supported: "
+            "use graph.compile_scope='blocks'"
+        )
+    return "model"
+
+
 def apply_block_switches(
-    models, *, checkpointing: str | bool = False, compile: bool = False, no_recompute_layers=()
+    models,
+    *,
+    checkpointing: str | bool = False,
+    compile: bool | str = False,
+    no_recompute_layers=(),
 ):
-    """Activation checkpointing, then ``torch.compile``, on the blocks of each of ``models``
+    """Activation checkpointing, then ``torch.compile`` (``compile`` True or "blocks": each
+    block; "model": the whole ``forward`` of each model, one graph), on the blocks of each of ``models``
     (a rank's model and its pipeline stage copies, after the split: each switches its own
     blocks, so no copy calls another's). A model without blocks (a stage holding only an
     embedding) is left as it is; raises when none of them has one."""
@@ -157,7 +189,10 @@ def apply_block_switches(
             ),
             "train.activation_checkpoint",
         )
-    if compile:
+    if compile == "model":  # the whole forward as one graph (no pipeline: see check below)
+        for m in models:
+            m.compile()
+    elif compile:
         _each_with_blocks(models, compile_layers, "graph.enabled")
 
 

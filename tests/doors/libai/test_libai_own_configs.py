@@ -77,6 +77,15 @@ def test_gpt2_pretrain_runs_unmodified_on_one_and_two_processes(gpt_files, tmp_p
     assert len(want) == 4
     # the config's train.amp.enabled=True: bf16 autocast, so equal to bf16 rounding
     assert losses(tmp_path / "two") == pytest.approx(want, rel=5e-5)
+    # ours: graph.compile_scope='model' compiles the whole forward (numbers: test_switches)
+    whole = run_train_net(
+        config,
+        [*gpt2_overrides(gpt_files, tmp_path / "whole", micro=2), "+graph.compile_scope=model"],
+    )
+    assert "torch.compile of the whole model (graph.compile_scope='model')" in (
+        whole.stdout + whole.stderr
+    )
+    assert losses(tmp_path / "whole") == pytest.approx(want, rel=1e-3)
     saved = yaml.safe_load((tmp_path / "one" / "config.yaml").read_text())
     vocab = len(yaml.safe_load(Path(gpt_files["vocab"]).read_text()))
     assert saved["model"]["cfg"]["vocab_size"] == -(-vocab // 128) * 128

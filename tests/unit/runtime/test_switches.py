@@ -224,6 +224,36 @@ def test_compiled_blocks_match_eager():
         assert abs(le - lc) < 1e-5, (step, le, lc)
 
 
+def test_the_whole_model_compiled_matches_eager():
+    """graph.compile_scope='model': the model's forward is one compiled graph (its blocks
+    are not compiled on their own); the losses are eager's. Pipeline stages and ZeRO-3
+    refuse the scope by name."""
+    from libai.runtime.blocks import compile_mode
+
+    eager, compiled = make_model(), make_model()
+    opt_e = torch.optim.SGD(eager.parameters(), lr=0.1)
+    opt_c = torch.optim.SGD(compiled.parameters(), lr=0.1)
+    mode = compile_mode(True, "model", pipeline=False)
+    run_e, run_c = ModelRunner(eager), ModelRunner(compiled, compile=mode)
+    assert compiled._compiled_call_impl is not None
+    assert all(
+        layer._compiled_call_impl is None
+        for layer in compiled.GPT_model.transformer.layers.values()
+    )
+    for step in range(2):
+        le = run_e.train_step(make_batch(seed=step), opt_e)
+        lc = run_c.train_step(make_batch(seed=step), opt_c)
+        assert abs(le - lc) < 1e-5, (step, le, lc)
+    assert compile_mode(True, None, pipeline=True) is True  # default: each block
+    assert compile_mode(False, "model", pipeline=True) is False
+    with pytest.raises(ValueError, match="graph.compile_scope='model' compiles .* pipeline"):
+        compile_mode(True, "model", pipeline=True)
+    with pytest.raises(ValueError, match="graph.compile_scope='model' with ZeRO stage 3"):
+        compile_mode(True, "model", pipeline=False, zero_stage=3)
+    with pytest.raises(ValueError, match=r"graph.compile_scope must be one of .* got 'layers'"):
+        compile_mode(True, "layers", pipeline=False)
+
+
 def test_bad_amp_settings_raise():
     with pytest.raises(ValueError, match="train.amp.dtype"):
         resolve_amp_dtype("fp8")
