@@ -10,30 +10,8 @@
 # (docs/benchmarks.md says how); they are installed into /tmp/site first.
 set -uo pipefail
 OUT=${1:?output dir}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD:${PYTHONPATH:-}
-fi
-{
-  date -u
-  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
-  python3 -c "import torch, transformers, torchao; print('torch', torch.__version__, \
-'transformers', transformers.__version__, 'torchao', torchao.__version__, \
-torch.cuda.get_device_name(), torch.cuda.get_device_capability())" 2>&1 | grep -v Warn
-} > "$OUT/env.txt" 2>&1
-cat "$OUT/env.txt"
-
-stage() {  # stage NAME CAP_SECONDS COMMAND...
-  local name=$1 cap=$2
-  shift 2
-  echo "== $name (cap ${cap}s) start $(date -u +%T)"
-  timeout "$cap" "$@" > "$OUT/$name.log" 2>&1
-  echo "== $name rc=$? end $(date -u +%T)"
-  grep -E '^\||MFU|peak|FLOPs|tok/s|target|bound|failed|FAILED|Error|skipping cudagraphs|passed' \
-    "$OUT/$name.log" | grep -v Warning | tail -n 40
-}
+# shellcheck source=benchmarks/device_run.sh
+source "$(dirname "$0")/device_run.sh"
 
 stage gpu_tests 60 python3 -m pytest -q -p no:cacheprovider tests/gpu \
   tests/unit/layers/test_float8.py
