@@ -368,10 +368,7 @@ class Engine:
             loader,
             max_batches=max_batches,
             prepare=self.module.pretreating_batch,
-            # context parallel: the runner's own loss, over the sequence shards
-            step=None
-            if self.util.layout.context_parallel_size > 1
-            else getattr(self.module, step_name),
+            step=getattr(self.module, step_name),
             on_batch=log_window,
         )
         return {

@@ -189,7 +189,7 @@ def apply_block_switches(
             ),
             "train.activation_checkpoint",
         )
-    if compile == "model":  # the whole forward as one graph (no pipeline: see check below)
+    if compile == "model":  # the whole forward as one graph (compile_mode refuses it under pp)
         for m in models:
             m.compile()
     elif compile:

@@ -96,7 +96,8 @@ def evaluate(
 
     * ``predictions``: ``runner.predict`` (the last stage's logits, ``None`` elsewhere) and
       the model's ``pipeline_loss`` on them; ``on_batch`` gets the logits;
-    * ``step`` (without pipeline parallel): ``step(batch)`` under the runner's autocast, a
+    * ``step`` (without pipeline or context parallel, where it would see whole batches on
+      ranks that run stages or sequence shards): ``step(batch)`` under the runner's autocast, a
       loss tensor or a mapping (see :func:`step_loss_and_sums`);
     * otherwise ``runner.eval_loss(batch)``, the pipeline schedule under pp.
 
@@ -109,6 +110,7 @@ def evaluate(
     # the ranks that count a batch: the last stage holds the loss (eval_loss copies it to
     # every stage; counting it there once keeps one reduction for every path)
     counts = not runner.pipeline or runner.is_last
+    own_step = step is not None and not runner.pipeline and runner.util.cp_group is None
     start = time.perf_counter()
     loss_sum, batches, sums = 0.0, 0, {}
     with eval_mode(model):
@@ -124,7 +126,7 @@ def evaluate(
                 loss = None
                 if logits is not None:
                     loss = model.pipeline_loss(logits, pipeline_target(model, batch)).float()
-            elif step is not None and not runner.pipeline:
+            elif own_step:
                 with runner.autocast():
                     loss = step_loss_and_sums(step(batch), sums)
             else:

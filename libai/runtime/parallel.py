@@ -102,7 +102,6 @@ class ModelRunner:
         self.amp_dtype, self.loss_scaler = amp_dtype, loss_scaler
         self.autocast_op_lists = autocast_op_lists or None
         self.loss_fn, self.backward_fn = loss_fn, backward_fn
-        self.overlap_grad_reduce = overlap_grad_reduce
         self.last_step_skipped, self.last_grad_norm = False, None
         #: the last step's loss terms (the output's "loss" entries), reduced like the loss;
         #: empty under pipeline parallelism and for a ``loss_fn`` returning a tensor

@@ -122,8 +122,8 @@ class ModelStepper:
         self.compile_mode = compile_mode
         self.cache: KVCache | None = None
         self._static: StaticKVCache | None = None  # kept for the next generation
-        self._compiled = None  # torch.compile of model.decode_stage, built on first use
-        self._compiled_greedy = None  # torch.compile of _greedy_step, built on first use
+        self._compiled = None  # _compile(model.decode_stage), built on first use
+        self._compiled_greedy = None  # _compile(_greedy_step), built on first use
         self._greedy_buffers: tuple | None = None  # its device state, kept with the cache
         self.compiled_step = False
 
@@ -207,17 +207,19 @@ class ModelStepper:
         self._static = cache
         return cache
 
+    def _compile(self, fn):
+        """``torch.compile`` of a decode step in this stepper's mode; under CUDA graphs
+        wrapped once so that its outputs survive the next replay (:func:`_fresh_outputs`)."""
+        compiled = torch.compile(fn, mode=self.compile_mode, dynamic=False)
+        return _fresh_outputs(compiled) if self.compile_mode == "reduce-overhead" else compiled
+
     def _decode_fn(self, new_tokens: int):
         """``model.decode_stage`` or its compiled version (single-token steps after the
         first, once the cache holds its buffers)."""
         if not (self.compiled_step and new_tokens == 1 and self.cached > 0):
             return self.model.decode_stage
         if self._compiled is None:
-            self._compiled = torch.compile(
-                self.model.decode_stage, mode=self.compile_mode, dynamic=False
-            )
-        if self.compile_mode == "reduce-overhead":
-            return _fresh_outputs(self._compiled)
+            self._compiled = self._compile(self.model.decode_stage)
         return self._compiled
 
     def next_logits(self, sequences: torch.Tensor, attention_mask: torch.Tensor):
@@ -272,14 +274,11 @@ class ModelStepper:
         # buffers the compiled step fills in place
         self.cache.cache_position, self.cache.keep = cursor, keep
         if self._compiled_greedy is None:
-            self._compiled_greedy = torch.compile(
-                self._greedy_step, mode=self.compile_mode, dynamic=False
-            )
-        step = self._compiled_greedy
-        if self.compile_mode == "reduce-overhead":
-            step = _fresh_outputs(step)
+            self._compiled_greedy = self._compile(self._greedy_step)
         with self._autocast():
-            tokens = step(_dense(sequences[:, -1:]), cursor, positions, padding, keep)
+            tokens = self._compiled_greedy(
+                _dense(sequences[:, -1:]), cursor, positions, padding, keep
+            )
         self.cached = sequences.shape[1]
         self.cache.seen = self.cached
         return tokens

@@ -3,7 +3,7 @@ written in the test: the mean of losses chosen as exact binary fractions, the ba
 the metric sums of a step, and cross entropy written out by hand for the predictions path.
 
 The runner is a stand-in exposing exactly what :func:`evaluate` reads of a
-:class:`~libai.runtime.parallel.ModelRunner` (``model``, ``util.device``, ``pipeline``,
+:class:`~libai.runtime.parallel.ModelRunner` (``model``, ``util.device`` and ``util.cp_group``, ``pipeline``,
 ``is_last`` only under pipeline parallel, ``eval_loss``, ``predict``, ``autocast``), so that
 each path, each pipeline stage and each returned value can be chosen. The reduction over
 ranks in real layouts is proven by ``tests/doors/fleetx/test_engine_eval_layouts.py``."""
@@ -59,7 +59,7 @@ class Runner:
 
     def __init__(self, model, *, pipeline=False, is_last=True, device=CPU):
         self.model = model
-        self.util = SimpleNamespace(device=device)
+        self.util = SimpleNamespace(device=device, cp_group=None)
         self.pipeline = pipeline
         if pipeline:  # a ModelRunner has stage flags only under pipeline parallel
             self.is_last = is_last
