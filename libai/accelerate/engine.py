@@ -34,14 +34,7 @@ from libai.accelerate.collate import PaddingCollator
 from libai.accelerate.data import build_loader
 from libai.accelerate.hf_load import is_hf_model_dir, load_hf_weights
 from libai.optim import get_default_optimizer_params
-from libai.runtime.core import (
-    build_checkpointer,
-    build_training_loop,
-    parallelize,
-    seed_this_rank,
-    shard_optimizer_for,
-)
-from libai.runtime.resume import load_to_resume
+from libai.runtime.run import Run
 from libai.runtime.setup import setup_run
 from libai.runtime.trainer import to_device
 from libai.scheduler import WarmupCosineLR, WarmupLinearLR
@@ -211,7 +204,7 @@ class AccelerateEngine:
             "pipeline_schedule": a.pipeline_schedule,
         }
         self.util = setup_run(self.dist_cfg, a.save, seed=a.seed)
-        self.parts = self.runner = self.model = None
+        self.run = self.parts = self.runner = self.model = None
         #: the tokenizer build_data_loader pads with (default: --pretrained-model-name-or-path's,
         #: else the composed model directory's)
         self.tokenizer = None
@@ -221,19 +214,50 @@ class AccelerateEngine:
     def train_namespace(self, train_iter: int):
         return train_namespace(self.args, train_iter=train_iter, dist_cfg=self.dist_cfg)
 
-    def build_runner(self, model: nn.Module, train_iter: int, loss_fn=None):
-        """The core's runner for ``model`` with the switches of the flags (ZeRO-3 shards the
-        model here, so build the optimizer after this)."""
+    def build_run(
+        self,
+        model: nn.Module,
+        train_iter: int,
+        *,
+        optimizer=None,
+        lr_scheduler=None,
+        lr_scheduler_fn=None,
+        loss_fn=None,
+    ) -> Run:
+        """The core's run of ``model`` with the switches of the flags: parallelized (ZeRO-3
+        shards the model), ``optimizer`` (``None``: AdamW from the flags, built after the
+        sharding) wrapped for ZeRO, the LR schedule (``lr_scheduler``, else
+        ``lr_scheduler_fn(optimizer)``, else the flags'), checkpoints under ``--save``."""
+        a = self.args
+        self._refuse_prebuilt_optimizer(optimizer)
         self.train_cfg = self.train_namespace(train_iter)
-        seed_this_rank(self.args.seed, self.util)
-        self.parts = parallelize(
+        if lr_scheduler_fn is None:
+            lr_scheduler_fn = (
+                (lambda _: lr_scheduler)
+                if lr_scheduler is not None
+                else (lambda opt: self.build_lr_scheduler(opt, train_iter))
+            )
+        self.run = Run(
             model,
             self.train_cfg,
-            compile=bool(self.args.graph_optimization),
+            optimizer_fn=lambda parallel: (
+                optimizer if optimizer is not None else self.build_optimizer(parallel)
+            ),
+            lr_scheduler_fn=lr_scheduler_fn,
+            compile=bool(a.graph_optimization),
             loss_fn=loss_fn,
+            resume_hint=f"resume it with --load {a.save}",
+            length_key="--train-iters",
         )
-        self.runner = self.parts.runner
-        return self.runner
+        self.parts, self.runner = self.run.parts, self.run.runner
+        return self.run
+
+    def _refuse_prebuilt_optimizer(self, optimizer) -> None:
+        if optimizer is not None and self.args.zero_stage == 3:
+            raise ValueError(
+                "ZeRO-3 shards the parameters before the optimizer is built: return None for "
+                "the optimizer (AdamW from the flags)"
+            )
 
     def build_optimizer(self, model: nn.Module):
         """AdamW with the flags' weight decay (none on norms and biases) and clipping."""
@@ -383,14 +407,11 @@ class AccelerateEngine:
                 "compose needs the run's length for the LR schedule: --train-iters, "
                 "train_iters=, or a train_dataloader with --epochs (or pass lr_scheduler_fn)"
             )
-        self.build_runner(model, int(steps or 1))
-        inner = optimizer if optimizer is not None else self.build_optimizer(self.runner.model)
-        inner = shard_optimizer_for(self.parts, inner)
-        schedule = (
-            lr_scheduler_fn(inner) if lr_scheduler_fn else self.build_lr_scheduler(inner, steps)
+        run = self.build_run(
+            model, int(steps or 1), optimizer=optimizer, lr_scheduler_fn=lr_scheduler_fn
         )
-        self.optimizer = _ComposedOptimizer(inner, self)
-        self.lr_scheduler = _ComposedScheduler(schedule, self)
+        self.optimizer = _ComposedOptimizer(run.optimizer, self)
+        self.lr_scheduler = _ComposedScheduler(run.lr_scheduler, self)
         self.runner.model.train()  # from_pretrained hands models over in eval mode
         self.model = _ComposedModel(self.runner.model, self)
         out = [self.model, self.optimizer, self.lr_scheduler]
@@ -438,29 +459,16 @@ class AccelerateEngine:
         ``evaluate()`` every ``--eval-interval`` and at the end, console / metrics.json /
         TensorBoard every ``--log-interval``. Returns the trained (runner) model."""
         a = self.args
-        if optimizer is not None and a.zero_stage == 3:
-            raise ValueError(
-                "ZeRO-3 shards the parameters before the optimizer is built: return None for "
-                "the optimizer (AdamW from the flags)"
-            )
+        self._refuse_prebuilt_optimizer(optimizer)
         hf_weights = bool(a.load) and is_hf_model_dir(a.load)
         if hf_weights:  # weights to start from, before the switches shard the model
             load_hf_weights(model, a.load)
-        self.build_runner(model, train_iter, loss_fn=loss_fn)
-        optimizer = optimizer if optimizer is not None else self.build_optimizer(self.runner.model)
-        optimizer = shard_optimizer_for(self.parts, optimizer)
-        if lr_scheduler is None:
-            lr_scheduler = self.build_lr_scheduler(optimizer, train_iter)
-        checkpointer = build_checkpointer(
-            self.runner.model, a.save, optimizer, lr_scheduler, self.parts.grad_scaler
+        run = self.build_run(
+            model, train_iter, optimizer=optimizer, lr_scheduler=lr_scheduler, loss_fn=loss_fn
         )
-        checkpointer.resume_hint = f"resume it with --load {a.save}"
-        start, consumed = 0, 0
         if a.load and not hf_weights:
             logger.info("--load %s: a checkpoint: resuming the run it saved", a.load)
-            start, consumed = load_to_resume(checkpointer, a.load) or (0, 0)
-        else:  # a fresh start: earlier checkpoints in --save are kept
-            checkpointer.warn_about_existing_checkpoints()
+            run.load(a.load)
         loader = build_loader(
             train_dataset,
             a.micro_batch_size * a.num_accumulation_steps,
@@ -469,28 +477,10 @@ class AccelerateEngine:
             collate_fn=collate_fn,
             num_workers=a.num_workers,
         )
-        self.trainer = build_training_loop(
-            self.parts,
-            self.train_cfg,
-            loader,
-            optimizer,
-            lr_scheduler,
-            checkpointer,
-            max_iter=train_iter,
-            evaluate=evaluate,
-            consumed_train_samples=consumed,
-            batch_transform=batch_transform,
+        self.trainer = run.loop(
+            loader, max_iter=train_iter, evaluate=evaluate, batch_transform=batch_transform
         )
-        if start < train_iter:
-            self.trainer.train(start, train_iter)
-        else:
-            logger.info(
-                "Nothing left to train: %s is at step %d of --train-iters %d; raise "
-                "--train-iters to train further",
-                a.load,
-                start,
-                train_iter,
-            )
+        run.train(self.trainer, train_iter)
         return self.runner.model
 
     def eval_batches(self, loader, max_batches: int = 0):

@@ -25,19 +25,9 @@ from libai.config import (
 from libai.config.instantiate import is_lazy_node
 from libai.optim import build_optimizer
 from libai.runtime.blocks import compile_mode
-from libai.runtime.core import (
-    build_checkpointer,
-    build_hooks,
-    build_step,
-    build_writers,
-    parallelize,
-    resolve_compile,
-    seed_all,
-    seed_this_rank,
-    shard_optimizer_for,
-)
+from libai.runtime.core import resolve_compile, seed_all
 from libai.runtime.evaluate import evaluate as run_evaluation
-from libai.runtime.resume import resume_point
+from libai.runtime.run import Run
 from libai.runtime.run_config import build_run_tokenizer, fill_pipeline_num_layers
 from libai.runtime.setup import setup_run
 from libai.runtime.spec import RunSpec
@@ -99,10 +89,11 @@ def derive_data_parallel_size(dist_cfg, world_size: int) -> str | None:
     )
 
 
-def scale_epoch_periods(spec: RunSpec, samples_per_epoch: int | None) -> None:
+def scale_epoch_periods(spec: RunSpec, samples_per_epoch: int | None, train=None) -> None:
     """LiBai's ``checkpointer.save_model_after_n_epoch`` and
     ``evaluation.eval_after_n_epoch``: the period becomes n x the iterations of an epoch
-    (``len(dataset) // global_batch_size``, as LiBai counts)."""
+    (``len(dataset) // global_batch_size``, as LiBai counts), in ``spec`` and in LiBai's
+    ``train`` namespace when given (the two never drift)."""
     asked = [
         (spec.checkpointer, "period", "checkpointer.save_model_after_n_epoch"),
         (spec.evaluation, "eval_period", "evaluation.eval_after_n_epoch"),
@@ -118,6 +109,8 @@ def scale_epoch_periods(spec: RunSpec, samples_per_epoch: int | None) -> None:
             )
         per_epoch = max(samples_per_epoch // spec.global_batch_size, 1)
         setattr(section, period, per_epoch * int(epochs))
+        if train is not None:
+            train[key.partition(".")[0]][period] = per_epoch * int(epochs)
         logger.info("train.%s=%s: every %d iterations", key, epochs, getattr(section, period))
 
 
@@ -180,12 +173,7 @@ class DefaultTrainer(TrainerBase):
         self.cfg = cfg
         util = dist.get_dist_util()
         train = cfg.train
-        vocab_size = try_get_key(cfg, "model.cfg.vocab_size")
         self.tokenizer = self.build_tokenizer(cfg)
-        if try_get_key(cfg, "model.cfg.vocab_size") != vocab_size:
-            # tokenization.setup sized the vocab: config.yaml keeps the model actually built
-            # (tools/convert_checkpoint.py and --eval-only read it back)
-            _save_config(cfg)
         self.train_loader, self.valid_loader, self.test_loader = self.build_train_loader(
             cfg, self.tokenizer
         )
@@ -198,11 +186,13 @@ class DefaultTrainer(TrainerBase):
         iters = resolve_train_iters(train, samples_per_epoch, train.global_batch_size)
         train.train_iter, train.warmup_iter = iters.train_iter, iters.warmup_iter
         self.spec = RunSpec.from_config(train)  # the runtime's settings of this run
-        scale_epoch_periods(self.spec, samples_per_epoch)
-        # identical weights on every rank and layout, then dropout seeds per dp/pp rank
-        seed_all(train.seed)
+        scale_epoch_periods(self.spec, samples_per_epoch, train)
+        # config.yaml now holds the run as resolved: the vocab the tokenizer sized (the model
+        # actually built, which tools/convert_checkpoint.py and --eval-only read back), the
+        # iterations and periods counted from epochs
+        _save_config(cfg)
+        seed_all(train.seed)  # identical weights on every rank and layout
         model = self.build_model(cfg)
-        seed_this_rank(train.seed, util)
         compiled = compile_mode(
             resolve_compile(try_get_key(cfg, "graph.enabled"), util.layout.device_type),
             try_get_key(cfg, "graph.compile_scope"),
@@ -219,22 +209,16 @@ class DefaultTrainer(TrainerBase):
                 else "each Transformer block",
                 util.layout.device_type.upper(),
             )
-        parts = parallelize(model, self.spec, compile=compiled)
-        self.grad_scaler = parts.grad_scaler
-        optimizer = self.build_optimizer(cfg, parts.runner.model)
-        # ZeRO wraps the optimizer before the LR scheduler, which holds it
-        optimizer = shard_optimizer_for(parts, optimizer)
-        self._trainer = build_step(
-            parts,
+        self.run = Run(
+            model,
             self.spec,
-            self.train_loader,
-            optimizer,
-            self.build_lr_scheduler(cfg, optimizer),
-            consumed_train_samples=train.consumed_train_samples or 0,
+            optimizer_fn=lambda parallel_model: self.build_optimizer(cfg, parallel_model),
+            lr_scheduler_fn=lambda optimizer: self.build_lr_scheduler(cfg, optimizer),
+            compile=compiled,
         )
-        self.checkpointer = build_checkpointer(
-            parts.runner.model, train.output_dir, optimizer, self.lr_scheduler, self.grad_scaler
-        )
+        self.grad_scaler = self.run.grad_scaler
+        self.checkpointer = self.run.checkpointer
+        self._trainer = self.run.step(self.train_loader)
         self.start_iter, self.max_iter = 0, train.train_iter
         self.register_hooks(self.build_hooks())
 
@@ -348,13 +332,13 @@ class DefaultTrainer(TrainerBase):
 
     # ---- hooks, evaluation, resume --------------------------------------------------------------
     def build_hooks(self):
-        cfg = self.cfg.train
         seq_len = try_get_key(self.cfg, "model.cfg.max_seq_length")
         tokens_per_iter = self.global_batch_size * seq_len if seq_len else None
-        writers = build_writers(cfg.output_dir, self.max_iter, tokens_per_iter)
         loaders = self.valid_loader is not None or self.extra_test_loaders
         evaluate = self.evaluate if loaders else None
-        return build_hooks(self.spec, self.checkpointer, writers, evaluate)
+        return self.run.hooks(
+            max_iter=self.max_iter, evaluate=evaluate, tokens_per_iter=tokens_per_iter
+        )
 
     def evaluate(self, loader=None) -> dict:
         """The runtime's evaluation loop (:func:`libai.runtime.evaluate.evaluate`) feeding
@@ -395,8 +379,7 @@ class DefaultTrainer(TrainerBase):
 
     def resume_or_load(self, resume: bool = True) -> None:
         """Resume from ``output_dir``'s last checkpoint, or load ``train.load_weight``."""
-        extra = self.checkpointer.resume_or_load(self.cfg.train.load_weight or None, resume=resume)
-        point = resume_point(extra) if resume else None
+        point = self.run.resume_or_load(self.cfg.train.load_weight, resume=resume)
         if point is not None:
             self.start_iter, self.consumed_train_samples = point
             self.cfg.train.consumed_train_samples = self.consumed_train_samples
@@ -406,14 +389,5 @@ class DefaultTrainer(TrainerBase):
     def train(self) -> bool:
         """Train from ``start_iter`` to ``train.train_iter``; False (and a log line saying so)
         when a resumed run has nothing left to train."""
-        if self.start_iter >= self.max_iter:
-            logger.info(
-                "Nothing left to train: the run in %s is at iteration %d of train.train_iter=%d; "
-                "raise train.train_iter to train further",
-                self.cfg.train.output_dir,
-                self.start_iter,
-                self.max_iter,
-            )
-            return False
-        super().train(self.start_iter, self.max_iter)
-        return True
+        self.run.start_iter = self.start_iter
+        return self.run.train(self, self.max_iter)

@@ -26,16 +26,9 @@ from libai.fleetx.module import BasicModule
 from libai.fleetx.module_hooks import ModuleCallbacks, overridden
 from libai.fleetx.profiler import profiler_hook
 from libai.fleetx.yaml_setup import amp_settings, train_namespace
-from libai.runtime.core import (
-    build_checkpointer,
-    build_training_loop,
-    parallelize,
-    resolve_compile,
-    seed_this_rank,
-    shard_optimizer_for,
-)
+from libai.runtime.core import resolve_compile
 from libai.runtime.evaluate import evaluate as run_evaluation
-from libai.runtime.resume import load_to_resume
+from libai.runtime.run import Run
 from libai.runtime.trainer import EagerTrainer, to_device
 from libai.utils.plot import plot_loss_curve
 
@@ -88,13 +81,13 @@ class Engine:
             mode=mode,
             has_eval=self.valid_loader is not None,
         )
-        # every rank built the same weights; dropout now differs per data / pipeline rank
-        seed_this_rank(cfg.Global.seed, self.util)
         custom = not self.util.layout.pipeline_parallel_size > 1
         _, _, op_lists = amp_settings(cfg, mode)
-        self.parts = parallelize(
+        self.run = Run(
             module.model,
             self.train_cfg,
+            optimizer_fn=self._build_optimizer if mode == "train" else None,
+            lr_scheduler_fn=self._build_lr_scheduler,
             compile=resolve_compile(engine.compile, self.util.layout.device_type)
             and mode != "export",
             loss_fn=module.training_step
@@ -102,23 +95,19 @@ class Engine:
             else None,
             backward_fn=module.backward if custom and overridden(module, "backward") else None,
             autocast_op_lists=op_lists,
+            resume_hint=(
+                f"resume it with -o Engine.save_load.ckpt_dir={engine.save_load.output_dir}"
+            ),
+            length_key="Engine.max_steps",
         )
-        self.runner = self.parts.runner
-        self.optimizer = self.lr_scheduler = None
-        if mode == "train":
-            self.optimizer, self.lr_scheduler = self._build_optimizer()
-        self.checkpointer = build_checkpointer(
-            self.runner.model,
-            engine.save_load.output_dir,
-            self.optimizer,
-            self.lr_scheduler,
-            self.parts.grad_scaler,
-        )
-        self.checkpointer.resume_hint = (
-            f"resume it with -o Engine.save_load.ckpt_dir={engine.save_load.output_dir}"
-        )
-        self.start_iter, self.consumed_train_samples = 0, 0
+        self.parts, self.runner = self.run.parts, self.run.runner
+        self.optimizer, self.lr_scheduler = self.run.optimizer, self.run.lr_scheduler
+        self.checkpointer = self.run.checkpointer
         self.trainer: EagerTrainer | None = None
+
+    #: the step :meth:`fit` continues from and the samples consumed so far (the run's)
+    start_iter = property(lambda self: self.run.start_iter)
+    consumed_train_samples = property(lambda self: self.run.consumed_train_samples)
 
     # ---- building -----------------------------------------------------------------------------
     def _check_module(self) -> None:
@@ -215,27 +204,31 @@ class Engine:
             )
         return min(candidates)
 
-    def _build_optimizer(self):
-        from libai.fleetx.yaml_optim import build_yaml_lr_scheduler, build_yaml_optimizer
+    def _build_optimizer(self, model):
+        """The module's ``configure_optimizers()`` (an optimizer, or with its LR schedule),
+        else the YAML's ``Optimizer`` section over ``model``."""
+        from libai.fleetx.yaml_optim import build_yaml_optimizer
 
-        model = self.runner.model
         configured = self.module.configure_optimizers()
-        optimizer, scheduler = configured, None
-        if isinstance(configured, (tuple, list)):
-            optimizer, scheduler = configured
+        optimizer, scheduler = (
+            configured if isinstance(configured, (tuple, list)) else (configured, None)
+        )
         if optimizer is None:
             optimizer = build_yaml_optimizer(
                 self.cfg.Optimizer, model, self.util.layout.device_type
             )
-        optimizer = shard_optimizer_for(self.parts, optimizer)
-        if scheduler is None:
-            scheduler = build_yaml_lr_scheduler(
-                self.cfg.Optimizer,
-                optimizer,
-                self.max_iter,
-                samples_per_step=self.cfg.Global.global_batch_size,
-            )
         return optimizer, scheduler
+
+    def _build_lr_scheduler(self, optimizer):
+        """The YAML's ``Optimizer.lr`` schedule over ``optimizer`` (the wrapped one)."""
+        from libai.fleetx.yaml_optim import build_yaml_lr_scheduler
+
+        return build_yaml_lr_scheduler(
+            self.cfg.Optimizer,
+            optimizer,
+            self.max_iter,
+            samples_per_step=self.cfg.Global.global_batch_size,
+        )
 
     def _need(self, mode: str, what: str) -> None:
         if self.mode != mode:
@@ -248,19 +241,8 @@ class Engine:
         ``save_steps`` (``run_mode: epoch``: every ``eval_freq`` / ``save_epoch`` epochs),
         logging every ``logging_freq``; resumes from where :meth:`load` left off."""
         trainer = self.build_trainer(epoch, train_data_loader, valid_data_loader)
-        if self.start_iter >= trainer.max_iter:
-            logger.info(
-                "Nothing left to train: the run is at step %d of Engine.max_steps=%d; raise "
-                "Engine.max_steps to train further",
-                self.start_iter,
-                trainer.max_iter,
-            )
-            return
-        if self.start_iter == 0:  # a fresh start: earlier checkpoints in output_dir are kept
-            self.checkpointer.warn_about_existing_checkpoints()
-        trainer.train(self.start_iter, trainer.max_iter)
-        self.start_iter, self.consumed_train_samples = trainer.iter, trainer.consumed_train_samples
-        self._plot()
+        if self.run.train(trainer, trainer.max_iter):
+            self._plot()
 
     def build_trainer(
         self, epoch: int | None = None, train_data_loader=None, valid_data_loader=None
@@ -286,16 +268,10 @@ class Engine:
         callbacks = ModuleCallbacks(
             self.module, self.cfg.Engine.logging_freq, steps_per_epoch, epochs, max_iter
         )
-        self.trainer = build_training_loop(
-            self.parts,
-            self.train_cfg,
+        self.trainer = self.run.loop(
             loader,
-            self.optimizer,
-            self.lr_scheduler,
-            self.checkpointer,
             max_iter=max_iter,
             evaluate=evaluate,
-            consumed_train_samples=self.consumed_train_samples,
             batch_transform=self.module.pretreating_batch,
             extra_hooks=[callbacks, *filter(None, [profiler_hook(self.cfg)])],
         )
@@ -399,10 +375,7 @@ class Engine:
         path = path or self.cfg.Engine.save_load.ckpt_dir
         if not path:
             raise ValueError("Engine.load needs a path or Engine.save_load.ckpt_dir")
-        point = load_to_resume(self.checkpointer, path, resume=resume and self.mode == "train")
-        if point is not None:
-            self.start_iter, self.consumed_train_samples = point
-        return point
+        return self.run.load(path, resume=resume)
 
     # ---- export and inference -----------------------------------------------------------------
     def export(self, output_dir: str | None = None) -> list:

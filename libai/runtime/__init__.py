@@ -6,7 +6,9 @@
 ``blocks`` (checkpointing and compile), ``zero`` / ``fsdp`` (ZeRO 1-3), ``forward_only``
 (evaluation passes), ``amp`` / ``amp_lists`` (mixed precision), ``trainer`` / ``hooks`` (the
 loop), ``core`` (building the runner, optimizer wrapping, checkpointer and hooks from the
-``train`` settings) and ``memory_estimator``. The doors (``libai.engine`` for LiBai,
+``train`` settings), ``run`` (:class:`~libai.runtime.run.Run`, the one run builder every
+door uses: parallelize, optimizer, ZeRO, LR schedule, checkpointer, resume, loop) and
+``memory_estimator``. The doors (``libai.engine`` for LiBai,
 FleetX's Engine, ``libai.accelerate``) translate their own syntax into these; nothing here
 imports a door.
 """

@@ -2,7 +2,8 @@
 
 A front door (``DefaultTrainer`` for LiBai's LazyConfigs, ``Engine`` for FleetX's task
 modules and YAML, ``libai.accelerate`` for Rapidformer's flags) translates its configuration
-into a :class:`~libai.runtime.spec.RunSpec` and then uses these builders, so the same
+into a :class:`~libai.runtime.spec.RunSpec` and hands its model to
+:class:`~libai.runtime.run.Run`, which calls these builders in their one order, so the same
 settings give the same runner, optimizer sharding, checkpoints, hooks and writers whichever
 door was used (a LiBai ``train`` namespace is accepted too and read as its spec):
 

@@ -43,6 +43,21 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+
+class _Freezable:
+    """A spec that refuses assignment once :meth:`RunSpec.freeze` froze it: the runtime
+    built the run from it, so a later change would describe a run that is not the one
+    running."""
+
+    def __setattr__(self, name, value):
+        if self.__dict__.get("_frozen"):
+            raise dataclasses.FrozenInstanceError(
+                f"the run spec is frozen once the run is built: {type(self).__name__}.{name} "
+                "cannot change now; set it before libai.runtime.run.Run(...)"
+            )
+        object.__setattr__(self, name, value)
+
+
 #: keys of LiBai's ``train`` that the door builds itself (objects, not settings)
 DOOR_KEYS = {"scheduler": None, "evaluation": {"evaluator": None}}
 
@@ -60,7 +75,7 @@ NO_EFFECT_KEYS = {
 
 
 @dataclass
-class AmpSpec:
+class AmpSpec(_Freezable):
     """Mixed precision: autocast to ``dtype`` ("bf16" or "fp16"); fp16 adds a dynamic loss
     scaler starting at ``init_scale``. ``level`` "O1" keeps fp32 parameters (autocast only);
     "O2" also stores parameters and gradients in ``dtype`` with fp32 master weights in the
@@ -93,7 +108,7 @@ class AmpSpec:
 
 
 @dataclass
-class ActivationCheckpointSpec:
+class ActivationCheckpointSpec(_Freezable):
     """Recompute each Transformer layer in backward: ``mode`` "full", "selective", or
     (FleetX's granularities) "full_attn" / "core_attn"; ``no_recompute_layers``: layer
     indices left out."""
@@ -108,7 +123,7 @@ class ActivationCheckpointSpec:
 
 
 @dataclass
-class ZeroSpec:
+class ZeroSpec(_Freezable):
     """ZeRO: stage 1 shards optimizer state, 2 also gradients, 3 also parameters (FSDP2);
     ``hsdp_replicate_size`` > 1 (stage 3): replicate across that many groups."""
 
@@ -123,7 +138,7 @@ class ZeroSpec:
 
 
 @dataclass
-class CheckpointerSpec:
+class CheckpointerSpec(_Freezable):
     """Save every ``period`` iterations, keep this run's last ``max_to_keep`` (None: all)."""
 
     period: int = 5000
@@ -133,7 +148,7 @@ class CheckpointerSpec:
 
 
 @dataclass
-class EvaluationSpec:
+class EvaluationSpec(_Freezable):
     """Evaluate every ``eval_period`` iterations on at most ``eval_iter`` batches; keep the
     best checkpoint by ``eval_metric`` (``eval_mode`` "min" or "max"; None: no best)."""
 
@@ -147,7 +162,7 @@ class EvaluationSpec:
 
 
 @dataclass
-class DistSpec:
+class DistSpec(_Freezable):
     """``train.dist``: the parallel layout, typed (the keys of
     :data:`libai.dist.DIST_CONFIG_KEYS`; a test keeps the two equal). The sizes are checked
     against the world size by :func:`libai.dist.resolve_layout` before any process group."""
@@ -165,7 +180,7 @@ class DistSpec:
 
 
 @dataclass
-class RunSpec:
+class RunSpec(_Freezable):
     """Every setting of a run the runtime reads (LiBai's ``train`` keys)."""
 
     output_dir: str = "./output"
@@ -238,6 +253,21 @@ class RunSpec:
         added: list[str] = []
         _fill(train, dataclasses.asdict(cls()), "", added)
         return added
+
+    def freeze(self) -> RunSpec:
+        """Refuse any later assignment, here and in the nested specs; returns ``self``."""
+        for spec in (self, *(getattr(self, f.name) for f in dataclasses.fields(self))):
+            if dataclasses.is_dataclass(spec):
+                object.__setattr__(spec, "_frozen", True)
+        return self
+
+    @property
+    def frozen(self) -> bool:
+        return bool(self.__dict__.get("_frozen"))
+
+    def to_yaml(self) -> str:
+        """The spec as YAML (what a run's ``run_spec.yaml`` and its log show)."""
+        return OmegaConf.to_yaml(OmegaConf.structured(self))
 
     # ---- resolvers ------------------------------------------------------------------------
     def amp_dtype(self) -> torch.dtype | None:

@@ -439,7 +439,7 @@ def test_load_takes_a_hugging_face_directory_or_a_checkpoint(stand_ins, tmp_path
     )
     # a run's output directory: resumed (here: already at its last step)
     done = tmp_path / "hf_load"
-    with LogLines("libai.accelerate") as lines:
+    with LogLines("libai") as lines:  # the door's line, and the run's (libai.runtime.run)
         run_cli([*fp32, *COMMON, "--save", str(tmp_path / "resumed"), "--load", str(done)])
     assert any(f"--load {done}: a checkpoint: resuming" in line for line in lines), lines
     assert any("Nothing left to train" in line for line in lines), lines

@@ -193,3 +193,13 @@ def test_a_dataset_node_whose_target_is_the_class_itself_gets_the_tokenizer():
         flags={"allow_objects": True},
     )
     assert with_tokenizer(cfg, tok).dataset[0].tokenizer is tok
+
+
+def test_epoch_periods_are_written_to_the_libai_namespace_too():
+    """The spec and LiBai's ``train`` never drift: config.yaml, saved from ``train``, holds
+    the same periods the run uses."""
+    train = OmegaConf.create({"checkpointer": {"period": 1000}, "evaluation": {"eval_period": 500}})
+    run = spec(global_batch=8, save_after=3, eval_after=None)
+    scale_epoch_periods(run, samples_per_epoch=100, train=train)
+    assert train.checkpointer.period == run.checkpointer.period == 36
+    assert train.evaluation.eval_period == run.evaluation.eval_period == 500

@@ -15,6 +15,7 @@ from omegaconf import OmegaConf
 from libai import dist
 from libai.config import LazyCall
 from libai.engine.default import DefaultTrainer
+from libai.runtime.spec import RunSpec
 
 
 def test_the_console_writer_counts_global_batch_times_sequence_length_tokens(trainer_for):
@@ -264,6 +265,22 @@ def test_setup_writes_the_runs_config(trainer_for, tmp_path):
     ``--eval-only`` and the checkpoint converter read back)."""
     trainer_for([], output_dir=tmp_path / "run", train_iter=7)
     assert OmegaConf.load(tmp_path / "run" / "config.yaml").train.train_iter == 7
+
+
+def test_config_yaml_and_run_spec_yaml_hold_the_run_as_resolved(trainer_for, tmp_path):
+    """Iterations and periods counted from epochs reach config.yaml (LiBai's ``train``) and
+    the frozen spec the run was built from (``run_spec.yaml``): 8 samples in batches of 4,
+    3 epochs -> 6 iterations; a checkpoint every 2 epochs -> every 4."""
+
+    def edit(cfg):
+        cfg.train.checkpointer.save_model_after_n_epoch = 2
+
+    trainer = trainer_for([], edit=edit, output_dir=tmp_path / "run", train_iter=1, train_epoch=3)
+    saved = OmegaConf.load(tmp_path / "run" / "config.yaml").train
+    assert (saved.train_iter, saved.checkpointer.period) == (6, 4)
+    spec = RunSpec.from_config(OmegaConf.load(tmp_path / "run" / "run_spec.yaml"))
+    assert spec == trainer.spec and trainer.spec.frozen
+    assert (spec.train_iter, spec.checkpointer.period) == (6, 4)
 
 
 @pytest.mark.parametrize(

@@ -153,3 +153,29 @@ def test_the_three_doors_hand_the_runtime_a_spec(tmp_path):
         cfg, train_iter=9, steps_per_epoch=None, mode="export", has_eval=0
     )
     assert export.amp.fp8 is None
+
+
+def test_a_frozen_spec_refuses_changes_and_its_yaml_reads_back_equal():
+    """Run freezes the spec it built the run from: a later assignment (top level or nested)
+    raises naming the field; its YAML (the run's ``run_spec.yaml``) reads back to an equal
+    spec through the one validating constructor."""
+    import dataclasses
+
+    import yaml
+
+    spec = RunSpec.from_config(
+        {"train_iter": 7, "amp": {"enabled": True}, "dist": {"tensor_parallel_size": 2}}
+    )
+    spec.log_period = 3  # not frozen yet: a door may still resolve it
+    assert spec.freeze() is spec and spec.frozen
+    for target, name in (
+        (spec, "train_iter"),
+        (spec.amp, "dtype"),
+        (spec.dist, "tensor_parallel_size"),
+        (spec.evaluation, "eval_period"),
+    ):
+        with pytest.raises(dataclasses.FrozenInstanceError, match=f"{name} cannot change"):
+            setattr(target, name, getattr(target, name))
+    back = RunSpec.from_config(yaml.safe_load(spec.to_yaml()))
+    assert back == spec and not back.frozen
+    assert (back.train_iter, back.log_period, back.dist.tensor_parallel_size) == (7, 3, 2)
