@@ -4,11 +4,21 @@ from __future__ import annotations
 
 import os
 
-import pytest
-from train_net_helpers import train_env
+# One environment for the whole session, set before anything is imported or launched: the
+# suite never downloads (the Hugging Face libraries read these at import), and the
+# preloaded server that test jobs fork their ranks from (tests/support/forked_ranks.py)
+# starts with the environment every later job has -- a variable that code under test sets
+# on first use (libai.accelerate sets the offline switches) would otherwise send every
+# later job to a fresh interpreter under torchrun.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from libai import dist
-from libai.data.sample_corpus import ensure_sample_dataset
+import pytest  # noqa: E402
+from train_net_helpers import train_env  # noqa: E402
+
+from libai import dist  # noqa: E402
+from libai.data.sample_corpus import ensure_sample_dataset  # noqa: E402
 
 
 @pytest.fixture(scope="session", autouse=True)

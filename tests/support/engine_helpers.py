@@ -96,9 +96,20 @@ class KillAtStepModule(SimpleNetModule):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-def run_tool(tool, config, *overrides, nproc=1, env=None, timeout=300, check=True):
-    """``tools/<tool>.py -c config -o ...`` on ``nproc`` processes (tools/train.sh)."""
+def run_tool(tool, config, *overrides, nproc=1, env=None, timeout=300, check=True, launcher="fork"):
+    """``tools/<tool>.py -c config -o ...`` on ``nproc`` processes: forked from the session's
+    preloaded server where the environment allows (as :func:`train_net_helpers.run_train_net`),
+    else (or with ``launcher="train.sh"``) ``python`` / ``tools/train.sh``."""
     tool_path = str(ROOT / "tools" / f"{tool}.py")
+    if launcher == "fork":
+        from train_net_helpers import run_forked
+
+        argv = [tool_path, "-c", str(config), *[x for o in overrides for x in ("-o", o)]]
+        proc = run_forked(argv, nproc=nproc, env=env, timeout=timeout)
+        if proc is not None:
+            if check:
+                assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-8000:]}"
+            return proc
     if nproc == 1:
         cmd = [sys.executable, tool_path, "-c", str(config)]
     else:

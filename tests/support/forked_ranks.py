@@ -24,12 +24,24 @@ import runpy
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 #: imported once, in the server, before the first fork
 PRELOAD = ["torch", "torch.distributed.tensor", "libai.engine", "libai.models", "transformers"]
-#: variables that may differ from the server's (set per test by pytest, or here per rank)
-_PER_JOB = {"PYTEST_CURRENT_TEST", "OMP_NUM_THREADS", "PYTHONPATH"}
+#: variables that may differ from the server's (set per test by pytest, or here per rank):
+#: none of them is read while the preloaded modules import (libai reads its own at run time)
+_PER_JOB = {
+    "PYTEST_CURRENT_TEST",
+    "OMP_NUM_THREADS",
+    "PYTHONPATH",
+    "PATH",  # tools/train.sh's torchrun; train_net_helpers.train_env puts this venv first
+    "PORT",  # tools/train.sh's rendezvous port
+    "LIBAI_SAMPLE_DATA_DIR",  # the sample dataset's directory, read when a config resolves
+    # set by torch inductor in this process before each compiled library loads (a pointer
+    # of this process); a rank's inductor sets its own the same way
+    "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR",
+}
 _server_env: dict[str, str] | None = None
 
 
@@ -48,7 +60,16 @@ def usable(env: dict) -> bool:
 
     if not str(Path(libai.__file__).resolve()).startswith(root + os.sep):
         return False
-    return _server_env is None or _environment_key(env) == _server_env
+    if _server_env is None or _environment_key(env) == _server_env:
+        return True
+    changed = sorted(set(_environment_key(env).items()) ^ set(_server_env.items()))
+    warnings.warn(
+        f"environment differs from the forked ranks' server in {sorted({k for k, _ in changed})}: "
+        "this job runs under torchrun (slower); set the variable for the whole session in "
+        "tests/conftest.py, or add it to forked_ranks._PER_JOB if no import reads it",
+        stacklevel=2,
+    )
+    return False
 
 
 def _rank_main(rank: int, argv: list, env: dict, world: int, port: int, cwd: str, logs: str):
@@ -88,11 +109,11 @@ def _rank_main(rank: int, argv: list, env: dict, world: int, port: int, cwd: str
 
 
 def run(
-    argv: list, nproc: int, env: dict, timeout: float, port: int
+    argv: list, nproc: int, env: dict, timeout: float, port: int, cwd: str | None = None
 ) -> subprocess.CompletedProcess:
     """Run ``argv`` (a script and its arguments) on ``nproc`` forked ranks meeting on
-    ``port``; the ranks' exit status and output (``stdout``: every rank's log) as
-    ``subprocess.run`` reports them."""
+    ``port``, in ``cwd`` (default: this one); the ranks' exit status and output
+    (``stdout``: every rank's log) as ``subprocess.run`` reports them."""
     global _server_env
     import tempfile
 
@@ -105,7 +126,7 @@ def run(
     with tempfile.TemporaryDirectory() as logs:
         job = torch_mp.start_processes(
             _rank_main,
-            args=(argv, env, nproc, port, os.getcwd(), logs),
+            args=(argv, env, nproc, port, cwd or os.getcwd(), logs),
             nprocs=nproc,
             join=False,
             start_method="forkserver",
@@ -128,5 +149,8 @@ def run(
             for r in range(nproc)
             if (Path(logs) / f"rank{r}.log").exists()
         )
-        code = max((abs(p.exitcode or 0) for p in job.processes), default=0)
+        # as subprocess reports it: a rank's own exit status first, else the signal that
+        # stopped it (negative), e.g. -9 for a rank that SIGKILLed itself
+        codes = [p.exitcode or 0 for p in job.processes]
+        code = max(codes) if max(codes) > 0 else min(codes)
         return subprocess.CompletedProcess(argv, code, output, error)

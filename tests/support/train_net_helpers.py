@@ -1,5 +1,12 @@
-"""Running tools/train_net.py (1 process) or tools/train.sh (torchrun) from the end-to-end
-tests, and reading back the metrics.json it writes."""
+"""Running tools/train_net.py on one or more processes from the end-to-end tests, and
+reading back the metrics.json it writes.
+
+The processes are forked from the test session's preloaded server (:mod:`forked_ranks`:
+each is a process of its own with torchrun's environment, without the seconds every fresh
+interpreter spends importing torch); ``launcher="train.sh"`` runs the command users run,
+``tools/train.sh`` (torchrun), and ``python tools/train_net.py`` for one process. The
+launcher's own behaviour is tested in ``tests/doors/libai/test_launch_and_paths.py`` and by
+the README's command (``test_configs_gpt2.py``)."""
 
 from __future__ import annotations
 
@@ -9,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import forked_ranks
 from launch import free_port
 
 ROOT = Path(__file__).resolve().parents[2]  # tests/support/ -> the checkout
@@ -46,22 +54,48 @@ def run_train_net(
     check: bool = True,
     timeout: int = 300,
     extra_args=(),
+    launcher: str = "fork",
 ) -> subprocess.CompletedProcess:
     """``train_net.py --config-file config *extra_args *opts`` on ``nproc`` processes, in
     ``env`` (default :func:`train_env`) with a per-session PORT; with ``check`` a non-zero exit
-    fails with the tail of the output."""
+    fails with the tail of the output. ``launcher``: ``"fork"`` (forked ranks, where the
+    environment allows; the ranks' merged log is both ``stdout`` and ``stderr``) or
+    ``"train.sh"`` (the users' launcher)."""
     config = str(config)
-    if nproc == 1:
-        cmd = [sys.executable, str(TRAIN_NET), "--config-file", config, *extra_args, *opts]
-    else:
-        cmd = ["bash", str(TRAIN_SH), str(TRAIN_NET), config, str(nproc), *extra_args, *opts]
     env = {**(train_env() if env is None else env), "PORT": str(free_port())}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+    argv = [str(TRAIN_NET), "--config-file", config, *extra_args, *opts]
+    proc = run_forked(argv, nproc=nproc, env=env, timeout=timeout) if launcher == "fork" else None
+    if proc is None:
+        proc = _launch(argv, nproc, env, timeout)
     if check:
         assert proc.returncode == 0, (
             f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
         )
     return proc
+
+
+def run_forked(argv, *, nproc=1, env=None, timeout=300):
+    """``argv`` (a script and its arguments) on ``nproc`` ranks forked from the session's
+    preloaded server, from the repository root, meeting on ``env["PORT"]`` (default: a free
+    port); ``None`` when the environment does not allow forking (then launch it yourself).
+    The ranks' merged log is both ``stdout`` and ``stderr``."""
+    env = dict(train_env() if env is None else env)
+    if not forked_ranks.usable(env):
+        return None
+    env.setdefault("PORT", str(free_port()))
+    proc = forked_ranks.run(argv, nproc, env, timeout, int(env["PORT"]), cwd=str(ROOT))
+    log = proc.stdout + proc.stderr  # the ranks' stdout and stderr, then how the job ended
+    return subprocess.CompletedProcess(proc.args, proc.returncode, log, log)
+
+
+def _launch(argv: list, nproc: int, env: dict, timeout: int) -> subprocess.CompletedProcess:
+    """``python tools/train_net.py ...`` (one process) or ``tools/train.sh`` (torchrun)."""
+    config, rest = argv[2], argv[3:]
+    if nproc == 1:
+        cmd = [sys.executable, str(TRAIN_NET), "--config-file", config, *rest]
+    else:
+        cmd = ["bash", str(TRAIN_SH), str(TRAIN_NET), config, str(nproc), *rest]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
 
 
 def read_metrics(out_dir) -> dict[int, dict]:

@@ -109,7 +109,7 @@ def test_design_card_command_trains_on_8_processes(sample_env, tmp_path):
     out = tmp_path / "run"
     opts = [*TINY_GPT, "model.cfg.max_seq_length=32", f"train.output_dir={out}"]
     opts += ["train.train_iter=4", "train.evaluation.eval_period=2", "train.checkpointer.period=2"]
-    run_train_net(GPT2, opts, nproc=8, env=sample_env, timeout=240)
+    run_train_net(GPT2, opts, nproc=8, env=sample_env, timeout=240, launcher="train.sh")
     metrics = _assert_trained(out, 4)
     assert any("ppl" in m for m in metrics.values())
     saved = LazyConfig.load(str(out / "config.yaml"))
