@@ -104,6 +104,9 @@ train = dict(
         # ours (Megatron's name): each sequence split over this many ranks (head-tail chunks),
         # attention across them; composes with data and tensor parallel (GPT-2, Llama/Qwen2)
         context_parallel_size=1,
+        # ours (Megatron's expert_model_parallel_size): Mixture-of-Experts experts sharded
+        # over this many of the data x context ranks; 1 until a model has MoE layers
+        expert_parallel_size=1,
     ),
 )
 # fmt: on

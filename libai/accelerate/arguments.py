@@ -130,6 +130,19 @@ def build_parser(prog: str = "libai-accelerate") -> argparse.ArgumentParser:
     g = p.add_argument_group("parallelism and acceleration")
     g.add_argument("--tensor-model-parallel-size", type=int, default=1)
     g.add_argument("--pipeline-model-parallel-size", type=int, default=1)
+    g.add_argument(
+        "--context-parallel-size",
+        type=int,
+        default=1,
+        help="Megatron's name; 1 here: context parallel runs inside libai's attention layers "
+        "(the LiBai and FleetX doors' GPT-2 and Llama), not a Hugging Face model's",
+    )
+    g.add_argument(
+        "--expert-model-parallel-size",
+        type=int,
+        default=1,
+        help="Megatron's name; 1 until a model has Mixture-of-Experts layers",
+    )
     g.add_argument("--pipeline-schedule", default="1F1B")
     g.add_argument(
         "--device", choices=["cpu", "cuda"], default=None, help="default: cuda when available"
@@ -283,9 +296,24 @@ def check_args(args: argparse.Namespace) -> argparse.Namespace:
         "seq_length",
         "tensor_model_parallel_size",
         "pipeline_model_parallel_size",
+        "context_parallel_size",
+        "expert_model_parallel_size",
     ):
         if getattr(args, flag) < 1:
             raise ValueError(f"--{flag.replace('_', '-')} must be >= 1")
+    if args.context_parallel_size > 1:
+        raise ValueError(
+            f"--context-parallel-size {args.context_parallel_size}: context parallel splits "
+            "each sequence inside libai's attention layers (GPT-2 and Llama/Qwen2 through "
+            "tools/train_net.py or FleetX's Engine); the Hugging Face models this door trains "
+            "run their own attention. Use --context-parallel-size 1"
+        )
+    if args.expert_model_parallel_size > 1:
+        raise ValueError(
+            f"--expert-model-parallel-size {args.expert_model_parallel_size}: expert "
+            "parallelism shards the experts of Mixture-of-Experts layers, and no model here "
+            "has such layers yet. Use --expert-model-parallel-size 1"
+        )
     tp, pp, world = args.tensor_model_parallel_size, args.pipeline_model_parallel_size, world_size()
     if world % (tp * pp):
         raise ValueError(

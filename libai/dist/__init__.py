@@ -63,6 +63,10 @@ DIST_CONFIG_KEYS = {
     "sequence_parallel": False,
     # ours (Megatron's name): each sequence split over this many ranks, attention across them
     "context_parallel_size": 1,
+    # ours (Megatron's expert_model_parallel_size): Mixture-of-Experts layers' experts
+    # sharded over this many of the data x context ranks; refused above 1 until a model
+    # has such layers
+    "expert_parallel_size": 1,
 }
 
 
@@ -147,7 +151,16 @@ def resolve_layout(dist_cfg, world_size: int) -> DistLayout:
             "train.dist.device_type='cuda' but no CUDA device is available; use 'cpu'."
         )
     cp = _positive_int("context_parallel_size", cfg["context_parallel_size"])
-    dims = ParallelDims.resolve(world_size, tp=tp, pp=pp, cp=cp, dp=cfg["data_parallel_size"])
+    ep = _positive_int("expert_parallel_size", cfg["expert_parallel_size"])
+    dims = ParallelDims.resolve(
+        world_size, tp=tp, pp=pp, cp=cp, ep=ep, dp=cfg["data_parallel_size"]
+    )
+    if ep > 1:
+        raise ValueError(
+            f"train.dist.expert_parallel_size={ep}: expert parallelism shards the experts of "
+            "Mixture-of-Experts layers, and no model here has such layers yet. Set "
+            "expert_parallel_size=1."
+        )
     sequence_parallel = _sequence_parallel(cfg["sequence_parallel"], tp)
     _check_context_parallel(cp, pp, sequence_parallel)
     dp = dims.dp

@@ -14,7 +14,8 @@ A config has the sections of PaddleFleetX's::
     Data:        {Train|Eval|Test: {dataset: {name, ...}, sampler: {name, ...}, loader: {...}}}
     Optimizer:   {name, lr: {name, ...} or a number, grad_clip: {name, clip_norm}, ...}
     Distributed: {dp_degree, mp_degree, pp_degree, pipeline_num_layers, pipeline_schedule,
-                  cp_degree (ours: context parallel),
+                  cp_degree (ours: context parallel), ep_degree (ours: expert
+                  parallel, 1 until a model has Mixture-of-Experts layers),
                   sharding: {sharding_degree, sharding_stage, sharding_offload}}
     Inference:   {model_dir}
 
@@ -109,6 +110,8 @@ DEFAULTS: dict[str, Any] = {
         "pipeline_schedule": "1F1B",
         # ours (the name; Megatron's context_parallel_size): sequences split over cp
         "cp_degree": 1,
+        # ours (FleetX's MoE name): experts sharded over this many data x context ranks
+        "ep_degree": 1,
         "sharding": {"sharding_degree": 1, "sharding_stage": 1, "sharding_offload": False},
     },
     "Inference": {"model_dir": None},
@@ -263,6 +266,12 @@ def resolve_batch_config(cfg: DictConfig, world_size: int) -> DictConfig:
     sharding = _positive(d.sharding.sharding_degree, "Distributed.sharding.sharding_degree", False)
     dp = _positive(d.dp_degree, "Distributed.dp_degree")
     cp = _positive(d.get("cp_degree", 1), "Distributed.cp_degree", allow_none=False)
+    ep = _positive(d.get("ep_degree", 1), "Distributed.ep_degree", allow_none=False)
+    if ep > 1:
+        raise YAMLConfigError(
+            f"Distributed.ep_degree={ep}: expert parallelism shards the experts of "
+            "Mixture-of-Experts layers, and no model here has such layers yet; set ep_degree: 1"
+        )
     model_ranks = mp * pp * sharding * cp
     sizes = f"mp_degree {mp} x pp_degree {pp} x sharding_degree {sharding}" + (
         f" x cp_degree {cp}" if cp > 1 else ""

@@ -150,6 +150,8 @@ def dist_config(cfg: DictConfig) -> dict:
         "sequence_parallel": bool(cfg.Model.get("sequence_parallel")) and d.mp_degree > 1,
         # ours: each sequence split over cp_degree ranks (the model's attention across them)
         "context_parallel_size": int(d.get("cp_degree") or 1),
+        # ours: experts of Mixture-of-Experts layers sharded over ep_degree ranks
+        "expert_parallel_size": int(d.get("ep_degree") or 1),
     }
 
 

@@ -177,6 +177,7 @@ class DistSpec(_Freezable):
     pipeline_schedule: str = "1F1B"
     sequence_parallel: bool = False
     context_parallel_size: int = 1
+    expert_parallel_size: int = 1
 
 
 @dataclass

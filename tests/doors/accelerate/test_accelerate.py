@@ -255,6 +255,18 @@ def test_bad_input_is_refused_before_any_collective(accelerate_files, tmp_path, 
         run_main([*base, "--tensor-model-parallel-size", "2"], monkeypatch)
     with pytest.raises(SystemExit):  # argparse: invalid choice, exit status 2
         run_main([*base, "--task", "summarization"], monkeypatch)
+    # Megatron's names for context and expert parallel: known flags, 1 accepted, more refused
+    with pytest.raises(
+        ValueError, match=r"--context-parallel-size 2: .* Use --context-parallel-size 1$"
+    ):
+        run_main([*base, "--context-parallel-size", "2"], monkeypatch)
+    with pytest.raises(
+        ValueError,
+        match=r"--expert-model-parallel-size 2: .* Use --expert-model-parallel-size 1$",
+    ):
+        run_main([*base, "--expert-model-parallel-size", "2"], monkeypatch)
+    with pytest.raises(ValueError, match="--context-parallel-size must be >= 1"):
+        run_main([*base, "--context-parallel-size", "0"], monkeypatch)
 
 
 def test_the_command_line_exits_non_zero_with_one_line(accelerate_files, tmp_path):

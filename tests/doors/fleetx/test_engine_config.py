@@ -121,6 +121,12 @@ def test_batch_sizes_are_derived_and_a_contradiction_is_an_error():
         resolved("Distributed.cp_degree=2", world=3)
     with pytest.raises(YAMLConfigError, match="Distributed.cp_degree must be a positive integer"):
         resolved("Distributed.cp_degree=0")
+    # expert parallel (ours: Distributed.ep_degree): named, refused until a model has MoE
+    assert resolved("Distributed.ep_degree=1", "Distributed.cp_degree=2").Distributed.dp_degree == 2
+    with pytest.raises(
+        YAMLConfigError, match=r"^Distributed.ep_degree=2: expert parallelism .* set ep_degree: 1$"
+    ):
+        resolved("Distributed.ep_degree=2")
 
 
 def test_names_that_do_not_resolve_are_clear_errors(tmp_path):

@@ -163,3 +163,20 @@ def test_the_gradient_group_is_dp_times_cp_of_the_ranks_pp_and_tp():
         util = dist.setup_dist_util({"tensor_parallel_size": 2})
         assert util.grad_group is util.dp_group and util.grad_size == 2
         assert util.cp_group is None
+
+
+def test_expert_parallel_size_is_a_layout_key_refused_until_a_model_has_experts():
+    """``train.dist.expert_parallel_size`` (default 1) is checked like every size (it must
+    divide the dp x cp ranks it borrows) and then refused in one line: no model has
+    Mixture-of-Experts layers yet."""
+    assert dist.resolve_layout({"expert_parallel_size": 1}, 4).data_parallel_size == 4
+    with pytest.raises(ValueError, match="expert_parallel_size must be a positive integer"):
+        dist.resolve_layout({"expert_parallel_size": 0}, 4)
+    with pytest.raises(ValueError, match=r"expert_parallel_size=3 must divide .* \(4 x 1 = 4\)"):
+        dist.resolve_layout({"expert_parallel_size": 3}, 4)
+    with pytest.raises(
+        ValueError,
+        match=r"^train.dist.expert_parallel_size=2: expert parallelism .* Set "
+        r"expert_parallel_size=1.$",
+    ):
+        dist.resolve_layout({"expert_parallel_size": 2}, 4)
