@@ -90,8 +90,14 @@ def fsdp_forward_method(module: nn.Module, name: str):
 
 
 def fsdp_mesh(util, replicate_size: int = 1) -> DeviceMesh:
-    """The mesh FSDP2 shards over: the ``dp`` dim of the global mesh, or with HSDP that dim
-    unflattened into ``("dp_replicate", "dp_shard")`` (collective: creates process groups)."""
+    """The mesh FSDP2 shards over: the ``dp`` dim of the global mesh; under context parallel
+    the ``dp`` and ``cp`` dims flattened into one ``dp_cp`` dim (the ranks that hold the same
+    parameters, as torchtitan's ``dp_shard_cp``); with HSDP the ``dp`` dim unflattened into
+    ``("dp_replicate", "dp_shard")``. A collective: creates process groups."""
+    if util.layout.context_parallel_size > 1:
+        # [S(0)] over dp x cp: each of the dp x cp ranks holds 1 / (dp cp) of every tensor,
+        # and the reduce-scatter averages the gradients over them (the runner's dp x cp mean)
+        return util.mesh["dp", "cp"]._flatten("dp_cp")
     dp_mesh = util.mesh["dp"]
     if replicate_size == 1:
         return dp_mesh
@@ -284,6 +290,6 @@ def apply_fully_shard(runner, *, hsdp_replicate_size: int = 1) -> FullyShardedGr
     runner.grads.tied_parameters = [
         p for p in runner.model.parameters() if getattr(p, "libai_tied_group", None) is not None
     ]
-    group = mesh["dp_shard"].get_group() if hsdp_replicate_size > 1 else util.dp_group
+    group = mesh["dp_shard"].get_group() if hsdp_replicate_size > 1 else mesh.get_group()
     runner.grads.sharder = FullyShardedGrads(group)
     return runner.grads.sharder

@@ -72,12 +72,6 @@ def resolve_zero_stage(zero_cfg, layout) -> int | None:
             f"train.zero_optimization.stage={stage!r} is invalid; supported stages are 1, 2 and 3."
         )
     cp = getattr(layout, "context_parallel_size", 1)
-    if cp > 1 and stage == 3:
-        raise ValueError(
-            f"train.zero_optimization.stage=3 with train.dist.context_parallel_size={cp} is "
-            "not supported yet (FSDP over the data x context parallel ranks): use stage 1 or "
-            "2, or context_parallel_size=1."
-        )
     if layout.data_parallel_size * cp < 2:
         log_first_n(
             logging.WARNING,
@@ -95,7 +89,13 @@ def resolve_zero_stage(zero_cfg, layout) -> int | None:
             f"{HSDP_KEY}={replicate} (HSDP) applies to stage=3 only (got stage={stage}); "
             "set train.zero_optimization.stage=3 or hsdp_replicate_size=1."
         )
-    if stage == 3 and (dp % replicate or replicate == dp):
+    if stage == 3 and replicate > 1 and cp > 1:
+        raise ValueError(
+            f"{HSDP_KEY}={replicate} (HSDP) with train.dist.context_parallel_size={cp} is not "
+            "supported yet (stage 3 shards over the data x context parallel ranks as one "
+            "group): set hsdp_replicate_size=1 or context_parallel_size=1."
+        )
+    if stage == 3 and replicate > 1 and (dp % replicate or replicate == dp):
         divisors = [d for d in range(1, dp) if dp % d == 0]
         raise ValueError(
             f"{HSDP_KEY}={replicate} must divide data_parallel_size={dp} and leave at least 2 "

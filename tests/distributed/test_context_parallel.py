@@ -39,6 +39,15 @@ LAYOUTS = [
         "zero": 1,
         "models": ["llama"],
     },
+    # ZeRO-3: FSDP2 over the dp and cp dims flattened (each of the 4 ranks holds 1/4 of every
+    # parameter); with tp, over the 2 cp ranks of each tp shard
+    {"name": "cp2xdp2-zero3", "dist": {"context_parallel_size": 2}, "zero": 3, "models": ["llama"]},
+    {
+        "name": "cp2xtp2-zero3",
+        "dist": {"context_parallel_size": 2, "tensor_parallel_size": 2},
+        "zero": 3,
+        "models": ["gpt"],
+    },
     # the chunked head + loss (the same loss and gradients as the plain head): its token
     # mean over the whole sequences
     {
@@ -107,7 +116,7 @@ def test_zero_shards_the_optimizer_state_over_data_and_context_parallel_ranks(cp
     """Under ZeRO 1/2 the momentum buffers of the dp x cp ranks that hold the same parameters
     (all 4 on cp2 x dp2, the 2 cp ranks of a tp shard on cp2 x tp2) partition them: together
     exactly one copy, each rank less than its share of the others'."""
-    runs = [r for r in model_runs(cp_results) if r["zero"]]
+    runs = [r for r in model_runs(cp_results) if r["zero"] in (1, 2)]
     assert {(r["name"], r["zero"]) for r in runs} == {("cp2xdp2-zero2", 2), ("cp2xtp2-zero1", 1)}
     for name, holders in (("cp2xdp2-zero2", 4), ("cp2xtp2-zero1", 2)):
         ranks = [r for r in runs if r["name"] == name]
@@ -116,6 +125,17 @@ def test_zero_shards_the_optimizer_state_over_data_and_context_parallel_ranks(cp
         held = [r["optimizer_state_numel"] for r in ranks]
         assert sum(held) == local * len(ranks) // holders, (name, held, local)
         assert max(held) < local, (name, held)
+
+
+def test_zero_3_shards_every_parameter_over_data_and_context_parallel_ranks(cp_results):
+    """Under ZeRO-3 with cp2 x dp2 the 4 ranks hold disjoint dim-0 shards of every parameter:
+    together exactly one copy of the model, each at most a quarter (rounded up per tensor)."""
+    ranks = [r for r in model_runs(cp_results) if r["name"] == "cp2xdp2-zero3"]
+    assert len(ranks) == 4
+    full = ranks[0]["parameter_numel"]  # a DTensor's numel is its global size
+    held = [r["local_parameter_numel"] for r in ranks]
+    assert sum(held) == full, (held, full)
+    assert max(held) < full / 4 * 1.1, (held, full)
 
 
 def gathered_kv_bytes(model: str, rows: int, seq: int) -> int:

@@ -1,4 +1,5 @@
-"""Context parallel against one process: GPT-2 and Llama on cp2 (x dp2) and cp2 x tp2.
+"""Context parallel against one process: GPT-2 and Llama on cp2 (x dp2) and cp2 x tp2, with
+ZeRO 1, 2 and 3 over the dp x cp ranks.
 
 For each model and layout: the loss of each step, every gradient of the first step, the
 clipped global norm, the parameters after STEPS steps and the evaluation loss equal the
@@ -21,12 +22,13 @@ from gpt_reference import (
 )
 from memory_probe import saved_activation_bytes
 from sp_reference import MODELS
+from torch.distributed.tensor import DTensor
 
 from libai import dist
 from libai.layers import MultiheadAttention, TransformerLayer
 from libai.layers.context_parallel import shard_positions, shard_sequence
 from libai.runtime.parallel import ModelRunner
-from libai.runtime.zero import shard_optimizer
+from libai.runtime.zero import prepare_model, shard_optimizer
 
 
 def block_positions(model) -> list[int]:
@@ -44,8 +46,10 @@ def check(model_name: str, layout: dict, ref: dict) -> dict:
     model = build(**layout.get("model_overrides", {}))
     positions = block_positions(model)
     runner = ModelRunner(model, num_microbatches=layout.get("microbatches", 1))
+    if layout.get("zero") == 3:  # FSDP2 over the dp x cp ranks, before the optimizer
+        prepare_model(runner, 3)
     optimizer = make_optimizer(model)
-    if layout.get("zero"):  # ZeRO 1/2 over the dp x cp ranks
+    if layout.get("zero"):  # ZeRO 1/2/3 over the dp x cp ranks
         optimizer = shard_optimizer(runner, optimizer, layout["zero"])
     init_diff = max_diff(state(model), ref["init"])[0]
     losses, norms, grads, activation_bytes = [], [], None, 0
@@ -96,6 +100,10 @@ def check(model_name: str, layout: dict, ref: dict) -> dict:
         "zero": layout.get("zero"),
         "optimizer_state_numel": state_numel,
         "parameter_numel": sum(p.numel() for p in model.parameters()),
+        # what this rank stores of the parameters (ZeRO-3: its dim-0 shard of each)
+        "local_parameter_numel": sum(
+            (p.to_local() if isinstance(p, DTensor) else p).numel() for p in model.parameters()
+        ),
     }
 
 

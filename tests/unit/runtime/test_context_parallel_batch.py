@@ -80,10 +80,11 @@ def test_a_model_without_context_parallel_or_a_custom_loss_is_refused():
         check_context_parallel_support(Plain(), layout, loss_fn=lambda batch: 0)
 
 
-def test_zero_3_with_context_parallel_is_refused_and_1_2_shard_over_dp_and_cp():
+def test_every_zero_stage_shards_over_dp_and_cp_hsdp_with_cp_is_refused():
     layout = dist.resolve_layout({"context_parallel_size": 2}, 4)
-    with pytest.raises(ValueError, match="stage=3 with train.dist.context_parallel_size=2"):
-        resolve_zero_stage({"enabled": True, "stage": 3}, layout)
+    assert resolve_zero_stage({"enabled": True, "stage": 3}, layout) == 3
+    with pytest.raises(ValueError, match=r"hsdp_replicate_size=2 \(HSDP\) with .*=2 is not"):
+        resolve_zero_stage({"enabled": True, "stage": 3, "hsdp_replicate_size": 2}, layout)
     assert resolve_zero_stage({"enabled": False}, layout) is None
     assert resolve_zero_stage({"enabled": True, "stage": 2}, layout) == 2
     # one data-parallel rank but two context-parallel ones: two ranks hold the same state

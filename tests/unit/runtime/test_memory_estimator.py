@@ -162,11 +162,11 @@ LAYOUTS = [
         "microbatches": 2,
     },
     {"name": "dp4_hsdp", "dist": {}, "stages": [None, 3], "hsdp": 2},
-    # dp2 x cp2: ZeRO 1/2 shard over the 4 dp x cp ranks; a share of each sequence
+    # dp2 x cp2: ZeRO 1/2/3 shard over the 4 dp x cp ranks; a share of each sequence
     {
         "name": "dp2_cp2",
         "dist": {"context_parallel_size": 2},
-        "stages": [None, 1, 2],
+        "stages": [None, 1, 2, 3],
         "cp_activations": True,
     },
 ]
