@@ -48,6 +48,12 @@ LAYOUTS = [
         "zero": 3,
         "models": ["gpt"],
     },
+    # sequence parallel inside each cp share: norms, dropout and residuals over tp
+    {
+        "name": "cp2xtp2-sp",
+        "dist": {"context_parallel_size": 2, "tensor_parallel_size": 2, "sequence_parallel": True},
+        "models": ["gpt", "llama"],
+    },
     # the chunked head + loss (the same loss and gradients as the plain head): its token
     # mean over the whole sequences
     {
@@ -150,7 +156,8 @@ def gathered_kv_bytes(model: str, rows: int, seq: int) -> int:
 
 
 def test_each_context_parallel_rank_holds_its_share_of_the_sequence(cp_results):
-    """The blocks of a cp rank see seq / cp positions, and what autograd keeps for backward
+    """The blocks of a cp rank see seq / cp positions (seq / (cp tp) under sequence
+    parallel, which splits the share again over tp), and what autograd keeps for backward
     on a cp2 rank is one process's on the same rows / 2, plus the keys and values gathered
     over the whole sequence for attention (x 1.25: each query chunk reads the keys up to
     its end, (2 cp + 1) / (2 cp) of them over the two chunks; a little more for the masks)."""
@@ -159,7 +166,8 @@ def test_each_context_parallel_rank_holds_its_share_of_the_sequence(cp_results):
     reference_bytes = {}
     for r in cp_results:
         assert r["cp"] == 2
-        assert r["block_positions"] == [r["sequence_length"] // 2], r
+        split = 2 * (r["tp"] if r["name"].endswith("-sp") else 1)
+        assert r["block_positions"] == [r["sequence_length"] // split], r
         if r["tp"] == 1 and r["name"] == "cp2xdp2":
             build, batch_of = builds[r["model"]]
             if r["model"] not in reference_bytes:
