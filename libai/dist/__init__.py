@@ -162,7 +162,6 @@ def resolve_layout(dist_cfg, world_size: int) -> DistLayout:
             "expert_parallel_size=1."
         )
     sequence_parallel = _sequence_parallel(cfg["sequence_parallel"], tp)
-    _check_context_parallel(cp, pp)
     dp = dims.dp
     num_layers = cfg["pipeline_num_layers"]
     custom = cfg["custom_pipeline_stage_id"]
@@ -200,20 +199,6 @@ def resolve_layout(dist_cfg, world_size: int) -> DistLayout:
         sequence_parallel=sequence_parallel,
         context_parallel_size=cp,
     )
-
-
-def _check_context_parallel(cp: int, pp: int) -> None:
-    """Context parallel composes with data, tensor and sequence parallel (which splits each
-    rank's share of the sequence again over tp); with pipeline parallel it is not built yet:
-    one line saying so, before any process group."""
-    if cp == 1:
-        return
-    if pp > 1:
-        raise ValueError(
-            "train.dist.context_parallel_size > 1 with pipeline_parallel_size > 1 is not "
-            "supported yet: use context parallel with data and tensor parallel, or set "
-            "context_parallel_size=1."
-        )
 
 
 def _sequence_parallel(value, tp: int) -> bool:

@@ -251,16 +251,23 @@ class GPTForPreTraining(nn.Module):
             out["logits"] = self.GPT_model.lm_head.gather(logits)
         return out
 
-    def pipeline_forward(self, x: torch.Tensor) -> torch.Tensor:
+    def pipeline_stage_kwargs(self, batch) -> dict:
+        """The global ``position_ids`` of a context-parallel share (``None``, dropped,
+        otherwise): the first stage's position embeddings read them."""
+        return {"position_ids": batch.get("position_ids")}
+
+    def pipeline_forward(
+        self, x: torch.Tensor, position_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """One pipeline stage: token ids or hidden states in, hidden states or logits out.
         With ``loss_chunk_size`` and autograd recording (a training step; eval and predict
         run under no_grad), the last stage returns its hidden states as the head reads them
         (:func:`~libai.layers.lm_head_input`) and ``pipeline_loss`` applies the head."""
         if self.GPT_model.loss_chunk_size and torch.is_grad_enabled():
             if self.GPT_model.lm_head is not None:
-                hidden = self.GPT_model(x, return_hidden=True)
+                hidden = self.GPT_model(x, position_ids=position_ids, return_hidden=True)
                 return lm_head_input(hidden, self.GPT_model.lm_head)
-        return self.GPT_model(x)
+        return self.GPT_model(x, position_ids=position_ids)
 
     def pipeline_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """The last stage's loss: of vocab-split logits, or (chunked) of the hidden states

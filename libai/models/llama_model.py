@@ -320,19 +320,33 @@ class LlamaForCausalLM(nn.Module):
         return (batch["input_ids"],)
 
     def pipeline_stage_kwargs(self, batch) -> dict:
-        """The padding mask (if any), which every stage reads from its own batch."""
-        return {"attention_mask": batch.get("attention_mask")}
+        """The padding mask and, for a context-parallel share, the global ``position_ids``
+        (if any: ``None`` is dropped), which every stage reads from its own batch (each
+        stage's rotary embedding needs the positions)."""
+        return {
+            "attention_mask": batch.get("attention_mask"),
+            "position_ids": batch.get("position_ids"),
+        }
 
     def pipeline_target(self, batch) -> torch.Tensor:
-        return batch["labels"]
+        """The shifted labels: ``shift_labels`` of a context-parallel share (shifted over the
+        whole sequence before the cut), else ``labels`` shifted here."""
+        if batch.get("shift_labels") is not None:
+            return batch["shift_labels"]
+        return shift_labels(batch["labels"])
 
-    def pipeline_forward(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None):
+    def pipeline_forward(
+        self,
+        x: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+    ):
         """One stage: ids or hidden states in; hidden states to the next stage, or
         vocab-split logits on the last. With ``loss_chunk_size`` and autograd
         recording (a training step; eval and predict run under no_grad), the last stage
         returns its hidden states as the head reads them (:func:`~libai.layers.lm_head_input`)
         and ``pipeline_loss`` applies the head."""
-        hidden, _ = self.model.hidden_states(x, attention_mask)
+        hidden, _ = self.model.hidden_states(x, attention_mask, position_ids)
         if self.lm_head is not None:
             if self.model.loss_chunk_size and torch.is_grad_enabled():
                 return lm_head_input(hidden, self.lm_head)
@@ -340,16 +354,14 @@ class LlamaForCausalLM(nn.Module):
         return hidden
 
     def pipeline_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """The last stage's loss: of vocab-split logits, or (chunked) of the hidden states
+        """The last stage's loss against ``labels``, the shifted targets of
+        :meth:`pipeline_target`: of vocab-split logits, or (chunked) of the hidden states
         ``pipeline_forward`` returned in a training step, told apart by their autograd
         history (logits predicted under no_grad, e.g. for an evaluator, have none)."""
         chunk = self.model.loss_chunk_size
         if chunk and logits.requires_grad:
-            targets = shift_labels(labels)
-            return chunked_lm_loss(
-                logits, self.lm_head, targets, chunk, IGNORE_INDEX, prepared=True
-            )
-        return self.loss_func(logits, shift_labels(labels))
+            return chunked_lm_loss(logits, self.lm_head, labels, chunk, IGNORE_INDEX, prepared=True)
+        return self.loss_func(logits, labels)
 
     # ---- generation (libai.inference.generation) ---------------------------------------------
     def decode_stage(self, x, attention_mask=None, position_ids=None, cache=None):

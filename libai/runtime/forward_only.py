@@ -2,8 +2,9 @@
 loss and the model's outputs (an evaluator's logits), on any layout.
 
 Under pipeline parallel both go through the runner's schedule
-(:class:`~libai.runtime.pipeline_schedule.PipelineSchedule`); under context parallel the
-loss is averaged over the sequence's shards, and predicting outputs is refused.
+(:class:`~libai.runtime.pipeline_schedule.PipelineSchedule`); under context parallel each
+rank runs its share of the sequences (through the schedule too), the loss is averaged over
+the shares, and predicting outputs is refused.
 """
 
 from __future__ import annotations
@@ -20,11 +21,12 @@ from libai.runtime.pipeline_split import pipeline_inputs, pipeline_stage_kwargs
 @torch.no_grad()
 def eval_loss(runner, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
     """This data-parallel rank's mean loss on ``batch`` (the same on its tp, cp and pp ranks)."""
-    if runner.pipeline:
-        return runner.stage_schedule.eval_loss(batch)
     util = runner.util
-    with runner.autocast():
-        loss = runner._loss(runner._context_share(batch)).float()
+    if runner.pipeline:
+        loss = runner.stage_schedule.eval_loss(runner._context_share(batch))
+    else:
+        with runner.autocast():
+            loss = runner._loss(runner._context_share(batch)).float()
     if util.cp_group is not None:  # each cp rank holds its share of the mean
         torch_dist.all_reduce(loss, group=util.cp_group)
         loss /= util.context_parallel_size

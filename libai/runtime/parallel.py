@@ -185,7 +185,7 @@ class ModelRunner:
         """
         terms: dict[str, torch.Tensor] = {}
         if self.pipeline:  # the schedule's loss: its terms stay on the last stage
-            loss = self.stage_schedule.step(batch)
+            loss = self.stage_schedule.step(self._context_share(batch))
         else:
             loss, terms = self._local_step(self._context_share(batch))
         self.sync_gradients()

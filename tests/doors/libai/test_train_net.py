@@ -290,6 +290,22 @@ def test_two_processes_train_evaluate_and_checkpoint(
     assert all(Path(out, "model_final", f"__{r}_0.distcp").exists() for r in range(2))
 
 
+def test_context_and_pipeline_parallel_on_four_processes(sample_env, tmp_path, one_process_metrics):
+    """cp2 x pp2 through tools/train_net.py: each pipeline stage runs its ranks' shares of
+    the sequences; the losses of every iteration and the perplexity equal one process on the
+    same global batches (the same accumulation; evaluation in batches of the training one)."""
+    out = tmp_path / "run"
+    common = ("train.train_iter=4", "train.evaluation.eval_period=4")
+    same = ("train.num_accumulation_steps=2",)
+    layout = ("train.dist.context_parallel_size=2", "train.dist.pipeline_parallel_size=2")
+    train_net(sample_env, out, *common, *same, *layout, nproc=4)
+    got = read_metrics(out)
+    want = one_process_metrics(*common, *same, "train.test_micro_batch_size=8")
+    for i in range(4):
+        assert got[i]["total_loss"] == pytest.approx(want[i]["total_loss"], abs=1e-5), i
+    assert got[3]["ppl"] == pytest.approx(want[3]["ppl"], rel=1e-5)
+
+
 def test_data_parallel_and_zero_stages_equal_one_process(sample_env, tmp_path, monkeypatch):
     """train.dist.data_parallel_size=2, alone and with train.zero_optimization.stage 1/2/3,
     through tools/train_net.py's own main on 2 ranks: the losses of every iteration and the

@@ -44,8 +44,8 @@ def check(model_name: str, layout: dict, ref: dict) -> dict:
     util = dist.setup_dist_util(dict(layout["dist"]))
     dp, rank = util.data_parallel_size, util.data_parallel_rank
     model = build(**layout.get("model_overrides", {}))
-    positions = block_positions(model)
     runner = ModelRunner(model, num_microbatches=layout.get("microbatches", 1))
+    positions = block_positions(runner.model)  # a block of this rank's pipeline stage
     if layout.get("zero") == 3:  # FSDP2 over the dp x cp ranks, before the optimizer
         prepare_model(runner, 3)
     optimizer = make_optimizer(model)
@@ -162,7 +162,8 @@ def main():
         for layout in layouts:
             for model_name in layout["models"]:
                 results.append(check(model_name, layout, refs[model_name]))
-            attention[layout["name"]] = bidirectional_attention(layout)
+            if "pipeline_parallel_size" not in layout["dist"]:  # one layer: no stages
+                attention[layout["name"]] = bidirectional_attention(layout)
         return {"results": results, "bidirectional": attention}
 
     run_checks(out_dir, checks)

@@ -172,7 +172,7 @@ def test_model_option_default_and_eval(name):
         want = plain.loss_func(plain.GPT_model(batch["input_ids"]), batch["labels"])
     else:
         logits = plain.lm_head(plain.model(batch["input_ids"])["last_hidden_state"])
-        want = plain.pipeline_loss(logits, batch["labels"])
+        want = plain.pipeline_loss(logits, plain.pipeline_target(batch))
     assert torch.equal(plain(**batch)["lm_loss"], want)
 
     chunked = build(name, 8).eval()

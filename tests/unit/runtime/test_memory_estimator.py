@@ -162,6 +162,13 @@ LAYOUTS = [
         "microbatches": 2,
     },
     {"name": "dp4_hsdp", "dist": {}, "stages": [None, 3], "hsdp": 2},
+    # cp2 x pp2: each stage's parameters, ZeRO 1/2/3 over the 2 cp ranks of a stage
+    {
+        "name": "cp2_pp2",
+        "dist": {"context_parallel_size": 2, "pipeline_parallel_size": 2, "pipeline_num_layers": 4},
+        "stages": [None, 1, 2, 3],
+        "microbatches": 2,
+    },
     # dp2 x cp2: ZeRO 1/2/3 shard over the 4 dp x cp ranks; a share of each sequence
     {
         "name": "dp2_cp2",
