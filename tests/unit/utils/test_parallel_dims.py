@@ -125,19 +125,20 @@ def test_context_parallel_size_is_a_layout_key():
         dist.resolve_layout({"context_parallel_size": 0}, 4)
 
 
-def test_context_parallel_with_what_is_not_built_is_refused():
-    with pytest.raises(
-        ValueError,
-        match="context_parallel_size > 1 with pipeline_parallel_size > 1 is not supported yet",
-    ):
-        dist.resolve_layout(
-            {"context_parallel_size": 2, "pipeline_parallel_size": 2, "pipeline_num_layers": 2}, 8
-        )
-    # sequence parallel composes: it splits each rank's share again over tp
+def test_context_parallel_composes_with_pipeline_and_sequence_parallel():
+    """cp takes its ranks beside pp (dp = world / (tp pp cp)); sequence parallel splits each
+    rank's share again over tp."""
+    layout = dist.resolve_layout(
+        {"context_parallel_size": 2, "pipeline_parallel_size": 2, "pipeline_num_layers": 2}, 8
+    )
+    assert (layout.context_parallel_size, layout.pipeline_parallel_size) == (2, 2)
+    assert layout.data_parallel_size == 2
     layout = dist.resolve_layout(
         {"context_parallel_size": 2, "tensor_parallel_size": 2, "sequence_parallel": True}, 8
     )
     assert layout.sequence_parallel and layout.context_parallel_size == 2
+    with pytest.raises(ValueError, match=r"not divisible by .* x context_parallel_size \(2\)"):
+        dist.resolve_layout({"context_parallel_size": 2, "pipeline_parallel_size": 2}, 6)
 
 
 def test_the_gradient_group_is_dp_times_cp_of_the_ranks_pp_and_tp():
