@@ -13,6 +13,10 @@ def held_activation_bytes(runner, batch) -> int:
     import gc
 
     def storages():
+        # unreachable cycles first: a tensor only garbage holds (an earlier test's, or a
+        # collective's work object awaiting the collector) is not a held activation, and
+        # whether the collector ran before this point would otherwise change the count
+        gc.collect()
         found = {}
         for obj in gc.get_objects():
             try:
