@@ -64,8 +64,7 @@ DIST_CONFIG_KEYS = {
     # ours (Megatron's name): each sequence split over this many ranks, attention across them
     "context_parallel_size": 1,
     # ours (Megatron's expert_model_parallel_size): Mixture-of-Experts layers' experts
-    # sharded over this many of the data x context ranks; refused above 1 until a model
-    # has such layers
+    # sharded over this many of the data-parallel ranks (libai.layers.moe)
     "expert_parallel_size": 1,
 }
 
@@ -114,6 +113,9 @@ class DistLayout:
     sequence_parallel: bool = False
     #: ranks each sequence is split over (context parallel, :mod:`libai.layers.context_parallel`)
     context_parallel_size: int = 1
+    #: data-parallel ranks the experts of Mixture-of-Experts layers are split over
+    #: (:mod:`libai.layers.moe`); each expert is replicated over ``dp / ep`` of them
+    expert_parallel_size: int = 1
 
     @property
     def num_stages(self) -> int:
@@ -128,6 +130,7 @@ class DistLayout:
             dp_shard=self.data_parallel_size,
             cp=self.context_parallel_size,
             tp=self.tensor_parallel_size,
+            ep=self.expert_parallel_size,
         )
 
 
@@ -155,11 +158,11 @@ def resolve_layout(dist_cfg, world_size: int) -> DistLayout:
     dims = ParallelDims.resolve(
         world_size, tp=tp, pp=pp, cp=cp, ep=ep, dp=cfg["data_parallel_size"]
     )
-    if ep > 1:
+    if ep > 1 and cp > 1:
         raise ValueError(
-            f"train.dist.expert_parallel_size={ep}: expert parallelism shards the experts of "
-            "Mixture-of-Experts layers, and no model here has such layers yet. Set "
-            "expert_parallel_size=1."
+            f"train.dist.expert_parallel_size={ep} with context_parallel_size={cp}: experts "
+            "borrow data-parallel ranks only, not context-parallel ones, so far. Set one of "
+            "them to 1."
         )
     sequence_parallel = _sequence_parallel(cfg["sequence_parallel"], tp)
     dp = dims.dp
@@ -198,6 +201,7 @@ def resolve_layout(dist_cfg, world_size: int) -> DistLayout:
         pipeline_schedule=str(cfg["pipeline_schedule"]),
         sequence_parallel=sequence_parallel,
         context_parallel_size=cp,
+        expert_parallel_size=ep,
     )
 
 
@@ -265,6 +269,7 @@ class DistUtil:
         #: gradients and the loss are averaged over them
         self.grad_group, self.grad_size = self._new_grad_group()
         self.embedding_group = self._new_embedding_group()
+        self._new_expert_groups()
 
     def __deepcopy__(self, memo):
         """A mesh is shared, never copied: a deep copy of a model (a pipeline stage's copy)
@@ -288,7 +293,9 @@ class DistUtil:
             return self.dp_group, size
         ranks = self.mesh.mesh  # ("pp", "dp", "cp", "tp")
         pp_tp = itertools.product(range(ranks.shape[0]), range(ranks.shape[3]))
-        return self._own_group([int(r) for r in ranks[p, :, :, t].flatten()] for p, t in pp_tp), size
+        return self._own_group(
+            [int(r) for r in ranks[p, :, :, t].flatten()] for p, t in pp_tp
+        ), size
 
     def _own_group(self, member_lists):
         """A process group for each list of ranks (a collective: every rank creates every
@@ -303,6 +310,48 @@ class DistUtil:
     @property
     def context_parallel_size(self) -> int:
         return self.layout.context_parallel_size
+
+    @property
+    def expert_parallel_size(self) -> int:
+        return self.layout.expert_parallel_size
+
+    def _new_expert_groups(self) -> None:
+        """The expert layout (:mod:`libai.layers.moe`): the data-parallel ranks of a stage
+        split as ``dp = edp x ep`` (neighbouring dp ranks form an ep group).
+
+        - ``ep_group``: the ranks whose experts together make a layer's experts, and among
+          which tokens are exchanged (same pp, tp and edp coordinate);
+        - ``expert_grad_group``: the ranks holding the same experts (edp; ``None`` when one):
+          expert gradients are summed there;
+        - ``expert_mesh``: the stage's ``("edp", "ep", "tp")`` mesh, dims of size > 1 only
+          (``None`` for one process), on which expert weights are DTensors ``Shard(0)`` over ep.
+        """
+        layout, ep = self.layout, self.layout.expert_parallel_size
+        self.expert_parallel_rank, self.ep_group, self.expert_grad_group = 0, None, None
+        self.expert_mesh, self.expert_dims = None, ()
+        if ep == 1:  # experts are laid out like any replicated weight
+            self.expert_mesh, self.expert_dims = self.stage_mesh, self.stage_dims
+            return
+        pp, dp, tp = (
+            layout.pipeline_parallel_size,
+            layout.data_parallel_size,
+            layout.tensor_parallel_size,
+        )
+        edp = dp // ep
+        ranks = self.mesh.mesh.reshape(pp, edp, ep, tp)  # cp is 1 under expert parallel
+        full = DeviceMesh(self.mesh.device_type, ranks, mesh_dim_names=("pp", "edp", "ep", "tp"))
+        coord = dict(zip(full.mesh_dim_names, full.get_coordinate()))
+        self.expert_parallel_rank = coord["ep"]
+        self.ep_group = full["ep"].get_group()
+        self.expert_grad_group = full["edp"].get_group() if edp > 1 else None
+        self.expert_dims = tuple(n for n, s in (("edp", edp), ("ep", ep), ("tp", tp)) if s > 1)
+        self.expert_mesh = full[self.expert_dims]
+
+    def get_expert_sbp(self) -> list[Placement]:
+        """The placements of an expert weight ``[experts, ...]`` on :attr:`expert_mesh`:
+        ``Shard(0)`` over ep, replicated over edp and tp."""
+        by_dim = {"edp": broadcast, "ep": split(0), "tp": broadcast, "dp": broadcast}
+        return [by_dim[name] for name in self.expert_dims]
 
     def _new_embedding_group(self):
         """Group of {first stage, last stage} ranks with the same (dp, tp) coordinate.

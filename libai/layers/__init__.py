@@ -12,6 +12,7 @@ from libai.layers.layer_norm import LayerNorm, RMSLayerNorm
 from libai.layers.linear import Linear
 from libai.layers.lm_logits import LMLogits
 from libai.layers.mlp import MLP
+from libai.layers.moe import MoE, MoEConfig, collect_moe_losses
 from libai.layers.param import (
     create_parameter,
     init_method_normal,
@@ -34,6 +35,8 @@ __all__ = [
     "LayerNorm",
     "Linear",
     "MLP",
+    "MoE",
+    "MoEConfig",
     "MultiheadAttention",
     "ParallelCrossEntropyLoss",
     "RMSLayerNorm",
@@ -44,6 +47,7 @@ __all__ = [
     "apply_rotary_pos_emb",
     "build_norm",
     "chunked_lm_loss",
+    "collect_moe_losses",
     "copy_to_tp",
     "create_parameter",
     "gather_from_tp",

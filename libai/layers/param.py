@@ -79,6 +79,7 @@ def create_parameter(
     padded_shape: Sequence[int] | None = None,
     dtype: torch.dtype = torch.float32,
     seed: int | None = None,
+    expert_split: bool = False,
 ) -> nn.Parameter:
     """Create this rank's share of a parameter whose full value is ``init_method(shape)``.
 
@@ -90,7 +91,12 @@ def create_parameter(
         padded_shape: full shape after padding (e.g. vocab rounded up to a multiple of tp);
             the padding is zero-filled and never touches the RNG stream.
         seed: reuse another parameter's seed (a tied copy on another stage).
+        expert_split: the stacked weights of a Mixture-of-Experts layer ``[experts, ...]``:
+            dim 0 sharded over the expert-parallel ranks, on the mesh's expert mesh
+            (``tp_split_dim`` must be None: experts are whole on every tp rank).
     """
+    if expert_split and tp_split_dim is not None:
+        raise ValueError("an expert weight is not split over tensor-parallel ranks")
     if seed is None:
         seed = int(torch.randint(0, 2**62, (1,), device="cpu").item())  # the CPU stream
     padded_shape = tuple(padded_shape or shape)
@@ -104,12 +110,19 @@ def create_parameter(
     local_shape = list(padded_shape)
     if tp_split_dim is not None:
         local_shape[tp_split_dim] //= tp
+    ep = util.layout.expert_parallel_size if expert_split else 1
+    if padded_shape[0] % ep:
+        raise ValueError(
+            f"{padded_shape[0]} experts do not split over train.dist.expert_parallel_size={ep}; "
+            "use an expert_parallel_size that divides the number of experts"
+        )
+    local_shape[0] //= ep
     if not util.is_layer_local(layer_idx):
         param = nn.Parameter(torch.empty(local_shape, dtype=dtype, device="meta"))
         param.libai_global_shape = tuple(shape)  # the meta tensor has the tp-local shape
     elif _SKIP_INIT:
         local = torch.empty(local_shape, dtype=dtype, device=util.device)
-        param = nn.Parameter(_wrap(local, tp_split_dim, util))
+        param = nn.Parameter(_wrap(local, tp_split_dim, util, expert_split))
         param.libai_deferred_init = (
             tuple(shape),
             padded_shape,
@@ -117,10 +130,13 @@ def create_parameter(
             seed,
             tp_split_dim,
             util,
+            expert_split,
         )
     else:
         full = _full_value(shape, padded_shape, init_method, seed, dtype, util.device)
-        param = nn.Parameter(_shard(full, tp_split_dim, util))
+        param = nn.Parameter(_shard(full, tp_split_dim, util, expert_split))
+    if expert_split:
+        param.libai_expert = True  # its gradient is reduced over the expert-data ranks
     param.libai_init_seed = seed  # lets a tied copy on another stage start equal
     if padded_shape != tuple(shape):  # checkpoints store the logical (unpadded) shape
         param.libai_logical_shape = tuple(shape)
@@ -130,9 +146,9 @@ def create_parameter(
 def init_deferred(param: nn.Parameter) -> None:
     """Give a parameter created under :func:`skip_init` the value it would have had (on the
     mesh it was created on)."""
-    shape, padded_shape, init_method, seed, tp_split_dim, util = param.libai_deferred_init
+    shape, padded_shape, init_method, seed, tp_split_dim, util, experts = param.libai_deferred_init
     full = _full_value(shape, padded_shape, init_method, seed, param.dtype, util.device)
-    value = _shard(full, tp_split_dim, util)
+    value = _shard(full, tp_split_dim, util, experts)
     with torch.no_grad():
         local_value(param).copy_(local_value(value))
 
@@ -149,9 +165,13 @@ def _full_value(shape, padded_shape, init_method, seed, dtype, device) -> torch.
     return full.to(device)
 
 
-def _shard(full: torch.Tensor, tp_split_dim: int | None, util) -> torch.Tensor:
-    """Cut this rank's tp shard out of ``full`` and wrap it as a DTensor on ``util``'s stage
-    mesh."""
+def _shard(full: torch.Tensor, tp_split_dim: int | None, util, experts=False) -> torch.Tensor:
+    """Cut this rank's tp (or, for ``experts``, ep) shard out of ``full`` and wrap it as a
+    DTensor on ``util``'s stage (expert) mesh."""
+    if experts:
+        ep = util.layout.expert_parallel_size
+        local = full.chunk(ep, dim=0)[util.expert_parallel_rank].contiguous() if ep > 1 else full
+        return _wrap(local, None, util, experts=True)
     if util.stage_mesh is None:
         return full
     local = full
@@ -162,9 +182,13 @@ def _shard(full: torch.Tensor, tp_split_dim: int | None, util) -> torch.Tensor:
     return _wrap(local, tp_split_dim, util)
 
 
-def _wrap(local: torch.Tensor, tp_split_dim: int | None, util) -> torch.Tensor:
-    """This rank's shard as a DTensor on ``util``'s stage mesh (a plain tensor on one
-    process)."""
+def _wrap(local: torch.Tensor, tp_split_dim: int | None, util, experts=False) -> torch.Tensor:
+    """This rank's shard as a DTensor on ``util``'s stage mesh, or its expert mesh for
+    ``experts`` (a plain tensor on one process)."""
+    if experts:
+        if util.expert_mesh is None:
+            return local
+        return DTensor.from_local(local, util.expert_mesh, util.get_expert_sbp(), run_check=False)
     if util.stage_mesh is None:
         return local
     tp_sbp = dist.broadcast

@@ -12,6 +12,7 @@ from libai.layers.checkpointing import checkpointed
 from libai.layers.kv_cache import LayerKVCache
 from libai.layers.layer_norm import LayerNorm, RMSLayerNorm
 from libai.layers.mlp import MLP
+from libai.layers.moe import MoE, MoEConfig
 from libai.layers.param import InitMethod, default_init_method
 
 
@@ -39,6 +40,10 @@ class TransformerLayer(nn.Module):
 
     ``bias`` sets the biases of the attention output and the MLP; ``qkv_bias`` /
     ``mlp_bias`` override it for the q/k/v projections / the MLP (e.g. Qwen2: q/k/v only).
+
+    ``moe`` (a :class:`~libai.layers.moe.MoEConfig`) makes the feed-forward a Mixture of
+    Experts (:class:`~libai.layers.moe.MoE`, experts of ``ffn_hidden_size`` unless the config
+    sets theirs) with the MLP's activation and gating.
 
     ``sequence_parallel=True`` (Megatron's sequence parallel, ``train.dist.sequence_parallel``;
     not with ``is_decoder``): ``hidden_states`` and the output are this rank's share of the
@@ -72,6 +77,7 @@ class TransformerLayer(nn.Module):
         mlp_bias: bool | None = None,
         sequence_parallel: bool = False,
         apply_residual_post_layernorm: bool = False,
+        moe: MoEConfig | None = None,
     ):
         super().__init__()
         if sequence_parallel and is_decoder:
@@ -119,6 +125,18 @@ class TransformerLayer(nn.Module):
         self.post_cross_attention_layernorm = build_norm(
             norm_type, hidden_size, layernorm_epsilon, **sp
         )
+        if moe is not None:
+            self.mlp = MoE(
+                hidden_size,
+                ffn_hidden_size,
+                moe,
+                activation,
+                gated_mlp,
+                init_method,
+                output_layer_init_method,
+                **sp,
+            )
+            return
         self.mlp = MLP(
             hidden_size,
             ffn_hidden_size,

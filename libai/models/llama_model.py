@@ -20,11 +20,13 @@ from libai import dist
 from libai.config import configurable
 from libai.layers import (
     LMLogits,
+    MoEConfig,
     ParallelCrossEntropyLoss,
     RMSLayerNorm,
     RotaryEmbedding,
     TransformerLayer,
     VocabEmbedding,
+    collect_moe_losses,
     init_method_normal,
 )
 from libai.layers.chunked_loss import check_loss_chunk_size, chunked_lm_loss, lm_head_input
@@ -37,7 +39,7 @@ from libai.layers.rotary import rope_type
 from libai.models.utils.hf_kwargs import accepts_hf_keywords
 
 IGNORE_INDEX = -100
-MODEL_TYPES = ("llama", "qwen2")
+MODEL_TYPES = ("llama", "qwen2", "mixtral", "qwen2_moe")
 
 
 def shift_labels(labels: torch.Tensor, ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
@@ -84,10 +86,13 @@ class LlamaModel(nn.Module):
         qkv_bias: biases on q, k, v only (Qwen2).
         mlp_bias: biases in the MLP (transformers' Llama ``mlp_bias``).
         tie_word_embeddings: read by :class:`LlamaForCausalLM` (and the Hugging Face export).
-        model_type: ``"llama"`` or ``"qwen2"``: which Hugging Face family an export writes.
+        model_type: ``"llama"``, ``"qwen2"``, ``"mixtral"`` or ``"qwen2_moe"``: which Hugging
+            Face family an export writes.
         loss_chunk_size: read by :class:`LlamaForCausalLM`: tokens per chunk of its training
             loss (:func:`~libai.layers.chunked_lm_loss`, the head + cross entropy without all
             the ``[tokens, vocab]`` logits at once); ``None`` = the plain loss. Not exported.
+        moe: Mixture-of-Experts blocks (Mixtral, Qwen2-MoE): the keys of
+            :class:`~libai.layers.MoEConfig` (``num_experts``, ``top_k``, ...); ``None``: dense.
     """
 
     @configurable
@@ -112,6 +117,7 @@ class LlamaModel(nn.Module):
         tie_word_embeddings: bool = False,
         model_type: str = "llama",
         loss_chunk_size: int | None = None,
+        moe: dict | None = None,
     ):
         super().__init__()
         if model_type not in MODEL_TYPES:
@@ -123,6 +129,7 @@ class LlamaModel(nn.Module):
         head_dim = head_dim or hidden_size // num_attention_heads
         init_method = init_method_normal(initializer_range)
         self.num_layers = hidden_layers
+        self.moe = moe = MoEConfig.of(moe)
         self.sequence_parallel = sp = dist.is_sequence_parallel()
         #: the mesh this model is built on (a sequence-parallel forward's tp size)
         self._dist_util = util = dist.capture_mesh()
@@ -150,6 +157,7 @@ class LlamaModel(nn.Module):
                 attn_mask_type="causal",
                 layer_idx=i,
                 sequence_parallel=sp,
+                moe=moe if moe is not None and moe.is_moe_layer(i) else None,
             )
 
         # A ModuleDict keyed by layer index: a pipeline stage drops the others, names stay.
@@ -293,13 +301,14 @@ class LlamaForCausalLM(nn.Module):
             targets = _shift(labels)
         chunk = self.model.loss_chunk_size
         if targets is not None and self.training and not use_cache and chunk:  # the loss only
-            return {"lm_loss": chunked_lm_loss(hidden, self.lm_head, targets, chunk, IGNORE_INDEX)}
+            loss = chunked_lm_loss(hidden, self.lm_head, targets, chunk, IGNORE_INDEX)
+            return {"lm_loss": loss, **collect_moe_losses(self)}
         logits = self.lm_head(hidden)  # [S(0), S(-1)]: this rank's vocab shard
         out = {}
         if targets is not None:
             out["lm_loss"] = self.loss_func(logits, targets)
             if self.training and not use_cache:
-                return out
+                return {**out, **collect_moe_losses(self)}
         out["logits"] = self.lm_head.gather(logits)
         if use_cache:
             out["past_key_values"] = presents

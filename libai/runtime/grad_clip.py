@@ -90,10 +90,23 @@ def clip_grad_norm_(
     # the last stage's copy of a tied weight is already counted on the first stage
     counted = [p for p in parameters if not getattr(p, "libai_tied_copy", False)]
     terms = _parameter_terms(counted, norm_type, dp_sharded, util, shard_group)
+    op = torch_dist.ReduceOp.MAX if norm_type == float("inf") else torch_dist.ReduceOp.SUM
+    # expert weights split over ep (libai.layers.moe): each ep rank counts its own experts
+    ep_group = getattr(util, "ep_group", None)
+    is_expert = [ep_group is not None and getattr(p, "libai_expert", False) for p in counted]
+    experts = _combine([t for t, e in zip(terms, is_expert) if e], norm_type, util.device)
+    if any(is_expert):
+        torch_dist.all_reduce(experts, op=op, group=ep_group)
+    terms = [t for t, e in zip(terms, is_expert) if not e]
+    counted = [p for p, e in zip(counted, is_expert) if not e]
     is_sharded = [_is_tp_sharded(p, util) for p in counted]
     sharded = _combine([t for t, s in zip(terms, is_sharded) if s], norm_type, util.device)
     replicated = _combine([t for t, s in zip(terms, is_sharded) if not s], norm_type, util.device)
-    op = torch_dist.ReduceOp.MAX if norm_type == float("inf") else torch_dist.ReduceOp.SUM
+    replicated = (
+        torch.maximum(replicated, experts)
+        if op == torch_dist.ReduceOp.MAX
+        else (replicated + experts)
+    )
     if util.tp_group is not None:
         torch_dist.all_reduce(sharded, op=op, group=util.tp_group)
     total = (

@@ -7,6 +7,9 @@
 - **data parallel** (dp x cp under context parallel: every rank holding the same
   parameters): the gradients are averaged -- by ZeRO's sharder when ZeRO 2/3 is on, by the
   bucketed all-reduce that overlapped backward when it ran, else by bucketed all-reduces here;
+  under expert parallel the experts' gradients (``libai_expert``) are summed over the ranks
+  holding the same experts instead (the expert-data group) and divided by the same dp size:
+  each already sums the contributions of its ep group's tokens (through the all-to-all);
 - **sequence parallel**: the gradients of parameters marked ``libai_sequence_parallel`` are
   summed over tp (:mod:`libai.runtime.sequence_parallel`).
 
@@ -34,6 +37,19 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
+def _average(params, group, size: int) -> None:
+    """The gradients of ``params`` summed over ``group`` (none: this rank's) and divided by
+    ``size``, in buckets."""
+    grads = [_local(p.grad) for p in params if p.grad is not None]
+    for bucket in bucket_tensors(grads):
+        flat = _flatten_dense_tensors(bucket)
+        if group is not None:
+            torch_dist.all_reduce(flat, group=group)
+        flat /= size
+        for g, synced in zip(bucket, _unflatten_dense_tensors(flat, bucket)):
+            g.copy_(synced)
+
+
 class GradientSync:
     """The gradient reductions of ``model`` (after its pipeline split) on ``util``'s mesh.
 
@@ -50,6 +66,15 @@ class GradientSync:
             p for p in model.parameters() if getattr(p, "libai_tied_group", None) is not None
         ]
         self.sequence_parallel_names = sequence_parallel_parameter_names(model)
+        #: expert weights sharded over ep (libai.layers.moe): reduced over the expert-data
+        #: ranks, not all dp ranks
+        self.expert_parameters = [
+            p
+            for p in model.parameters()
+            if getattr(p, "libai_expert", False) and util.expert_parallel_size > 1
+        ]
+        expert_ids = {id(p) for p in self.expert_parameters}
+        self.dense_parameters = [p for p in model.parameters() if id(p) not in expert_ids]
         #: ZeRO stage 2/3 (libai.runtime.zero / fsdp): replaces the dp all-reduce
         self.sharder = None
         self.reducer = None  # the overlapped reducer, built on first use
@@ -66,7 +91,7 @@ class GradientSync:
             from libai.runtime.grad_overlap import OverlappedGradReducer
 
             self.reducer = OverlappedGradReducer(
-                list(self.model.parameters()), util.grad_group, util.grad_size
+                self.dense_parameters, util.grad_group, util.grad_size
             )
         return self.reducer
 
@@ -83,13 +108,9 @@ class GradientSync:
         elif self.reducer is not None and self.reducer.armed:
             self.reducer.finish()  # launched during backward
         elif util.grad_group is not None:
-            grads = [_local(p.grad) for p in self.model.parameters() if p.grad is not None]
-            for bucket in bucket_tensors(grads):
-                flat = _flatten_dense_tensors(bucket)
-                torch_dist.all_reduce(flat, group=util.grad_group)
-                flat /= util.grad_size
-                for g, synced in zip(bucket, _unflatten_dense_tensors(flat, bucket)):
-                    g.copy_(synced)
+            _average(self.dense_parameters, util.grad_group, util.grad_size)
+        if self.expert_parameters:
+            _average(self.expert_parameters, util.expert_grad_group, util.grad_size)
         all_reduce_sequence_parallel_grads(self.model, self.sequence_parallel_names, util.tp_group)
 
     def reduce_loss(self, loss: torch.Tensor) -> torch.Tensor:

@@ -22,6 +22,11 @@ import torch
 from torch import nn
 
 from libai import dist
+from libai.layers.moe import (
+    aux_loss_grad_scale,
+    check_expert_parallel_support,
+    update_expert_biases,
+)
 from libai.models.contract import loss_terms, total_loss
 from libai.runtime import forward_only
 from libai.runtime.amp import DynamicLossScaler, autocast
@@ -90,6 +95,7 @@ class ModelRunner:
         layout = util.layout
         check_sequence_parallel_support(model, layout)
         check_context_parallel_support(model, layout, loss_fn)
+        check_expert_parallel_support(model, layout)
         if not isinstance(num_microbatches, int) or num_microbatches < 1:
             raise ValueError(
                 f"num_microbatches must be a positive integer, got {num_microbatches!r}"
@@ -185,7 +191,9 @@ class ModelRunner:
         """
         terms: dict[str, torch.Tensor] = {}
         if self.pipeline:  # the schedule's loss: its terms stay on the last stage
-            loss = self.stage_schedule.step(self._context_share(batch))
+            # (the schedule divides the gradients by the micro-batches after backward)
+            with aux_loss_grad_scale(self._loss_scale):
+                loss = self.stage_schedule.step(self._context_share(batch))
         else:
             loss, terms = self._local_step(self._context_share(batch))
         self.sync_gradients()
@@ -203,7 +211,8 @@ class ModelRunner:
                 loss, terms = self._loss_and_terms(batch)
             if reducer is not None:
                 reducer.arm()
-            self._backward(loss if scale == 1.0 else loss * scale)
+            with aux_loss_grad_scale(scale):
+                self._backward(loss if scale == 1.0 else loss * scale)
             return loss.detach().float(), {k: v.detach().float() for k, v in terms.items()}
         total = torch.zeros((), device=self.util.device)
         sums: dict[str, torch.Tensor] = {}
@@ -212,7 +221,8 @@ class ModelRunner:
                 loss, terms = self._loss_and_terms(chunk)
             if reducer is not None and i == n - 1:  # gradients are final in the last one
                 reducer.arm()
-            self._backward(loss * (scale / n))
+            with aux_loss_grad_scale(scale / n):
+                self._backward(loss * (scale / n))
             total += loss.detach().float() / n
             for key, value in terms.items():
                 sums[key] = sums.get(key, 0) + value.detach().float() / n
@@ -283,6 +293,7 @@ class ModelRunner:
             self.last_grad_norm = self.clip_grad_norm_(max_grad_norm, norm_type, params)
         optimizer.step()  # under O2 it ends by rounding the masters into the parameters
         optimizer.zero_grad(set_to_none=True)
+        update_expert_biases(self.model)  # MoE routers' auxiliary-loss-free balancing
         return True
 
     def backward(self, loss: torch.Tensor, num_microbatches: int = 1) -> None:
@@ -290,7 +301,8 @@ class ModelRunner:
         scale, divided by ``num_microbatches``, through ``backward_fn`` if one was given.
         (For a loop of your own; call :meth:`sync_gradients` before the optimizer step.)"""
         scale = self._loss_scale / num_microbatches
-        self._backward(loss if scale == 1.0 else loss * scale)
+        with aux_loss_grad_scale(scale):
+            self._backward(loss if scale == 1.0 else loss * scale)
 
 
 def train_step(runner: ModelRunner, batch: Mapping[str, torch.Tensor], optimizer) -> float:

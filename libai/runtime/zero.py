@@ -79,6 +79,13 @@ def resolve_zero_stage(zero_cfg, layout) -> int | None:
             "without ZeRO",
         )
         return None
+    ep = getattr(layout, "expert_parallel_size", 1)
+    if ep > 1:
+        raise ValueError(
+            f"train.zero_optimization (stage {stage}) with train.dist.expert_parallel_size={ep} "
+            "is not supported yet: the expert weights are sharded over the data-parallel "
+            "ranks already. Turn ZeRO off or set expert_parallel_size=1."
+        )
     replicate = zero_cfg.get("hsdp_replicate_size", 1)
     replicate = 1 if replicate is None else replicate
     dp = layout.data_parallel_size

@@ -22,6 +22,8 @@ LOADERS = {
     "mt5": "libai.models.utils.model_loader.t5_loader:T5LoaderHuggerFace",
     "llama": "libai.models.utils.model_loader.llama_loader:LlamaLoaderHuggerFace",
     "qwen2": "libai.models.utils.model_loader.llama_loader:LlamaLoaderHuggerFace",
+    "mixtral": "libai.models.utils.model_loader.moe_loader:MoELoaderHuggerFace",
+    "qwen2_moe": "libai.models.utils.model_loader.moe_loader:MoELoaderHuggerFace",
     "vit": "libai.models.utils.model_loader.vit_loader:ViTLoaderHuggerFace",
     "swin": "libai.models.utils.model_loader.swin_loader:SwinLoaderHuggerFace",
     "swinv2": "libai.models.utils.model_loader.swin_loader:Swinv2LoaderHuggerFace",
@@ -45,8 +47,21 @@ def get_loader_class(model_type: str) -> type[ModelLoaderHuggerFace]:
     return getattr(importlib.import_module(module), name)
 
 
+def _model_type(model: nn.Module) -> str | None:
+    """The ``model_type`` hyper-parameter of ``model`` or of its backbone, if it has one."""
+    for module in (model, getattr(model, "model", None)):
+        cfg = getattr(module, "libai_cfg", None)
+        if isinstance(cfg, dict) and cfg.get("model_type") in LOADERS:
+            return cfg["model_type"]
+    return None
+
+
 def loader_for_model(model: nn.Module) -> type[ModelLoaderHuggerFace]:
-    """The loader class that can export ``model``'s libai class."""
+    """The loader class that can export ``model``'s libai class (its own ``model_type``'s
+    where one class serves several families)."""
+    own = _model_type(model)
+    if own is not None and libai_class(model) in get_loader_class(own).libai_classes():
+        return get_loader_class(own)
     for model_type in LOADERS:
         loader = get_loader_class(model_type)
         if libai_class(model) in loader.libai_classes():

@@ -203,7 +203,7 @@ def expected_shapes(rule: Rule, logical_shape) -> dict[str, tuple[int, ...]]:
 
 def _format(value, kw):
     if isinstance(value, str):
-        return value.format(**kw)
+        return value.replace("{i}", str(kw["i"]))
     if isinstance(value, Src):
         return replace(value, name=value.name.format(**kw))
     if isinstance(value, tuple):
@@ -227,3 +227,32 @@ def expand(table: list[Rule], num_layers: int) -> list[Rule]:
 
 def _fields(rule: Rule) -> list[str]:
     return [f.name for f in fields(rule)]
+
+
+@dataclass(frozen=True)
+class StackedExperts(Rule):
+    """A libai expert weight ``[E, ...]`` from one Hugging Face tensor per expert:
+    ``hf_template`` with ``<e>`` standing for the expert index (Mixtral's
+    ``experts.<e>.w1.weight``). An expert-parallel shard (dim 0) reads only its experts."""
+
+    libai_name: str
+    hf_template: str
+    num_experts: int
+
+    def _name(self, e: int) -> str:
+        return self.hf_template.replace("<e>", str(e))
+
+    def hf_names(self) -> list[str]:
+        return [self._name(e) for e in range(self.num_experts)]
+
+    def load(self, reader, padded_shape, logical_shape, shard):
+        if shard is not None and shard.dim != 0:
+            raise ValueError(f"{self.libai_name}: experts are split along dim 0 only")
+        start, stop = _shard_range(self.num_experts, shard)
+        return torch.stack([reader.read(self._name(e)) for e in range(start, stop)])
+
+    def export(self, full):
+        return {self._name(e): full[e] for e in range(self.num_experts)}
+
+    def renamed(self, libai_name: str) -> Rule:
+        return replace(self, libai_name=libai_name)

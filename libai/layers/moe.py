@@ -1,0 +1,431 @@
+"""Mixture of Experts: the layer the Transformer block takes in place of its MLP.
+
+``MoE(x)``: route -> dispatch -> expert FFN -> combine (+ shared experts):
+
+1. **route** (:class:`~libai.layers.moe_router.Router`): each token picks ``top_k`` experts
+   and their weights;
+2. **dispatch**: the assignments are sorted by expert (dropping those over capacity in
+   capacity mode, :func:`~libai.layers.moe_dispatch.capacity_keep`); under expert parallel
+   (``train.dist.expert_parallel_size``) they travel to the rank holding their expert and
+   back (:func:`~libai.layers.moe_dispatch.exchange`);
+3. **expert FFN** (:class:`Experts`): the experts' weights are stacked ``[E, ...]`` and run
+   grouped (``torch._grouped_mm`` where the device and dtype take it, else one matmul per
+   expert: the same numbers);
+4. **combine**: each output row times its routing weight, summed back into its token.
+
+Layout: expert weights are ``Shard(0)`` over the ``ep`` ranks (which are data-parallel
+ranks: each holds ``E / ep`` experts), replicated over the rest. Experts are not
+tensor-parallel: a tp rank holds whole experts, because splitting an expert's few hundred
+columns over tp would trade one all-to-all for an all-reduce per expert call. Without
+sequence parallel the tp ranks route the same tokens (the routed part runs tp times);
+under sequence parallel each routes its share of the sequence and the router and expert
+gradients are summed over tp like the norms'. The balancing losses (see
+:mod:`~libai.layers.moe_router`) join the gradient through the layer's output
+(:func:`aux_loss_grad_scale`) on every layout, pipeline stages included, and are logged as
+the model's ``moe_*_loss`` terms (:func:`collect_moe_losses`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import difflib
+import functools
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from libai import dist
+from libai.layers.linear import Linear
+from libai.layers.mlp import ACTIVATIONS, MLP
+from libai.layers.moe_dispatch import (
+    Permutation,
+    capacity_keep,
+    exchange,
+    expert_capacity,
+)
+from libai.layers.moe_router import (
+    Router,
+    TokenStats,
+    load_balancing_loss,
+    router_z_loss,
+    sequence_load_balancing_loss,
+)
+from libai.layers.param import (
+    InitMethod,
+    create_parameter,
+    default_init_method,
+    local_value,
+    mark_sequence_parallel,
+)
+
+EXPERT_IMPLS = ("auto", "grouped", "looped")
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    """The Mixture-of-Experts settings of a model (``moe=dict(...)`` in its config).
+
+    Which blocks: layer ``i`` is MoE unless ``i < first_dense_layers``, ``i`` is in
+    ``dense_layers`` or ``(i + 1) % layer_freq != 0`` (Qwen-MoE's ``decoder_sparse_step``,
+    DeepSeek's ``first_k_dense_replace``).
+    """
+
+    num_experts: int
+    top_k: int = 2
+    #: the hidden size of each routed expert (default: the model's ffn size)
+    expert_ffn_hidden_size: int | None = None
+    score_func: str = "softmax"
+    norm_topk_prob: bool = True
+    routed_scaling_factor: float = 1.0
+    num_groups: int = 1
+    topk_groups: int | None = None
+    #: DeepSeek-V3's auxiliary-loss-free balancing: a per-expert bias on the choice,
+    #: moved by ``bias_update_rate`` after each optimizer step
+    expert_bias: bool = False
+    bias_update_rate: float = 0.0
+    #: None: dropless; else each expert takes ``ceil(cf * seq * k / E)`` per sequence
+    capacity_factor: float | None = None
+    aux_loss_coeff: float = 0.0
+    seq_aux_loss_coeff: float = 0.0
+    z_loss_coeff: float = 0.0
+    #: shared experts (always on; DeepSeek's n_shared_experts x size, Qwen-MoE's one)
+    shared_expert_ffn_hidden_size: int = 0
+    #: Qwen-MoE's ``sigmoid(x w) * shared(x)``
+    shared_expert_gate: bool = False
+    layer_freq: int = 1
+    first_dense_layers: int = 0
+    dense_layers: tuple[int, ...] = field(default_factory=tuple)
+    expert_impl: str = "auto"
+
+    def __post_init__(self):
+        if self.expert_impl not in EXPERT_IMPLS:
+            raise ValueError(f"moe.expert_impl must be one of {EXPERT_IMPLS}")
+        if self.capacity_factor is not None and self.capacity_factor <= 0:
+            raise ValueError(f"moe.capacity_factor must be > 0 or None, got {self.capacity_factor}")
+        if self.num_experts < 1 or self.layer_freq < 1:
+            raise ValueError("moe.num_experts and moe.layer_freq must be positive")
+
+    @classmethod
+    def of(cls, value) -> MoEConfig | None:
+        """``value`` (a mapping, an omegaconf node or a MoEConfig; None or 0 experts = dense)
+        as a MoEConfig; an unknown key raises naming the closest valid one."""
+        if value is None or isinstance(value, MoEConfig):
+            return value
+        items = {str(k): v for k, v in dict(value).items()}
+        names = [f.name for f in dataclasses.fields(cls)]
+        unknown = [k for k in items if k not in names]
+        if unknown:
+            hints = [
+                f"{k!r}"
+                + "".join(f" (did you mean {c}?)" for c in difflib.get_close_matches(k, names, 1))
+                for k in unknown
+            ]
+            raise ValueError(f"unknown moe key(s) {', '.join(hints)}; valid keys: {names}")
+        if not items.get("num_experts"):
+            return None
+        if "dense_layers" in items:
+            items["dense_layers"] = tuple(int(i) for i in items["dense_layers"] or ())
+        return cls(**items)
+
+    def is_moe_layer(self, layer_idx: int) -> bool:
+        return (
+            layer_idx >= self.first_dense_layers
+            and layer_idx not in self.dense_layers
+            and (layer_idx + 1) % self.layer_freq == 0
+        )
+
+
+# ---- the balancing losses' way into the gradient --------------------------------------------
+_AUX_GRAD_SCALE = [1.0]
+
+
+@contextlib.contextmanager
+def aux_loss_grad_scale(scale: float):
+    """The factor the runtime applies to the loss before backward (fp16 loss scale / number
+    of micro-batches): the balancing losses, which enter backward through the layers'
+    outputs rather than the loss, get the same one."""
+    previous, _AUX_GRAD_SCALE[0] = _AUX_GRAD_SCALE[0], float(scale)
+    try:
+        yield
+    finally:
+        _AUX_GRAD_SCALE[0] = previous
+
+
+class _AttachLoss(torch.autograd.Function):
+    """Identity on ``out``; in backward ``loss`` receives the gradient ``scale`` as if it had
+    been added to the model's loss (Megatron's aux-loss auto-scaler)."""
+
+    @staticmethod
+    def forward(ctx, out, loss):
+        ctx.loss_shape = loss.shape
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, grad.new_full(ctx.loss_shape, _AUX_GRAD_SCALE[0], dtype=torch.float32)
+
+
+def collect_moe_losses(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The weighted balancing losses of ``model``'s MoE layers from their last forward,
+    summed over layers, detached (for the log: their gradient already flows through the
+    layers): ``{"moe_aux_loss", "moe_seq_aux_loss", "moe_z_loss"}`` as configured."""
+    out: dict[str, torch.Tensor] = {}
+    for module in model.modules():
+        if isinstance(module, MoE):
+            for name, value in module.last_losses.items():
+                out[name] = out[name] + value if name in out else value
+            module.last_losses = {}
+    return out
+
+
+@torch.no_grad()
+def update_expert_biases(model: nn.Module) -> None:
+    """The auxiliary-loss-free balancing step of every router with an expert bias (call
+    after each optimizer step)."""
+    for module in model.modules():
+        if isinstance(module, MoE):
+            module.router.update_expert_bias_(module.token_groups)
+
+
+def check_expert_parallel_support(model: nn.Module, layout) -> None:
+    """Raise, before any collective, when ``train.dist.expert_parallel_size`` > 1 but
+    ``model`` has no Mixture-of-Experts layer to shard."""
+    ep = getattr(layout, "expert_parallel_size", 1)
+    if ep > 1 and not any(isinstance(m, MoE) for m in model.modules()):
+        raise ValueError(
+            f"train.dist.expert_parallel_size={ep}, but {type(model).__name__} has no "
+            "Mixture-of-Experts layers to shard; set expert_parallel_size=1, or give the model "
+            "MoE blocks (e.g. moe=dict(num_experts=8, top_k=2))"
+        )
+
+
+# ---- the experts ----------------------------------------------------------------------------
+@functools.cache
+def grouped_mm_supported(device_type: str, dtype: torch.dtype, hidden: int, ffn: int) -> bool:
+    """Whether ``torch._grouped_mm`` runs these shapes on this device (tried once)."""
+    if not hasattr(torch, "_grouped_mm"):
+        return False
+    try:
+        x = torch.zeros(2, hidden, device=device_type, dtype=dtype)
+        w = torch.zeros(2, ffn, hidden, device=device_type, dtype=dtype)
+        offs = torch.tensor([1, 2], device=device_type, dtype=torch.int32)
+        torch._grouped_mm(x, w.transpose(-2, -1), offs=offs)
+        return True
+    except (RuntimeError, NotImplementedError):
+        return False
+
+
+class Experts(nn.Module):
+    """``E`` feed-forward experts stacked: ``w_up [E, F, H]`` (+ ``w_gate`` for a gated
+    activation), ``w_down [E, H, F]``; this rank holds ``E / ep`` of them (``Shard(0)``
+    over the expert-parallel ranks)."""
+
+    def __init__(
+        self,
+        num_experts: int,
+        hidden_size: int,
+        ffn_hidden_size: int,
+        activation: str = "silu",
+        gated: bool = True,
+        init_method: InitMethod = default_init_method,
+        output_layer_init_method: InitMethod | None = None,
+        *,
+        impl: str = "auto",
+        layer_idx: int = 0,
+        sequence_parallel: bool = False,
+    ):
+        super().__init__()
+        self.num_experts, self.gated, self.impl = num_experts, gated, impl
+        self.act = ACTIVATIONS[activation]
+        expert = dict(layer_idx=layer_idx, expert_split=True)
+        self.w_up = create_parameter(
+            (num_experts, ffn_hidden_size, hidden_size), init_method, **expert
+        )
+        self.w_gate = (
+            create_parameter((num_experts, ffn_hidden_size, hidden_size), init_method, **expert)
+            if gated
+            else None
+        )
+        self.w_down = create_parameter(
+            (num_experts, hidden_size, ffn_hidden_size),
+            output_layer_init_method or init_method,
+            **expert,
+        )
+        if sequence_parallel:  # each tp rank runs its share of the tokens
+            mark_sequence_parallel(self.w_up, self.w_gate, self.w_down)
+
+    def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """``x [N, H]`` grouped by local expert (``counts [E / ep]`` rows each) -> ``[N, H]``."""
+        up = local_value(self.w_up)
+        grouped = self._use_grouped(x, up)
+        mm = functools.partial(_grouped_matmul if grouped else _looped_matmul, counts=counts)
+        # [N, H] x [E, F, H]^T (grouped by rows) -> [N, F]
+        h = mm(x, up)
+        h = self.act(mm(x, local_value(self.w_gate))) * h if self.gated else self.act(h)
+        # [N, F] x [E, H, F]^T -> [N, H]
+        return mm(h, local_value(self.w_down))
+
+    def _use_grouped(self, x, w) -> bool:
+        if self.impl != "auto":
+            return self.impl == "grouped"
+        return grouped_mm_supported(x.device.type, x.dtype, w.shape[-1], w.shape[-2])
+
+    def extra_repr(self) -> str:
+        return f"num_experts={self.num_experts}, gated={self.gated}, impl={self.impl}"
+
+
+def _grouped_matmul(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    offs = counts.cumsum(0).to(torch.int32)
+    return torch._grouped_mm(x, w.transpose(-2, -1).to(x.dtype), offs=offs)
+
+
+def _looped_matmul(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    rows = x.split(counts.tolist())
+    return torch.cat([r @ w[e].t().to(x.dtype) for e, r in enumerate(rows)])
+
+
+# ---- the layer ------------------------------------------------------------------------------
+class MoE(nn.Module):
+    """Route -> dispatch -> experts -> combine, in place of a block's :class:`MLP`: input and
+    output ``[batch, seq, hidden]`` (this rank's sequence share under sequence parallel).
+
+    ``config`` is a :class:`MoEConfig`; ``ffn_hidden_size`` the experts' size when the config
+    does not give one; the activation and gating are the model's MLP's.
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        ffn_hidden_size: int,
+        config: MoEConfig,
+        activation: str = "silu",
+        gated: bool = True,
+        init_method: InitMethod = default_init_method,
+        output_layer_init_method: InitMethod | None = None,
+        *,
+        layer_idx: int = 0,
+        sequence_parallel: bool = False,
+    ):
+        super().__init__()
+        self.config = c = config
+        self._dist_util = util = dist.capture_mesh()
+        self.layer_idx, self.sequence_parallel = layer_idx, sequence_parallel
+        sp = dict(layer_idx=layer_idx, sequence_parallel=sequence_parallel)
+        self.router = Router(
+            hidden_size,
+            c.num_experts,
+            c.top_k,
+            score_func=c.score_func,
+            norm_topk_prob=c.norm_topk_prob,
+            routed_scaling_factor=c.routed_scaling_factor,
+            num_groups=c.num_groups,
+            topk_groups=c.topk_groups,
+            expert_bias=c.expert_bias,
+            bias_update_rate=c.bias_update_rate,
+            init_method=init_method,
+            **sp,
+        )
+        self.experts = Experts(
+            c.num_experts,
+            hidden_size,
+            c.expert_ffn_hidden_size or ffn_hidden_size,
+            activation,
+            gated,
+            init_method,
+            output_layer_init_method,
+            impl=c.expert_impl,
+            **sp,
+        )
+        self.shared_experts = None
+        self.shared_expert_gate = None
+        if c.shared_expert_ffn_hidden_size:
+            self.shared_experts = MLP(
+                hidden_size,
+                c.shared_expert_ffn_hidden_size,
+                0.0,
+                activation,
+                gated,
+                False,
+                init_method,
+                output_layer_init_method,
+                **sp,
+            )
+            if c.shared_expert_gate:
+                self.shared_expert_gate = Linear(
+                    hidden_size, 1, False, "data", init_method, layer_idx=layer_idx
+                )
+                if sequence_parallel:
+                    mark_sequence_parallel(self.shared_expert_gate.weight)
+        #: the ranks whose tokens the balancing statistics sum over
+        self.token_stats = TokenStats(util, sequence_parallel)
+        self.token_groups = [
+            g for g in (self.token_stats.tp_group, util.grad_group) if g is not None
+        ]
+        self.ep_group = util.ep_group
+        #: the weighted balancing losses of the last training forward (for the log)
+        self.last_losses: dict[str, torch.Tensor] = {}
+        #: assignments dropped over capacity in the last forward (this rank's tokens)
+        self.last_dropped = 0
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        batch, seq, width = hidden.shape
+        x = hidden.reshape(-1, width)
+        # route: [S(0), B] -> expert ids and weights [S(0), k]
+        routing = self.router(x)
+        keep = None
+        if self.config.capacity_factor is not None:
+            keep = self._capacity_keep(routing.experts.view(batch, seq, -1)).reshape(
+                -1, self.config.top_k
+            )
+        # dispatch: the kept assignments sorted by expert
+        perm = Permutation(routing.experts, self.config.num_experts, keep)
+        self.last_dropped = 0 if keep is None else int(keep.numel() - perm.order.numel())
+        rows = x[perm.tokens]
+        if self.ep_group is None:
+            out = self.experts(rows, perm.counts)
+        else:
+            # [S(0) by expert] -> all-to-all over ep -> experts -> all-to-all back
+            out = exchange(rows, perm.counts, self.ep_group, self.experts)
+        # combine: each row times its weight, summed into its token
+        weights = routing.weights.reshape(-1)[perm.order, None]
+        out = (out.float() * weights).to(x.dtype)
+        y = torch.zeros_like(x).index_add_(0, perm.tokens, out)
+        if self.shared_experts is not None:
+            shared = self.shared_experts(hidden).reshape(-1, width)
+            if self.shared_expert_gate is not None:
+                shared = torch.sigmoid(self.shared_expert_gate(x)) * shared
+            y = y + shared
+        if self.training and torch.is_grad_enabled():
+            y = self._attach_losses(y, routing, batch)
+        return y.view(batch, seq, width)
+
+    def _capacity_keep(self, experts: torch.Tensor) -> torch.Tensor:
+        c = self.config
+        tp_group = self.token_stats.tp_group
+        full_seq = experts.shape[1] * (
+            1 if tp_group is None else self._dist_util.tensor_parallel_size
+        )
+        capacity = expert_capacity(c.capacity_factor, full_seq, c.top_k, c.num_experts)
+        return capacity_keep(experts, c.num_experts, capacity, tp_group)
+
+    def _attach_losses(self, y: torch.Tensor, routing, batch: int) -> torch.Tensor:
+        c, stats = self.config, self.token_stats
+        terms = {}
+        if c.aux_loss_coeff:
+            terms["moe_aux_loss"] = c.aux_loss_coeff * load_balancing_loss(routing, c.top_k, stats)
+        if c.seq_aux_loss_coeff:
+            seq_aux = sequence_load_balancing_loss(routing, c.top_k, batch, stats)
+            terms["moe_seq_aux_loss"] = c.seq_aux_loss_coeff * seq_aux
+        if c.z_loss_coeff:
+            terms["moe_z_loss"] = c.z_loss_coeff * router_z_loss(routing, stats)
+        self.last_losses = {k: v.detach() for k, v in terms.items()}
+        if not terms:
+            return y
+        return _AttachLoss.apply(y, sum(terms.values()))
+
+    def extra_repr(self) -> str:
+        c = self.config
+        mode = "dropless" if c.capacity_factor is None else f"capacity_factor={c.capacity_factor}"
+        return f"layer_idx={self.layer_idx}, {mode}"

@@ -1,0 +1,132 @@
+"""Expert parallel against the single-process references (tests/distributed/test_moe_layouts.py).
+
+For every case (a variant of the tiny MoE Llama and a layout): the initial weights, each
+step's loss and loss terms, every gradient of the first step, the clipping norms and every
+parameter (and expert bias) after STEPS steps equal the reference; the layout is measured:
+each rank's expert weights (their local shapes and bytes), and the rows each rank's experts
+received in the first forward against the router's assignments of the whole ep group,
+counted here from the gathered routing.
+"""
+
+from __future__ import annotations
+
+import json
+
+import torch
+import torch.distributed as torch_dist
+from common import parse_out_dir, run_checks
+from gpt_reference import max_diff
+from moe_reference import build_moe_llama, moe_batch, moe_state, train
+
+from libai import dist
+from libai.layers import MoE
+from libai.layers.param import local_value
+from libai.runtime.parallel import ModelRunner
+
+
+def watch_routing(model) -> tuple[dict, list]:
+    """Hooks recording, for each local MoE layer's first forward, the expert ids its router
+    chose and the rows its experts received."""
+    seen, handles = {}, []
+    for name, moe in ((n, m) for n, m in model.named_modules() if isinstance(m, MoE)):
+
+        def on_router(module, args, out, name=name):
+            seen.setdefault(name + ".experts", out.experts.detach().clone())
+
+        def on_experts(module, args, out, name=name):
+            seen.setdefault(name + ".received", int(args[0].shape[0]))
+
+        handles.append(moe.router.register_forward_hook(on_router))
+        handles.append(moe.experts.register_forward_hook(on_experts))
+    return seen, handles
+
+
+def expected_rows(experts: torch.Tensor, util, num_experts: int) -> int:
+    """The assignments of the ep group's tokens to this rank's experts, from the gathered
+    routing (dropless)."""
+    group = util.ep_group
+    if group is None:
+        return int(experts.numel())
+    parts = [torch.empty_like(experts) for _ in range(torch_dist.get_world_size(group))]
+    torch_dist.all_gather(parts, experts.contiguous(), group=group)
+    per_rank = num_experts // util.expert_parallel_size
+    first = util.expert_parallel_rank * per_rank
+    every = torch.cat([p.flatten() for p in parts])
+    return int(((every >= first) & (every < first + per_rank)).sum())
+
+
+def check_case(case: dict, refs: dict) -> dict:
+    util = dist.setup_dist_util(case["dist"])
+    dp = util.layout.data_parallel_size
+    microbatches = case.get("microbatches", 1)
+    ref = refs[case["variant"] + (f"/mb{microbatches}" if microbatches > 1 else "")]
+    model = build_moe_llama(case["variant"])
+    runner = ModelRunner(model, num_microbatches=microbatches)
+    init_diff, init_name = max_diff(moe_state(model), ref["init"])
+
+    def local_batch(step):
+        """This dp rank's rows: of each of the reference's micro-batches its dp share, so
+        a micro-batch here holds the dp share of the reference's (the balancing statistics
+        are per micro-batch over the dp ranks)."""
+        rank = util.data_parallel_rank
+        return {
+            k: torch.cat([mb.chunk(dp)[rank] for mb in v.chunk(microbatches)])
+            for k, v in moe_batch(step).items()
+        }
+
+    seen, handles = watch_routing(model)
+    runner.forward_backward(local_batch(0))  # the routing of the first step, then dropped
+    for handle in handles:
+        handle.remove()
+    model.zero_grad(set_to_none=True)
+    for module in model.modules():  # the balancing counts of that extra forward
+        if isinstance(module, MoE) and module.router.expert_bias is not None:
+            module.router.tokens_per_expert.zero_()
+    routing = {}
+    for name in sorted(k[: -len(".experts")] for k in seen if k.endswith(".experts")):
+        routing[name] = {
+            "received": seen[name + ".received"],
+            "expected": expected_rows(seen[name + ".experts"], util, 4),
+        }
+    out = train(runner, local_batch, moe_state)
+    grad_diff, grad_name = max_diff(out["grads"], ref["grads"])
+    final_diff, final_name = max_diff(moe_state(model), ref["final"])
+    experts = {
+        n: {"local": list(local_value(p).shape), "bytes": local_value(p).nbytes}
+        for n, p in model.named_parameters()
+        if n.endswith("experts.w_up")
+    }
+    terms = [t for t in out["terms"] if t]
+    return {
+        "name": case["name"],
+        "pipeline_rank": util.pipeline_rank,
+        "init_diff": init_diff,
+        "init_worst": init_name,
+        "loss_diff": max(abs(a - b) for a, b in zip(out["losses"], ref["losses"])),
+        "lm_loss_diff": max(abs(a - b["lm_loss"]) for a, b in zip(out["losses"], ref["terms"])),
+        "term_diff": max(
+            (abs(v - want[k]) for got, want in zip(terms, ref["terms"]) for k, v in got.items()),
+            default=None,
+        ),
+        "grad_diff": grad_diff,
+        "grad_worst": grad_name,
+        "grad_norm_diff": max(abs(a - b) for a, b in zip(out["grad_norms"], ref["grad_norms"])),
+        "final_diff": final_diff,
+        "final_worst": final_name,
+        "experts": experts,
+        "routing": routing,
+    }
+
+
+def main():
+    out_dir, _, rest = parse_out_dir()
+    refs, cases = torch.load(rest[0]), json.loads(rest[1])
+
+    def checks():
+        return {"cases": [check_case(case, refs) for case in cases]}
+
+    run_checks(out_dir, checks)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,160 @@
+"""Mixtral and Qwen2-MoE (a shared expert with its sigmoid gate, a dense block from
+``mlp_only_layers``) from Hugging Face directories equal transformers -- logits, loss and
+every gradient, experts included -- on 1 process, tp2, dp2 x ep2 (each rank reading only
+its experts) and pp2, and export back bitwise; greedy generation (KV cache) gives
+transformers' tokens; bad configs fail with one line."""
+
+from __future__ import annotations
+
+import json
+
+import hf_parity
+import pytest
+import torch
+import transformers
+from hf_parity import check_layouts, check_single_process, checkpoint_named, hf_reference
+from hf_parity import save_case
+
+from libai import dist
+from libai.inference.generation import ModelStepper, generate
+from libai.layers import MoE
+from libai.models import LlamaForCausalLM
+from libai.models.utils import load_huggingface
+
+VOCAB = 101
+SHAPES = dict(
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=48,
+    vocab_size=VOCAB,
+    max_position_embeddings=64,
+    rms_norm_eps=1e-2,
+)
+
+
+def build_hf(kind: str):
+    torch.manual_seed({"mixtral": 0, "qwen2_moe": 1}[kind])
+    if kind == "mixtral":
+        config = transformers.MixtralConfig(**SHAPES, num_local_experts=4, num_experts_per_tok=2)
+        return transformers.MixtralForCausalLM(config)
+    config = transformers.Qwen2MoeConfig(
+        **SHAPES,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=16,
+        shared_expert_intermediate_size=24,
+        norm_topk_prob=False,
+        mlp_only_layers=[1],
+    )
+    return transformers.Qwen2MoeForCausalLM(config)
+
+
+@pytest.fixture(scope="module")
+def cases(tmp_path_factory):
+    """``get(kind) -> (root, case file, HF class, HF state dict)``, each built once."""
+    made = {}
+
+    def get(kind: str):
+        if kind not in made:
+            root = tmp_path_factory.mktemp(kind)
+            hf = build_hf(kind)
+            hf.save_pretrained(root / "hf")
+            x = torch.randint(0, VOCAB, (4, 8), generator=torch.Generator().manual_seed(3))
+            batch = {"input_ids": x, "labels": x.clone()}
+            ref = hf_reference(hf, dict(batch), lambda o: o.loss, {"logits": lambda o: o.logits})
+            # the experts' gradients by checkpoint name (transformers fuses them at run time)
+            ref["grads"] = checkpoint_named(hf, ref["grads"], root / "grads")
+            case = save_case(root / "case.pt", batch=batch, input_keys=["input_ids"], ref=ref)
+            made[kind] = root, case, type(hf), dict(hf.state_dict())
+        return made[kind]
+
+    return get
+
+
+@pytest.mark.parametrize("kind", ["mixtral", "qwen2_moe"])
+def test_single_process_parity_and_export(cases, kind):
+    root, case_path, hf_cls, state = cases(kind)
+    out = root / "out1"
+    result = check_single_process(case_path, str(root / "hf"), {"export_dir": str(out)})
+    experts = 4 * 3 * (2 if kind == "mixtral" else 1)  # w1/w2/w3 of each expert, MoE layers
+    assert result["grads_checked"] >= experts + 8
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == kind and config["architectures"] == [hf_cls.__name__]
+    hf_parity.assert_exported(out, hf_cls, state, source=root / "hf")
+    dist.setup_dist_util({})
+    model = load_huggingface(str(root / "hf"))
+    moe = [m.layer_idx for m in model.modules() if isinstance(m, MoE)]
+    assert moe == ([0, 1] if kind == "mixtral" else [0])  # Qwen2-MoE's mlp_only_layers=[1]
+
+
+def test_tp2_ep2_and_pp2(cases):
+    """One 2-process launch, Mixtral: tp2 (experts whole on each tp rank), dp2 x ep2 (two
+    experts per rank, read from their own tensors only) and pp2."""
+    root, case_path, hf_cls, state = cases("mixtral")
+    ep2 = {"name": "ep2", "dist": {"expert_parallel_size": 2}, "export_dir": str(root / "ep2")}
+    layouts = [hf_parity.tp2_layout(root), ep2, hf_parity.pp2_layout(root)]
+    results = check_layouts(case_path, str(root / "hf"), 2, layouts)
+    for rank, item in enumerate(results["ep2"]):
+        experts = {n: s for n, s in item["sharded"].items() if ".experts." in n}
+        assert len(experts) == 2 * 3, (rank, sorted(item["sharded"]))
+        assert all(local[0] == 2 and full[0] == 4 for local, full in experts.values())
+    for name in ("tp2", "ep2", "pp2"):
+        hf_parity.assert_exported(root / name, hf_cls, state, source=root / "hf")
+
+
+def test_dp2_tp2_ep2(cases):
+    """One 4-process launch, Qwen2-MoE: the shared expert is tensor-parallel, the routed
+    ones split over ep."""
+    root, case_path, hf_cls, state = cases("qwen2_moe")
+    layout = {
+        "name": "dp2tp2ep2",
+        "dist": {"tensor_parallel_size": 2, "expert_parallel_size": 2},
+        "export_dir": str(root / "dp2tp2ep2"),
+    }
+    check_layouts(case_path, str(root / "hf"), 4, [layout])
+    hf_parity.assert_exported(root / "dp2tp2ep2", hf_cls, state, source=root / "hf")
+
+
+@pytest.mark.parametrize("kind", ["mixtral", "qwen2_moe"])
+def test_greedy_generation_equals_transformers(cases, kind):
+    root, *_ = cases(kind)
+    dist.setup_dist_util({})
+    stepper = ModelStepper(load_huggingface(str(root / "hf")).eval())
+    hf = transformers.AutoModelForCausalLM.from_pretrained(root / "hf").eval()
+    ids = torch.randint(1, VOCAB, (2, 6), generator=torch.Generator().manual_seed(5))
+    mask = torch.ones_like(ids)
+    ids[1, :2], mask[1, :2] = 0, 0  # left padding
+    settings = dict(max_new_tokens=6, pad_token_id=0, eos_token_id=None)
+    want = hf.generate(ids, attention_mask=mask, do_sample=False, **settings)
+    got = generate(stepper, ids, mask, **settings)
+    assert torch.equal(got, want)
+
+
+def test_bad_configs_fail_with_one_line(cases, tmp_path):
+    root, *_ = cases("mixtral")
+    dist.setup_dist_util({})
+    with pytest.raises(ValueError, match=r"unknown moe key\(s\) 'top_kk' \(did you mean top_k\?\)"):
+        LlamaForCausalLM(**{**_tiny(), "moe": {"num_experts": 4, "top_kk": 2}})
+    with pytest.raises(ValueError, match=r"top_k=5 must be between 1 and num_experts=4"):
+        LlamaForCausalLM(**{**_tiny(), "moe": {"num_experts": 4, "top_k": 5}})
+    config = json.loads((root / "hf" / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "router_jitter_noise": 0.1}))
+    for f in (root / "hf").glob("*.safetensors"):
+        (tmp_path / f.name).write_bytes(f.read_bytes())
+    with pytest.raises(ValueError, match=r"router_jitter_noise=0.1 is not supported"):
+        load_huggingface(str(tmp_path))
+    # three experts do not split over two expert-parallel ranks: raised by the layout check
+    # in test_moe_layer.py (needs a 2-rank mesh); a dense model with ep > 1 likewise
+
+
+def _tiny() -> dict:
+    return dict(
+        hidden_layers=1,
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=48,
+        num_attention_heads=4,
+        model_type="mixtral",
+    )
