@@ -12,8 +12,7 @@ import hf_parity
 import pytest
 import torch
 import transformers
-from hf_parity import check_layouts, check_single_process, checkpoint_named, hf_reference
-from hf_parity import save_case
+from hf_parity import check_layouts, check_single_process, checkpoint_named, hf_reference, save_case
 
 from libai import dist
 from libai.inference.generation import ModelStepper, generate
