@@ -124,7 +124,7 @@ class Router(nn.Module):
             weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
         if self.routed_scaling_factor != 1.0:
             weights = weights * self.routed_scaling_factor
-        if self.expert_bias is not None and self.training and torch.is_grad_enabled():
+        if self.expert_bias is not None and self.training and _counting():
             self.tokens_per_expert += torch.bincount(
                 experts.flatten(), minlength=self.num_experts
             ).to(self.tokens_per_expert.dtype)
@@ -156,6 +156,12 @@ class Router(nn.Module):
         extra = f", groups={self.topk_groups}/{self.num_groups}" if self.num_groups > 1 else ""
         bias = ", expert_bias" if self.expert_bias is not None else ""
         return f"experts={self.num_experts}, top_k={self.top_k}, {self.score_func}{extra}{bias}"
+
+
+def _counting() -> bool:
+    """A training forward that counts routed tokens: autograd records, and it is not the
+    recomputation of a checkpointed block during backward (which would count them twice)."""
+    return torch.is_grad_enabled() and torch._C._current_graph_task_id() == -1
 
 
 class TokenStats:

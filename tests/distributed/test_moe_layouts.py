@@ -20,7 +20,13 @@ PP = {"pipeline_parallel_size": 2, "pipeline_num_layers": 2}
 CASES_2 = [
     {"name": "dp2-ep2", "variant": "dropless", "dist": {"expert_parallel_size": 2}},
     {"name": "dp2-ep2-capacity", "variant": "capacity", "dist": {"expert_parallel_size": 2}},
-    {"name": "dp2-ep1-deepseek", "variant": "deepseek", "dist": {}},
+    # checkpointed blocks recompute their routing and all-to-alls in backward
+    {
+        "name": "dp2-ep2-deepseek-recompute",
+        "variant": "deepseek",
+        "dist": {"expert_parallel_size": 2},
+        "runner": {"activation_checkpointing": "full"},
+    },
 ]
 CASES_4 = [
     # ep borrows 2 of the 4 dp ranks: every expert on two ranks (the expert-data group)

@@ -61,7 +61,7 @@ def check_case(case: dict, refs: dict) -> dict:
     microbatches = case.get("microbatches", 1)
     ref = refs[case["variant"] + (f"/mb{microbatches}" if microbatches > 1 else "")]
     model = build_moe_llama(case["variant"])
-    runner = ModelRunner(model, num_microbatches=microbatches)
+    runner = ModelRunner(model, num_microbatches=microbatches, **case.get("runner", {}))
     init_diff, init_name = max_diff(moe_state(model), ref["init"])
 
     def local_batch(step):

@@ -290,6 +290,20 @@ def test_expert_bias_update_follows_the_formula():
     assert (moe.router.expert_bias != before).any()  # skipping the update would show
 
 
+def test_a_recomputed_block_counts_its_tokens_once():
+    """Activation checkpointing reruns the router in backward: the balancing counts must
+    not see those tokens again."""
+    from libai.layers import TransformerLayer
+
+    config = MoEConfig(num_experts=E, score_func="sigmoid", expert_bias=True)
+    block = TransformerLayer(
+        H, F, 4, norm_type="rmsnorm", gated_mlp=True, activation="silu", moe=config
+    )
+    block.activation_checkpointing = "full"
+    block(randn(2, 5, H, seed=1).requires_grad_()).sum().backward()
+    assert int(block.mlp.router.tokens_per_expert.sum()) == 2 * 5 * 2
+
+
 # ---- capacity ------------------------------------------------------------------------------
 def _keep_by_hand(experts, capacity):
     batch, seq, k = experts.shape
