@@ -15,9 +15,11 @@ from libai.layers import (
     Embedding,
     LayerNorm,
     LMLogits,
+    MoEConfig,
     ParallelCrossEntropyLoss,
     TransformerLayer,
     VocabEmbedding,
+    collect_moe_losses,
     init_method_normal,
     scaled_init_method_normal,
 )
@@ -93,6 +95,11 @@ class GPTModel(nn.Module):
 
     Under ``train.dist.sequence_parallel`` the hidden states between the embedding and the
     head (and between pipeline stages) are this rank's share of the sequence.
+
+    ``moe`` (the keys of :class:`~libai.layers.MoEConfig`, e.g. ``dict(num_experts=8,
+    top_k=2)``) makes the feed-forward of the blocks it selects a Mixture of Experts (the
+    experts are split over ``train.dist.expert_parallel_size`` data-parallel ranks); the
+    weighted balancing losses join the training output as ``moe_*_loss`` terms.
     """
 
     #: LiBai's model keys that change nothing here (accepted, named in one log line)
@@ -116,6 +123,7 @@ class GPTModel(nn.Module):
         loss_chunk_size: int | None = None,
         use_scaled_init_for_output_weights: bool = True,
         apply_residual_post_layernorm: bool = False,
+        moe: dict | None = None,
     ):
         super().__init__()
         dist.check_model_num_layers(hidden_layers, f"hidden_layers={hidden_layers}")
@@ -124,6 +132,7 @@ class GPTModel(nn.Module):
         if use_scaled_init_for_output_weights:  # std / sqrt(2 x layers), as GPT-2 / LiBai
             output_init = scaled_init_method_normal(initializer_range, hidden_layers)
         self.num_layers = hidden_layers
+        self.moe = moe = MoEConfig.of(moe)
         self.sequence_parallel = sp = dist.is_sequence_parallel()
         self.embeddings = GPTEmbedding(
             vocab_size, hidden_size, max_seq_length, init_method, embedding_dropout_prob, sp
@@ -144,6 +153,7 @@ class GPTModel(nn.Module):
                 layer_idx=i,
                 sequence_parallel=sp,
                 apply_residual_post_layernorm=apply_residual_post_layernorm,
+                moe=moe if moe is not None and moe.is_moe_layer(i) else None,
             )
 
         self.transformer = Transformer(hidden_layers, block, hidden_size, layernorm_epsilon, sp)
@@ -242,14 +252,16 @@ class GPTForPreTraining(nn.Module):
                 return_hidden=True,
             )
             lm_head, ignore_index = self.GPT_model.lm_head, self.loss_func.ignore_index
-            return {"lm_loss": chunked_lm_loss(hidden, lm_head, labels, chunk, ignore_index)}
+            loss = chunked_lm_loss(hidden, lm_head, labels, chunk, ignore_index)
+            return {"lm_loss": loss, **collect_moe_losses(self)}
         logits = self.GPT_model(input_ids, attention_mask=attention_mask, position_ids=position_ids)
         if labels is None:
             return {"logits": self.GPT_model.lm_head.gather(logits)}
         out = {"lm_loss": self.loss_func(logits, labels)}
         if not self.training:
             out["logits"] = self.GPT_model.lm_head.gather(logits)
-        return out
+            return out
+        return {**out, **collect_moe_losses(self)}
 
     def pipeline_stage_kwargs(self, batch) -> dict:
         """The global ``position_ids`` of a context-parallel share (``None``, dropped,

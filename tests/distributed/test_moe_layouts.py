@@ -51,9 +51,17 @@ CASES_4 = [
 
 
 @pytest.fixture(scope="module")
-def references(tmp_path_factory):
+def checkpoints(tmp_path_factory):
+    """``ep1``: the one-process reference's checkpoint; ``ep2``: where dp2 x ep2 saves."""
+    root = tmp_path_factory.mktemp("moe_checkpoints")
+    return {"ep1": str(root / "ep1"), "ep2": str(root / "ep2")}
+
+
+@pytest.fixture(scope="module")
+def references(tmp_path_factory, checkpoints):
     path = tmp_path_factory.mktemp("moe") / "references.pt"
-    refs = {v: moe_reference_run(v) for v in ("dropless", "capacity", "deepseek")}
+    refs = {v: moe_reference_run(v) for v in ("capacity", "deepseek")}
+    refs["dropless"] = moe_reference_run("dropless", save_dir=checkpoints["ep1"])
     # per micro-batch balancing statistics, as the pipeline's schedule has them
     refs["dropless/mb2"] = moe_reference_run("dropless", microbatches=2)
     torch.save(refs, path)
@@ -86,6 +94,7 @@ def check_numbers(items, pipeline=False):
         assert item["grad_diff"] < 1e-6, (where, item["grad_worst"], item["grad_diff"])
         assert item["grad_norm_diff"] < GRAD_TOL, where
         assert item["final_diff"] < GRAD_TOL, (where, item["final_worst"], item["final_diff"])
+        assert item["momentum_diff"] < GRAD_TOL, where
 
 
 def check_layout(items, ep: int):
@@ -99,8 +108,11 @@ def check_layout(items, ep: int):
 
 
 @pytest.fixture(scope="module")
-def two_ranks(references):
-    return run_cases(references, 2, CASES_2)
+def two_ranks(references, checkpoints):
+    cases = [dict(c) for c in CASES_2]
+    # dp2 x ep2 saves its checkpoint, and loads the one-process one
+    cases[0].update(save_to=checkpoints["ep2"], load_from=checkpoints["ep1"])
+    return run_cases(references, 2, cases)
 
 
 @pytest.fixture(scope="module")
@@ -120,3 +132,27 @@ def test_four_ranks_equal_one_process(four_ranks, case):
     items = four_ranks[case]
     check_numbers(items, pipeline=case.startswith("pp"))
     check_layout(items, 2)
+
+
+def test_checkpoints_reshard_between_ep2_and_one_process(two_ranks, references, checkpoints):
+    """The one-process checkpoint loads on dp2 x ep2 (each rank reading its experts), and
+    dp2 x ep2's loads on one process: parameters, expert biases and momenta as saved."""
+    from gpt_reference import max_diff
+    from moe_reference import build_moe_llama, make_optimizer, moe_state, momenta
+
+    from libai.checkpoint.checkpointer import Checkpointer
+
+    for item in two_ranks["dp2-ep2"]:
+        assert item["loaded_diff"] == 0.0 and item["loaded_momentum_diff"] == 0.0, item
+    ref = torch.load(references)["dropless"]
+    dist.setup_dist_util({})
+    model = build_moe_llama("dropless")
+    optimizer = make_optimizer(model)
+    Checkpointer(model, checkpoints["ep2"], optimizer=optimizer).load(
+        checkpoints["ep2"] + "/model_final"
+    )
+    assert max_diff(moe_state(model), ref["final"])[0] < GRAD_TOL
+    assert max_diff(momenta(model, optimizer), ref["momenta"])[0] < GRAD_TOL
+    fresh = build_moe_llama("dropless")  # the control: an unloaded model is far from it
+    assert max_diff(moe_state(fresh), ref["final"])[0] > 1e-3
+    dist.reset_dist_util()

@@ -7,6 +7,7 @@ import torch
 from gpt_reference import MAX_GRAD_NORM, SEED, STEPS, make_batch, make_optimizer
 
 from libai import dist
+from libai.checkpoint.checkpointer import Checkpointer
 from libai.models import LlamaForCausalLM
 from libai.runtime.parallel import ModelRunner
 
@@ -64,11 +65,20 @@ def moe_state(model, with_grads=False) -> dict[str, torch.Tensor]:
     return out
 
 
-def train(runner: ModelRunner, local_batch, state) -> dict:
+def momenta(model, optimizer) -> dict[str, torch.Tensor]:
+    """SGD's full (gathered) momentum buffer of each parameter, by name."""
+    return {
+        name: dist.ttol(optimizer.state[p]["momentum_buffer"]).clone()
+        for name, p in model.named_parameters()
+        if p in optimizer.state
+    }
+
+
+def train(runner: ModelRunner, local_batch, state, optimizer=None) -> dict:
     """STEPS steps (clipped, SGD, the balancing step): losses, their terms, the first
-    step's gradients, the clipping norms, the final state."""
+    step's gradients, the clipping norms, the final momenta."""
     model = runner.model
-    optimizer = make_optimizer(model)
+    optimizer = optimizer or make_optimizer(model)
     losses, terms, norms, grads = [], [], [], None
     for step in range(STEPS):
         losses.append(float(runner.forward_backward(local_batch(step))))
@@ -77,14 +87,25 @@ def train(runner: ModelRunner, local_batch, state) -> dict:
             grads = state(model, with_grads=True)
         runner.optimizer_step(optimizer, max_grad_norm=MAX_GRAD_NORM)
         norms.append(float(runner.last_grad_norm))
-    return {"losses": losses, "terms": terms, "grads": grads, "grad_norms": norms}
+    return {
+        "losses": losses,
+        "terms": terms,
+        "grads": grads,
+        "grad_norms": norms,
+        "momenta": momenta(model, optimizer),
+        "optimizer": optimizer,
+    }
 
 
-def moe_reference_run(variant: str, microbatches: int = 1) -> dict:
+def moe_reference_run(variant: str, microbatches: int = 1, save_dir: str | None = None) -> dict:
     """One process; with ``microbatches`` the balancing statistics are per micro-batch, as
-    in a pipeline's schedule."""
+    in a pipeline's schedule; with ``save_dir`` the trained model and optimizer are saved
+    there as the checkpoint ``model_final``."""
     dist.setup_dist_util({})
     model = build_moe_llama(variant)
     init = moe_state(model)
     out = train(ModelRunner(model, num_microbatches=microbatches), moe_batch, moe_state)
+    optimizer = out.pop("optimizer")
+    if save_dir is not None:
+        Checkpointer(model, save_dir, optimizer=optimizer).save("model_final")
     return {"init": init, **out, "final": moe_state(model)}

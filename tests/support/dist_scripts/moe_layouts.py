@@ -16,9 +16,10 @@ import torch
 import torch.distributed as torch_dist
 from common import parse_out_dir, run_checks
 from gpt_reference import max_diff
-from moe_reference import build_moe_llama, moe_batch, moe_state, train
+from moe_reference import build_moe_llama, make_optimizer, moe_batch, moe_state, momenta, train
 
 from libai import dist
+from libai.checkpoint.checkpointer import Checkpointer
 from libai.layers import MoE
 from libai.layers.param import local_value
 from libai.runtime.parallel import ModelRunner
@@ -89,6 +90,8 @@ def check_case(case: dict, refs: dict) -> dict:
             "expected": expected_rows(seen[name + ".experts"], util, 4),
         }
     out = train(runner, local_batch, moe_state)
+    if case.get("save_to"):  # for the test to load on one process
+        Checkpointer(model, case["save_to"], optimizer=out["optimizer"]).save("model_final")
     grad_diff, grad_name = max_diff(out["grads"], ref["grads"])
     final_diff, final_name = max_diff(moe_state(model), ref["final"])
     experts = {
@@ -115,6 +118,22 @@ def check_case(case: dict, refs: dict) -> dict:
         "final_worst": final_name,
         "experts": experts,
         "routing": routing,
+        "momentum_diff": max_diff(out["momenta"], ref["momenta"])[0],
+        **(load_checkpoint(case, ref) if case.get("load_from") else {}),
+    }
+
+
+def load_checkpoint(case: dict, ref: dict) -> dict:
+    """A fresh model and optimizer on this layout loaded from the one-process reference's
+    checkpoint: its parameters, expert biases and momenta equal the reference's final ones."""
+    model = build_moe_llama(case["variant"])
+    optimizer = make_optimizer(model)
+    Checkpointer(model, case["load_from"], optimizer=optimizer).load(
+        case["load_from"] + "/model_final"
+    )
+    return {
+        "loaded_diff": max_diff(moe_state(model), ref["final"])[0],
+        "loaded_momentum_diff": max_diff(momenta(model, optimizer), ref["momenta"])[0],
     }
 
 

@@ -39,6 +39,11 @@ class GPT2LoaderHuggerFace(ModelLoaderHuggerFace):
 
     @classmethod
     def hf_config(cls, cfg: dict, model) -> dict:
+        if cfg.get("moe") and dict(cfg["moe"]).get("num_experts"):
+            raise ValueError(
+                "a GPT with Mixture-of-Experts blocks (model.cfg.moe) has no Hugging Face "
+                "GPT-2 counterpart to export to; save a libai checkpoint instead"
+            )
         return dict(
             model_type="gpt2",
             architectures=[cls.hf_architecture(model)],
