@@ -177,6 +177,11 @@ class CountingDistUtil(dist.DistUtil):
         self.tp_group = self.dp_group = self.pp_group = self.embedding_group = None
         self.cp_group = self.grad_group = None
         self.grad_size = dp * cp
+        # expert parallel: this rank holds experts [r * E / ep, (r + 1) * E / ep), r its ep
+        # coordinate (neighbouring dp ranks form an ep group)
+        self.expert_parallel_rank = dp_rank % layout.expert_parallel_size
+        self.expert_mesh, self.expert_dims = None, ()
+        self.ep_group = self.expert_grad_group = None
 
 
 @contextlib.contextmanager
@@ -334,7 +339,7 @@ def gathered_kv_bytes(geo: dict, settings: TrainSettings, cp: int, tp: int, e: i
 
 def stage_activation_bytes(model, util: CountingDistUtil, settings: TrainSettings) -> int:
     """Bytes a rank keeps for one micro-batch through its pipeline stage(s)."""
-    from libai.layers import TransformerLayer
+    from libai.layers import MoE, TransformerLayer
 
     layout = util.layout
     tp, sp = layout.tensor_parallel_size, layout.sequence_parallel
@@ -344,6 +349,12 @@ def stage_activation_bytes(model, util: CountingDistUtil, settings: TrainSetting
     if not settings.activations:
         return 0
     blocks = [m for m in model.modules() if isinstance(m, TransformerLayer)]
+    if any(isinstance(b.mlp, MoE) for b in blocks):
+        raise ValueError(
+            f"the activation formulas do not model Mixture-of-Experts blocks yet (the rows "
+            f"each rank's experts keep depend on the routing); {type(model).__name__} has "
+            "them: estimate parameters, gradients and optimizer state only (--no-activations)"
+        )
     unsupported = [
         b for b in blocks if not b.pre_norm or getattr(b, "cross_attention", None) is not None
     ]

@@ -30,12 +30,14 @@ from memory_cases import (
 )
 
 from libai import dist
-from libai.config import LazyConfig, instantiate
+from libai.config import LazyCall, LazyConfig, instantiate
 from libai.layers import LayerNorm
 from libai.models import LlamaForCausalLM
 from libai.optim import build_optimizer
 from libai.runtime.memory_estimator import (
+    TrainSettings,
     estimate_config,
+    estimate_memory,
     fsdp_shard_numel,
     in_flight_micro_batches,
 )
@@ -331,3 +333,28 @@ def test_a_configs_micro_batches_per_step_are_the_ones_in_flight():
         layout, settings, rows = estimate_config(cfg)
         assert layout.pipeline_parallel_size == 2 and settings.num_microbatches == 4
         assert [r.in_flight for r in rows] == flight, schedule
+
+
+def test_experts_are_counted_per_expert_parallel_rank():
+    """A Mixture-of-Experts Llama on dp4 x ep2: each rank holds half the experts and every
+    dense weight; the activation formulas refuse MoE blocks in one line."""
+    from libai.layers import MoE
+
+    moe = dict(num_experts=4, top_k=2, expert_ffn_hidden_size=96)
+    kwargs = {**ACT_LLAMA, "moe": moe}
+    model = LlamaForCausalLM(**kwargs)  # one process: every expert
+    experts = sum(
+        p.numel() for m in model.modules() if isinstance(m, MoE) for p in m.experts.parameters()
+    )
+    assert experts == 2 * 3 * 4 * 96 * 128  # layers x (up, gate, down) x experts x f x h
+    layout = dist.resolve_layout({"expert_parallel_size": 2}, 4)
+    settings = TrainSettings(micro_batch_size=1, seq_length=8, optimizer="sgd", activations=False)
+    rows = estimate_memory(LazyCall(LlamaForCausalLM)(**kwargs), layout, settings)
+    total = sum(p.numel() for p in model.parameters())
+    assert [r.parameters for r in rows] == [4 * (total - experts // 2)] * 4
+    with pytest.raises(ValueError, match="do not model Mixture-of-Experts blocks yet"):
+        estimate_memory(
+            LazyCall(LlamaForCausalLM)(**kwargs),
+            layout,
+            TrainSettings(micro_batch_size=1, seq_length=8),
+        )
