@@ -374,6 +374,8 @@ class MoE(nn.Module):
         x = hidden.reshape(-1, width)
         # route: [S(0), B] -> expert ids and weights [S(0), k]
         routing = self.router(x)
+        if torch.compiler.is_exporting():  # ONNX / torch.export: static shapes only
+            return self._dense_forward(hidden, x, routing)
         keep = None
         if self.config.capacity_factor is not None:
             keep = self._capacity_keep(routing.experts.view(batch, seq, -1)).reshape(
@@ -400,6 +402,34 @@ class MoE(nn.Module):
         if self.training and torch.is_grad_enabled():
             y = self._attach_losses(y, routing, batch)
         return y.view(batch, seq, width)
+
+    def _dense_forward(self, hidden, x, routing) -> torch.Tensor:
+        """Every expert on every token, weighted by the routing (0 for the unchosen): the
+        same numbers as the routed path with no data-dependent shape, for graph export (it
+        does ``E / k`` times the routed work). Dropless, one process only."""
+        if self.config.capacity_factor is not None or self.ep_group is not None:
+            raise ValueError(
+                "exporting a Mixture-of-Experts layer needs dropless routing on one process "
+                "(moe.capacity_factor=None, expert_parallel_size=1)"
+            )
+        weights = torch.zeros_like(routing.scores).scatter(1, routing.experts, routing.weights)
+        experts = self.experts
+        # [T, H] x [E, F, H] -> [T, E, F]
+        up = torch.einsum("th,efh->tef", x, local_value(experts.w_up))
+        if experts.gated:
+            gate = torch.einsum("th,efh->tef", x, local_value(experts.w_gate))
+            up = experts.act(gate) * up
+        else:
+            up = experts.act(up)
+        # [T, E, F] x [E, H, F] -> [T, E, H], weighted and summed over E -> [T, H]
+        out = torch.einsum("tef,ehf->teh", up, local_value(experts.w_down))
+        y = torch.einsum("te,teh->th", weights.to(out.dtype), out)
+        if self.shared_experts is not None:
+            shared = self.shared_experts(hidden).reshape(x.shape)
+            if self.shared_expert_gate is not None:
+                shared = torch.sigmoid(self.shared_expert_gate(x)) * shared
+            y = y + shared
+        return y.view(hidden.shape)
 
     def _capacity_keep(self, experts: torch.Tensor) -> torch.Tensor:
         c = self.config

@@ -36,8 +36,20 @@ class UnsupportedModelError(ValueError):
     """The model (class or ``model_type``) cannot be exported to ONNX."""
 
 
-#: Hugging Face ``model_type`` values whose libai models can be exported
-SUPPORTED_MODEL_TYPES = ("gpt2", "bert", "roberta", "t5", "mt5", "llama", "qwen2")
+#: Hugging Face ``model_type`` values whose libai models can be exported (the Mixture-of-
+#: Experts families as graphs that run every expert on every token, weighted by the routing:
+#: static shapes, ``num_experts / top_k`` times the routed work; see libai.layers.moe)
+SUPPORTED_MODEL_TYPES = (
+    "gpt2",
+    "bert",
+    "roberta",
+    "t5",
+    "mt5",
+    "llama",
+    "qwen2",
+    "mixtral",
+    "qwen2_moe",
+)
 
 ENCODER_CLASSES = (
     BertModel,

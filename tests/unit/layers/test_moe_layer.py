@@ -362,6 +362,21 @@ def test_grouped_and_looped_experts_agree():
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
 
 
+def test_an_exported_graph_runs_every_expert_with_the_same_numbers():
+    """Under torch.export (ONNX's path) the layer computes every expert densely: the same
+    output as the routed eager run; capacity mode cannot export (one line)."""
+    moe = MoE(H, F, MoEConfig(num_experts=E, shared_expert_ffn_hidden_size=24)).eval()
+    x = randn(2, 5, H, seed=3)
+    dims = {"hidden": {0: torch.export.Dim("batch"), 1: torch.export.Dim("seq")}}
+    graph = torch.export.export(moe, (x,), dynamic_shapes=dims).module()
+    torch.testing.assert_close(graph(x), moe(x), atol=1e-6, rtol=1e-5)
+    other = randn(3, 7, H, seed=4)  # the graph is not tied to the routing it was traced on
+    torch.testing.assert_close(graph(other), moe(other), atol=1e-6, rtol=1e-5)
+    capacity = MoE(H, F, MoEConfig(num_experts=E, capacity_factor=1.0)).eval()
+    with pytest.raises(ValueError, match="exporting a Mixture-of-Experts layer needs dropless"):
+        torch.export.export(capacity, (x,))
+
+
 def test_bad_configs_fail_with_one_line():
     with pytest.raises(ValueError, match=r"unknown moe key\(s\) 'topk' \(did you mean top_k\?\)"):
         MoEConfig.of({"num_experts": 4, "topk": 2})

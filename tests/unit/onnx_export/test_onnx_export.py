@@ -52,7 +52,7 @@ def build_hf(name: str):
         )
         config.embd_pdrop = config.attn_pdrop = config.resid_pdrop = 0.0
         return transformers.GPT2LMHeadModel(config)
-    if name in ("llama", "qwen2"):  # grouped-query attention: 2 key/value heads for 4 heads
+    if name in ("llama", "qwen2", "mixtral"):  # grouped-query attention: 2 kv heads for 4 heads
         shapes = dict(
             hidden_size=32,
             intermediate_size=64,
@@ -64,6 +64,11 @@ def build_hf(name: str):
         )
         if name == "qwen2":  # the Llama class with q/k/v biases
             return transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**shapes))
+        if name == "mixtral":  # Mixture-of-Experts blocks: exported computing every expert
+            config = transformers.MixtralConfig(
+                **shapes, num_local_experts=4, num_experts_per_tok=2
+            )
+            return transformers.MixtralForCausalLM(config)
         return transformers.LlamaForCausalLM(transformers.LlamaConfig(**shapes))
     if name == "bert":
         config = transformers.BertConfig(
@@ -120,7 +125,7 @@ def _io(path) -> tuple[dict, dict]:
     )
 
 
-@pytest.mark.parametrize("name", ["gpt2", "llama", "qwen2"])
+@pytest.mark.parametrize("name", ["gpt2", "llama", "qwen2", "mixtral"])
 def test_decoder_only_parity_and_layout(exports, name):
     _, _, specs = exports(name)
     diffs = verify_onnx(specs)  # fresh batch / sequence sizes, left-padded masks, 1-token steps
@@ -262,7 +267,7 @@ def _transformers_greedy(hf, ids, mask, n: int, name: str) -> torch.Tensor:
         )[:, -n:]
 
 
-@pytest.mark.parametrize("name", ["gpt2", "llama", "t5"])
+@pytest.mark.parametrize("name", ["gpt2", "llama", "t5", "mixtral"])
 def test_ort_greedy_generation_matches_transformers(exports, name):
     hf, _, specs = exports(name)
     ids, mask = _prompts()
