@@ -52,7 +52,7 @@ def accelerate_files(tmp_path_factory):
     root = tmp_path_factory.mktemp("accelerate")
     files = {
         name: getattr(data, f"{name}_dir")(root)
-        for name in ("bert", "distilbert", "roberta", "gpt2", "t5")
+        for name in ("bert", "distilbert", "roberta", "gpt2", "t5", "mixtral")
     }
     files["cls"] = data.classification_csv(root)
     files["ner"] = data.ner_jsonl(root)

@@ -141,7 +141,15 @@ def build_parser(prog: str = "libai-accelerate") -> argparse.ArgumentParser:
         "--expert-model-parallel-size",
         type=int,
         default=1,
-        help="Megatron's name; 1 until a model has Mixture-of-Experts layers",
+        help="Megatron's name: the experts of a Mixture-of-Experts model (Mixtral, "
+        "Qwen2-MoE) split over this many data-parallel ranks",
+    )
+    g.add_argument(
+        "--moe-aux-loss-coeff",
+        type=float,
+        default=None,
+        help="Megatron's name: the weight of the load-balancing loss of every MoE layer "
+        "(default: the checkpoint's, router_aux_loss_coef when output_router_logits)",
     )
     g.add_argument("--pipeline-schedule", default="1F1B")
     g.add_argument(
@@ -308,12 +316,8 @@ def check_args(args: argparse.Namespace) -> argparse.Namespace:
             "tools/train_net.py or FleetX's Engine); the Hugging Face models this door trains "
             "run their own attention. Use --context-parallel-size 1"
         )
-    if args.expert_model_parallel_size > 1:
-        raise ValueError(
-            f"--expert-model-parallel-size {args.expert_model_parallel_size}: expert "
-            "parallelism shards the experts of Mixture-of-Experts layers, and no model here "
-            "has such layers yet. Use --expert-model-parallel-size 1"
-        )
+    if args.moe_aux_loss_coeff is not None and args.moe_aux_loss_coeff < 0:
+        raise ValueError(f"--moe-aux-loss-coeff must be >= 0, got {args.moe_aux_loss_coeff}")
     tp, pp, world = args.tensor_model_parallel_size, args.pipeline_model_parallel_size, world_size()
     if world % (tp * pp):
         raise ValueError(

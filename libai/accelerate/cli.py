@@ -142,7 +142,11 @@ def main(argv=None) -> int:
             family = None  # the model directory's causal LM (the zoo's GPT-2 on any layout)
         model_type = None if family is not None else model_type
     check_layout(
-        task.name, model_type, args.tensor_model_parallel_size, args.pipeline_model_parallel_size
+        task.name,
+        model_type,
+        args.tensor_model_parallel_size,
+        args.pipeline_model_parallel_size,
+        args.expert_model_parallel_size,
     )
     if task.name == "pretraining" and (family is not None or args.tokenizer_type):
         tokenizer = pretraining_tokenizer(args)

@@ -202,6 +202,7 @@ class AccelerateEngine:
             else None,
             "device_type": a.device,
             "pipeline_schedule": a.pipeline_schedule,
+            "expert_parallel_size": a.expert_model_parallel_size,
         }
         self.util = setup_run(self.dist_cfg, a.save, seed=a.seed)
         self.run = self.parts = self.runner = self.model = None

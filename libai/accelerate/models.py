@@ -39,11 +39,22 @@ ZOO = {
     ("causal_lm", "gpt2"): "GPTForPreTraining",
     ("causal_lm", "llama"): "LlamaForCausalLM",
     ("causal_lm", "qwen2"): "LlamaForCausalLM",
+    ("causal_lm", "mixtral"): "LlamaForCausalLM",
+    ("causal_lm", "qwen2_moe"): "LlamaForCausalLM",
     ("seq2seq_lm", "t5"): "T5ForPreTraining",
     ("seq2seq_lm", "mt5"): "T5ForPreTraining",
     ("pretraining", "gpt2"): "GPTForPreTraining",
 }
-ZOO_ARCHITECTURES = ("GPT-2", "BERT", "RoBERTa", "T5 / mT5", "Llama", "Qwen2")
+ZOO_ARCHITECTURES = (
+    "GPT-2",
+    "BERT",
+    "RoBERTa",
+    "T5 / mT5",
+    "Llama",
+    "Qwen2",
+    "Mixtral",
+    "Qwen2-MoE",
+)
 
 
 def model_type_of(path: str | None) -> str | None:
@@ -61,9 +72,20 @@ def zoo_class_name(task: str, model_type: str | None) -> str | None:
     return ZOO.get((task, model_type))
 
 
-def check_layout(task: str, model_type: str | None, tp: int, pp: int) -> None:
-    """Tensor / pipeline parallel only for the zoo's (task, architecture) pairs; raises
-    otherwise, naming them (no collective)."""
+#: the zoo's Mixture-of-Experts families (expert parallel, --moe-aux-loss-coeff)
+MOE_MODEL_TYPES = ("mixtral", "qwen2_moe")
+
+
+def check_layout(task: str, model_type: str | None, tp: int, pp: int, ep: int = 1) -> None:
+    """Tensor / pipeline parallel only for the zoo's (task, architecture) pairs, expert
+    parallel only for its Mixture-of-Experts ones; raises otherwise, naming them (no
+    collective)."""
+    if ep > 1 and (model_type not in MOE_MODEL_TYPES or zoo_class_name(task, model_type) is None):
+        raise ValueError(
+            f"--expert-model-parallel-size {ep} splits the experts of a Mixture-of-Experts "
+            f"model of libai's zoo ({', '.join(MOE_MODEL_TYPES)}, task causal_lm); {task} on "
+            f"model_type {model_type!r} has none. Use --expert-model-parallel-size 1"
+        )
     if (tp > 1 or pp > 1) and zoo_class_name(task, model_type) is None:
         pairs = ", ".join(f"{t} on {m}" for t, m in sorted(ZOO))
         raise ValueError(
@@ -136,7 +158,14 @@ def build_model(
         overrides = {k: v for k, v in model_kwargs.items() if k == "num_labels"}
         model = load_huggingface(path, getattr(libai.models, name), **overrides)
         logger.info("%s on %s: libai's %s on the mesh", task_name, path, name)
+        if getattr(args, "moe_aux_loss_coeff", None) is not None:
+            set_moe_aux_loss_coeff(model, args.moe_aux_loss_coeff)
         return model, True
+    if getattr(args, "moe_aux_loss_coeff", None) is not None:
+        raise ValueError(
+            f"--moe-aux-loss-coeff: {path} is not a Mixture-of-Experts model of the zoo "
+            "(Mixtral, Qwen2-MoE); drop the flag"
+        )
     import transformers
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -146,6 +175,27 @@ def build_model(
         hf = hf.to(dist.get_dist_util().device)
     logger.info("%s on %s: transformers' %s", task_name, path, type(hf).__name__)
     return HFTaskModel(hf), False
+
+
+def set_moe_aux_loss_coeff(model: nn.Module, coeff: float) -> None:
+    """Megatron's ``--moe-aux-loss-coeff``: the load-balancing loss weight of every MoE layer
+    of ``model`` (and of its config, which the Hugging Face export writes)."""
+    import dataclasses
+
+    from libai.layers import MoE
+
+    layers = [m for m in model.modules() if isinstance(m, MoE)]
+    if not layers:
+        raise ValueError(
+            f"--moe-aux-loss-coeff: {type(model).__name__} has no Mixture-of-Experts layers; "
+            "drop the flag"
+        )
+    for layer in layers:
+        layer.config = dataclasses.replace(layer.config, aux_loss_coeff=float(coeff))
+    for module in model.modules():
+        cfg = module.__dict__.get("libai_cfg")
+        if isinstance(cfg, dict) and cfg.get("moe"):
+            cfg["moe"] = {**dict(cfg["moe"]), "aux_loss_coeff": float(coeff)}
 
 
 def save_pretrained(model: nn.Module, path: str, tokenizer=None) -> None:

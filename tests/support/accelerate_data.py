@@ -7,6 +7,7 @@ import json
 import random
 from pathlib import Path
 
+import torch
 import transformers
 
 WORDS = "the a movie film plot was is very quite long short story actor scene music".split()
@@ -137,6 +138,32 @@ def gpt2_dir(root: Path) -> Path:
         eos_token_id=tok.eos_token_id,
     )
     transformers.GPT2LMHeadModel(config).save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def mixtral_dir(root: Path) -> Path:
+    """A tiny Mixtral (4 experts, top-2) with GPT-2's byte-level tokenizer."""
+    out = root / "mixtral"
+    out.mkdir(parents=True)
+    vocab, merges = _bytelevel(out, ["<|endoftext|>"])
+    tok = transformers.GPT2TokenizerFast(vocab=str(vocab), merges=str(merges))
+    tok.pad_token = tok.eos_token
+    config = transformers.MixtralConfig(
+        vocab_size=len(tok),
+        hidden_size=TINY["hidden"],
+        intermediate_size=2 * TINY["hidden"],
+        num_hidden_layers=TINY["layers"],
+        num_attention_heads=TINY["heads"],
+        num_key_value_heads=TINY["heads"],
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        max_position_embeddings=128,
+        bos_token_id=tok.eos_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
+    torch.manual_seed(0)
+    transformers.MixtralForCausalLM(config).save_pretrained(out)
     tok.save_pretrained(out)
     return out
 
