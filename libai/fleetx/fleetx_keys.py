@@ -57,6 +57,10 @@ NO_EFFECT: dict[str, str] = {
     ),
     "Model.type_vocab_size": "FleetX's GPT has no token-type embedding either",
     "Model.name": "the model comes from Model.module",
+    "Distributed.hcg": (
+        "FleetX's communication-group class (HybridCommGroupForMoE): the mesh's process "
+        "groups serve every layout, the experts' included"
+    ),
     "Distributed.fuse_sequence_parallel_allreduce": (
         "sequence-parallel gradients are all-reduced in one call per step already"
     ),

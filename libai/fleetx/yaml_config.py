@@ -82,6 +82,8 @@ DEFAULTS: dict[str, Any] = {
         "eval_iters": 0,
         "test_iters": None,
         "compile": None,
+        # FleetX's MoEModule: the weight of the experts' balancing loss (libai.fleetx.modules.moe)
+        "balance_loss_weight": None,
         "mix_precision": {
             "enable": False,
             "dtype": "float16",
@@ -112,6 +114,9 @@ DEFAULTS: dict[str, Any] = {
         "cp_degree": 1,
         # ours (FleetX's MoE name): experts sharded over this many data x context ranks
         "ep_degree": 1,
+        # FleetX's communication-group class (HybridCommGroupForMoE in its MoE files): the
+        # mesh's groups serve every layout here, this names none
+        "hcg": None,
         "sharding": {"sharding_degree": 1, "sharding_stage": 1, "sharding_offload": False},
     },
     "Inference": {"model_dir": None},
@@ -267,11 +272,6 @@ def resolve_batch_config(cfg: DictConfig, world_size: int) -> DictConfig:
     dp = _positive(d.dp_degree, "Distributed.dp_degree")
     cp = _positive(d.get("cp_degree", 1), "Distributed.cp_degree", allow_none=False)
     ep = _positive(d.get("ep_degree", 1), "Distributed.ep_degree", allow_none=False)
-    if ep > 1:
-        raise YAMLConfigError(
-            f"Distributed.ep_degree={ep}: expert parallelism shards the experts of "
-            "Mixture-of-Experts layers, and no model here has such layers yet; set ep_degree: 1"
-        )
     model_ranks = mp * pp * sharding * cp
     sizes = f"mp_degree {mp} x pp_degree {pp} x sharding_degree {sharding}" + (
         f" x cp_degree {cp}" if cp > 1 else ""
@@ -287,6 +287,20 @@ def resolve_batch_config(cfg: DictConfig, world_size: int) -> DictConfig:
         raise YAMLConfigError(
             f"Distributed: dp_degree {dp} x {sizes} = {dp * model_ranks}, but {world_size} "
             "processes were launched"
+        )
+    moe = cfg.Model.get("moe_configs")
+    if cfg.Model.get("module") == "MoEModule" and moe and moe.get("expert_mode"):
+        if ep not in (1, dp):
+            raise YAMLConfigError(
+                f"Distributed.ep_degree={ep}: FleetX's expert_mode places the experts over "
+                f"the {dp} data-parallel ranks; leave ep_degree unset"
+            )
+        ep = dp  # FleetX's expert group is the data-parallel group
+        d.ep_degree = dp
+    if ep > 1 and dp % ep:
+        raise YAMLConfigError(
+            f"Distributed.ep_degree={ep} must divide the {dp} data-parallel ranks the experts "
+            "are split over"
         )
     d.dp_degree = dp
     n = dp * sharding

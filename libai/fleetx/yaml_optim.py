@@ -15,7 +15,7 @@ parameter groups (:func:`~libai.optim.get_default_optimizer_params`) and schedul
         # or LinearDecayWithWarmup (learning_rate, warmup, total_steps), or any libai
         # scheduler (WarmupCosineLR, WarmupLinearLR, ...) with learning_rate and
         # warmup_iter or warmup_ratio; max_iter defaults to the run's step count
-      grad_clip: {name: ClipGradByGlobalNorm, clip_norm: 1.0}
+      grad_clip: {name: ClipGradByGlobalNorm, clip_norm: 1.0}   # or ClipGradForMOEByGlobalNorm
 
 Schedules count optimizer steps; with FleetX's ``use_increments: True`` the cosine schedule
 counts samples (the global batch size per step), as FleetX does.
@@ -111,9 +111,13 @@ def build_yaml_optimizer(opt_cfg, model: torch.nn.Module, device_type: str = "cp
         )
     check_arguments(cls, opt, "Optimizer", reserved=("params", "lr"))
     clip_name = clip.get("name", "ClipGradByGlobalNorm")
-    if clip_name != "ClipGradByGlobalNorm":
+    # FleetX's MoE files name ClipGradForMOEByGlobalNorm (the norm summed over the expert
+    # group for the experts' gradients): the runtime's global norm counts every expert
+    # once on every layout (libai.runtime.grad_clip), which is that norm
+    if clip_name not in ("ClipGradByGlobalNorm", "ClipGradForMOEByGlobalNorm"):
         raise YAMLConfigError(
-            f"Optimizer.grad_clip.name={clip_name!r}: only ClipGradByGlobalNorm is supported"
+            f"Optimizer.grad_clip.name={clip_name!r}: ClipGradByGlobalNorm (or FleetX's "
+            "ClipGradForMOEByGlobalNorm) is supported"
         )
     unknown = set(clip) - {"name", "clip_norm"}
     if unknown:

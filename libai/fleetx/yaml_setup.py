@@ -59,11 +59,11 @@ MODULES = {
     "GeneralClsModule": "libai.fleetx.modules.general_cls.GeneralClsModule",
     "ErnieModule": "libai.fleetx.modules.ernie.ErnieModule",
     "ErnieSeqClsModule": "libai.fleetx.modules.ernie.ErnieSeqClsModule",
+    "MoEModule": "libai.fleetx.modules.moe.MoEModule",
 }
 #: FleetX's module names with no implementation here (FleetX's ppfleetx/models/__init__.py)
 #: -> the closest module that exists, if any
 FLEETX_UNIMPLEMENTED = {
-    "MoEModule": None,
     "MOCOModule": None,
     "MOCOClsModule": None,
     "ImagenModule": None,

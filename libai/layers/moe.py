@@ -58,6 +58,7 @@ from libai.layers.param import (
     default_init_method,
     local_value,
     mark_sequence_parallel,
+    zeros,
 )
 
 EXPERT_IMPLS = ("auto", "grouped", "looped")
@@ -94,6 +95,10 @@ class MoEConfig:
     shared_expert_ffn_hidden_size: int = 0
     #: Qwen-MoE's ``sigmoid(x w) * shared(x)``
     shared_expert_gate: bool = False
+    #: a bias on the router's logits (FleetX's gate is an nn.Linear)
+    router_bias: bool = False
+    #: biases in the experts' two linear layers (FleetX's ExpertLayer)
+    ffn_bias: bool = False
     layer_freq: int = 1
     first_dense_layers: int = 0
     dense_layers: tuple[int, ...] = field(default_factory=tuple)
@@ -233,6 +238,7 @@ class Experts(nn.Module):
         output_layer_init_method: InitMethod | None = None,
         *,
         impl: str = "auto",
+        bias: bool = False,
         layer_idx: int = 0,
         sequence_parallel: bool = False,
     ):
@@ -253,8 +259,12 @@ class Experts(nn.Module):
             output_layer_init_method or init_method,
             **expert,
         )
+        self.b_up = self.b_down = None
+        if bias:  # [E, F] and [E, H], split over ep like the weights
+            self.b_up = create_parameter((num_experts, ffn_hidden_size), zeros, **expert)
+            self.b_down = create_parameter((num_experts, hidden_size), zeros, **expert)
         if sequence_parallel:  # each tp rank runs its share of the tokens
-            mark_sequence_parallel(self.w_up, self.w_gate, self.w_down)
+            mark_sequence_parallel(self.w_up, self.w_gate, self.w_down, self.b_up, self.b_down)
 
     def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """``x [N, H]`` grouped by local expert (``counts [E / ep]`` rows each) -> ``[N, H]``."""
@@ -262,10 +272,21 @@ class Experts(nn.Module):
         grouped = self._use_grouped(x, up)
         mm = functools.partial(_grouped_matmul if grouped else _looped_matmul, counts=counts)
         # [N, H] x [E, F, H]^T (grouped by rows) -> [N, F]
-        h = mm(x, up)
+        h = self._add_bias(mm(x, up), self.b_up, counts)
         h = self.act(mm(x, local_value(self.w_gate))) * h if self.gated else self.act(h)
         # [N, F] x [E, H, F]^T -> [N, H]
-        return mm(h, local_value(self.w_down))
+        return self._add_bias(mm(h, local_value(self.w_down)), self.b_down, counts)
+
+    @staticmethod
+    def _add_bias(rows: torch.Tensor, bias, counts: torch.Tensor) -> torch.Tensor:
+        """Each row plus its expert's bias (rows grouped by expert, ``counts`` each)."""
+        if bias is None:
+            return rows
+        bias = local_value(bias)
+        expert_of_row = torch.repeat_interleave(
+            torch.arange(bias.shape[0], device=rows.device), counts, output_size=rows.shape[0]
+        )
+        return rows + bias.to(rows.dtype)[expert_of_row]
 
     def _use_grouped(self, x, w) -> bool:
         if self.impl != "auto":
@@ -324,6 +345,7 @@ class MoE(nn.Module):
             topk_groups=c.topk_groups,
             expert_bias=c.expert_bias,
             bias_update_rate=c.bias_update_rate,
+            bias=c.router_bias,
             init_method=init_method,
             **sp,
         )
@@ -336,6 +358,7 @@ class MoE(nn.Module):
             init_method,
             output_layer_init_method,
             impl=c.expert_impl,
+            bias=c.ffn_bias,
             **sp,
         )
         self.shared_experts = None
@@ -416,6 +439,8 @@ class MoE(nn.Module):
         experts = self.experts
         # [T, H] x [E, F, H] -> [T, E, F]
         up = torch.einsum("th,efh->tef", x, local_value(experts.w_up))
+        if experts.b_up is not None:
+            up = up + local_value(experts.b_up)
         if experts.gated:
             gate = torch.einsum("th,efh->tef", x, local_value(experts.w_gate))
             up = experts.act(gate) * up
@@ -423,6 +448,8 @@ class MoE(nn.Module):
             up = experts.act(up)
         # [T, E, F] x [E, H, F] -> [T, E, H], weighted and summed over E -> [T, H]
         out = torch.einsum("tef,ehf->teh", up, local_value(experts.w_down))
+        if experts.b_down is not None:
+            out = out + local_value(experts.b_down)
         y = torch.einsum("te,teh->th", weights.to(out.dtype), out)
         if self.shared_experts is not None:
             shared = self.shared_experts(hidden).reshape(x.shape)

@@ -4,6 +4,8 @@ A router scores every token against every expert and picks ``top_k`` of them:
 
 - ``score_func="softmax"`` (Mixtral, Qwen-MoE, OLMoE, GShard, Switch): ``p = softmax(x W^T)``,
   the top-k of ``p``; with ``norm_topk_prob`` the k weights are renormalized to sum to 1.
+- ``score_func="raw"`` (FleetX's naive and GShard gates): the top-k of the logits, weighted
+  by the logits themselves; the balancing losses weigh ``softmax(logits)``.
 - ``score_func="sigmoid"`` (DeepSeek-V3): ``s = sigmoid(x W^T)``; the experts are chosen on
   ``s + b`` where ``b`` is a non-learned per-expert bias (auxiliary-loss-free balancing,
   updated after each optimizer step by :meth:`Router.update_expert_bias_`), the weights are
@@ -39,9 +41,10 @@ from libai.layers.param import (
     default_init_method,
     local_value,
     mark_sequence_parallel,
+    zeros,
 )
 
-SCORE_FUNCS = ("softmax", "sigmoid")
+SCORE_FUNCS = ("softmax", "sigmoid", "raw")
 
 
 class Routing(NamedTuple):
@@ -73,6 +76,7 @@ class Router(nn.Module):
         topk_groups: int | None = None,
         expert_bias: bool = False,
         bias_update_rate: float = 0.0,
+        bias: bool = False,
         init_method: InitMethod = default_init_method,
         layer_idx: int = 0,
         sequence_parallel: bool = False,
@@ -98,8 +102,10 @@ class Router(nn.Module):
         self.bias_update_rate = float(bias_update_rate)
         self._dist_util = util = dist.capture_mesh()
         self.weight = create_parameter((num_experts, hidden_size), init_method, layer_idx=layer_idx)
+        #: the logits' bias (FleetX's gate is an nn.Linear with one)
+        self.bias = create_parameter((num_experts,), zeros, layer_idx=layer_idx) if bias else None
         if sequence_parallel:  # each tp rank routes its share of the tokens: partial gradients
-            mark_sequence_parallel(self.weight)
+            mark_sequence_parallel(self.weight, self.bias)
         if expert_bias:
             #: DeepSeek-V3's ``e_score_correction_bias``: steers the choice, not the weights
             self.register_buffer("expert_bias", torch.zeros(num_experts, device=util.device))
@@ -113,8 +119,12 @@ class Router(nn.Module):
     def forward(self, x: torch.Tensor) -> Routing:
         # [S(0), B] x [B, B]^T -> [S(0), B]: every rank scores its own tokens, in fp32
         with torch.autocast(x.device.type, enabled=False):
-            logits = F.linear(x.float(), local_value(self.weight).float())
-        scores = logits.softmax(-1) if self.score_func == "softmax" else logits.sigmoid()
+            bias = None if self.bias is None else local_value(self.bias).float()
+            logits = F.linear(x.float(), local_value(self.weight).float(), bias)
+        if self.score_func == "softmax":
+            scores = logits.softmax(-1)
+        else:
+            scores = logits.sigmoid() if self.score_func == "sigmoid" else logits
         choice = scores.detach() if self.expert_bias is None else scores.detach() + self.expert_bias
         if self.num_groups > 1:
             choice = self._limit_groups(choice)
@@ -128,7 +138,10 @@ class Router(nn.Module):
             self.tokens_per_expert += torch.bincount(
                 experts.flatten(), minlength=self.num_experts
             ).to(self.tokens_per_expert.dtype)
-        probs = scores if self.score_func == "softmax" else scores / scores.sum(-1, keepdim=True)
+        if self.score_func == "sigmoid":
+            probs = scores / scores.sum(-1, keepdim=True)
+        else:
+            probs = logits.softmax(-1) if self.score_func == "raw" else scores
         return Routing(logits, scores, weights, experts, probs)
 
     def _limit_groups(self, choice: torch.Tensor) -> torch.Tensor:

@@ -121,12 +121,13 @@ def test_batch_sizes_are_derived_and_a_contradiction_is_an_error():
         resolved("Distributed.cp_degree=2", world=3)
     with pytest.raises(YAMLConfigError, match="Distributed.cp_degree must be a positive integer"):
         resolved("Distributed.cp_degree=0")
-    # expert parallel (ours: Distributed.ep_degree): named, refused until a model has MoE
+    # expert parallel (ours: Distributed.ep_degree): it must divide the dp ranks
     assert resolved("Distributed.ep_degree=1", "Distributed.cp_degree=2").Distributed.dp_degree == 2
+    assert resolved("Distributed.ep_degree=2").Distributed.ep_degree == 2
     with pytest.raises(
-        YAMLConfigError, match=r"^Distributed.ep_degree=2: expert parallelism .* set ep_degree: 1$"
+        YAMLConfigError, match=r"^Distributed.ep_degree=3 must divide the 4 data-parallel ranks"
     ):
-        resolved("Distributed.ep_degree=2")
+        resolved("Distributed.ep_degree=3")
 
 
 def test_names_that_do_not_resolve_are_clear_errors(tmp_path):

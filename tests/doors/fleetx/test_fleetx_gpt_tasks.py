@@ -233,9 +233,15 @@ def test_gpt_eval_refuses_an_unknown_offline_eval_key(files, tmp_path):
 
 
 def test_fleetx_module_names_without_implementation_are_named():
-    with pytest.raises(YAMLConfigError, match=r"Model.module MoEModule \(FleetX\) is not "):
-        resolve_module_class("MoEModule")
-    for name in ("GPTModule", "GPTEvalModule", "GPTGenerationModule", "GPTFinetuneModule"):
+    with pytest.raises(YAMLConfigError, match=r"Model.module MOCOModule \(FleetX\) is not "):
+        resolve_module_class("MOCOModule")
+    for name in (
+        "GPTModule",
+        "GPTEvalModule",
+        "GPTGenerationModule",
+        "GPTFinetuneModule",
+        "MoEModule",
+    ):
         assert resolve_module_class(name).__name__ == name
 
 
