@@ -289,9 +289,16 @@ class Experts(nn.Module):
         return rows + bias.to(rows.dtype)[expert_of_row]
 
     def _use_grouped(self, x, w) -> bool:
-        if self.impl != "auto":
-            return self.impl == "grouped"
-        return grouped_mm_supported(x.device.type, x.dtype, w.shape[-1], w.shape[-2])
+        if self.impl == "looped":
+            return False
+        supported = grouped_mm_supported(x.device.type, x.dtype, w.shape[-1], w.shape[-2])
+        if self.impl == "grouped" and not supported:
+            raise ValueError(
+                f"moe.expert_impl='grouped': torch._grouped_mm does not run {x.dtype} "
+                f"[{w.shape[-1]} -> {w.shape[-2]}] on {x.device.type} with torch "
+                f"{torch.__version__}; use expert_impl='auto' (grouped where it runs) or 'looped'"
+            )
+        return supported
 
     def extra_repr(self) -> str:
         return f"num_experts={self.num_experts}, gated={self.gated}, impl={self.impl}"
