@@ -17,8 +17,9 @@ from libai.layers.context_parallel import (
     shard_positions,
 )
 from libai.layers.kv_cache import LayerKVCache, StaticLayerKVCache
+from libai.layers.layer_norm import RMSLayerNorm
 from libai.layers.linear import Linear
-from libai.layers.param import InitMethod, default_init_method
+from libai.layers.param import InitMethod, default_init_method, mark_sequence_parallel
 from libai.layers.rotary import apply_rotary_pos_emb
 
 KVPair = tuple[torch.Tensor, torch.Tensor]
@@ -53,6 +54,11 @@ class MultiheadAttention(nn.Module):
     With ``sequence_parallel=True`` (self-attention only) ``hidden_states`` and the output
     are this rank's share of the sequence ``[S(0), S(1)]``: the q/k/v projection all-gathers
     the sequence and ``dense`` reduce-scatters it (see :class:`~libai.layers.Linear`).
+
+    ``qk_norm`` RMS-normalizes queries and keys before the rotary embedding: ``"head"`` per
+    head over ``head_size`` with one weight shared by the heads (Qwen3, ``q_norm`` /
+    ``k_norm``), ``"full"`` over the whole projection, ``heads x head_size`` (OLMoE; one
+    tensor-parallel rank only).
     """
 
     def __init__(
@@ -73,8 +79,12 @@ class MultiheadAttention(nn.Module):
         *,
         layer_idx: int = 0,
         sequence_parallel: bool = False,
+        qk_norm: str | None = None,
+        qk_norm_eps: float = 1e-6,
     ):
         super().__init__()
+        if qk_norm not in (None, "head", "full"):
+            raise ValueError(f"qk_norm must be None, 'head' or 'full', got {qk_norm!r}")
         if sequence_parallel and is_cross_attention:
             raise ValueError(
                 "cross-attention does not support sequence parallel (train.dist."
@@ -143,6 +153,32 @@ class MultiheadAttention(nn.Module):
             sequence_parallel=sequence_parallel,
         )
         self.output_dropout = nn.Dropout(output_dropout_prob)
+        self.qk_norm = qk_norm
+        self.q_norm = self.k_norm = None
+        if qk_norm is not None:
+            if qk_norm == "full" and tp > 1:
+                raise ValueError(
+                    "qk_norm='full' (a norm over all heads' queries, OLMoE's) with "
+                    f"tensor_parallel_size={tp}: the heads are split over tp; use "
+                    "tensor_parallel_size=1 for this model"
+                )
+            q_width, k_width = (head_size, head_size) if qk_norm == "head" else (q_out, kv_out)
+            self.q_norm = RMSLayerNorm(q_width, eps=qk_norm_eps, layer_idx=layer_idx)
+            self.k_norm = RMSLayerNorm(k_width, eps=qk_norm_eps, layer_idx=layer_idx)
+            # each tp rank normalizes its own heads with the shared weights: partial
+            # gradients, summed over tp by the runtime
+            mark_sequence_parallel(self.q_norm.weight, self.k_norm.weight)
+
+    def _normalize_qk(self, q, k):
+        """``q [b, heads, s, d]``, ``k [b, kv_heads, s, d]`` through ``q_norm`` / ``k_norm``."""
+        if self.qk_norm == "head":
+            return self.q_norm(q), self.k_norm(k)
+
+        def full(x, norm):  # over heads x head_size, in the projection's order
+            b, h, s, d = x.shape
+            return norm(x.transpose(1, 2).reshape(b, s, h * d)).view(b, s, h, d).transpose(1, 2)
+
+        return full(q, self.q_norm), full(k, self.k_norm)
 
     def _project(self, hidden_states, encoder_states, past_key_value):
         kvh, g, hd = self.local_kv_heads, self.group_size, self.head_size
@@ -198,6 +234,8 @@ class MultiheadAttention(nn.Module):
         ):
             raise ValueError("cross-attention needs encoder_states (or a cached past_key_value)")
         q, k, v = self._project(hidden_states, encoder_states, past_key_value)
+        if self.qk_norm is not None:
+            q, k = self._normalize_qk(q, k)
         if rotary_pos_emb is not None:
             q = apply_rotary_pos_emb(q, *rotary_pos_emb)
             k = apply_rotary_pos_emb(k, *rotary_pos_emb)

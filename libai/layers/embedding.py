@@ -43,6 +43,9 @@ class VocabEmbedding(nn.Module):
 
     With ``sequence_parallel=True`` the partial lookups are reduce-scattered along the
     sequence instead of all-reduced: the output is this rank's share of the sequence.
+
+    ``padding_idx`` (``nn.Embedding``'s): that row is looked up but gets no gradient
+    (transformers' models that set ``pad_token_id``, e.g. OLMoE).
     """
 
     def __init__(
@@ -53,8 +56,12 @@ class VocabEmbedding(nn.Module):
         *,
         layer_idx: int = 0,
         sequence_parallel: bool = False,
+        padding_idx: int | None = None,
     ):
         super().__init__()
+        if padding_idx is not None and not 0 <= padding_idx < num_embeddings:
+            raise ValueError(f"padding_idx={padding_idx} is not a row of {num_embeddings}")
+        self.padding_idx = padding_idx
         #: the mesh this table was built on (its tp rank and group at forward time)
         self._dist_util = dist.capture_mesh()
         tp = self._dist_util.tensor_parallel_size
@@ -77,12 +84,14 @@ class VocabEmbedding(nn.Module):
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         weight = local_value(self.weight)
         if weight.shape[0] == self.padded_num_embeddings:  # whole table on this rank
-            return F.embedding(input_ids, weight)
+            return F.embedding(input_ids, weight, self.padding_idx)
         # [S(0), B] ids x [S(0), B] table -> [S(0), P] -> all-reduce -> [S(0), B]
         start = self._dist_util.tensor_parallel_rank * weight.shape[0]
         outside = (input_ids < start) | (input_ids >= start + weight.shape[0])
         local_ids = (input_ids - start).masked_fill(outside, 0)
-        out = F.embedding(local_ids, weight).masked_fill(outside.unsqueeze(-1), 0.0)
+        pad = self.padding_idx
+        pad = pad - start if pad is not None and start <= pad < start + weight.shape[0] else None
+        out = F.embedding(local_ids, weight, pad).masked_fill(outside.unsqueeze(-1), 0.0)
         if self.sequence_parallel:
             # [S(0), P] -> reduce-scatter -> [S(0), S(1)]  (all-gather backward)
             return reduce_scatter_to_sp(out, self._dist_util.tp_group)

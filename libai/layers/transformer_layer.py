@@ -41,6 +41,9 @@ class TransformerLayer(nn.Module):
     ``bias`` sets the biases of the attention output and the MLP; ``qkv_bias`` /
     ``mlp_bias`` override it for the q/k/v projections / the MLP (e.g. Qwen2: q/k/v only).
 
+    ``qk_norm`` (``"head"``: Qwen3; ``"full"``: OLMoE) RMS-normalizes the self-attention's
+    queries and keys (see :class:`~libai.layers.MultiheadAttention`).
+
     ``moe`` (a :class:`~libai.layers.moe.MoEConfig`) makes the feed-forward a Mixture of
     Experts (:class:`~libai.layers.moe.MoE`, experts of ``ffn_hidden_size`` unless the config
     sets theirs) with the MLP's activation and gating.
@@ -78,6 +81,7 @@ class TransformerLayer(nn.Module):
         sequence_parallel: bool = False,
         apply_residual_post_layernorm: bool = False,
         moe: MoEConfig | None = None,
+        qk_norm: str | None = None,
     ):
         super().__init__()
         if sequence_parallel and is_decoder:
@@ -113,6 +117,8 @@ class TransformerLayer(nn.Module):
             num_attention_heads,
             attn_mask_type=attn_mask_type,
             sequence_parallel=sequence_parallel,
+            qk_norm=qk_norm,
+            qk_norm_eps=layernorm_epsilon,
             **attn_kwargs,
         )
         if is_decoder:

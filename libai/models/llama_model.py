@@ -39,7 +39,7 @@ from libai.layers.rotary import rope_type
 from libai.models.utils.hf_kwargs import accepts_hf_keywords
 
 IGNORE_INDEX = -100
-MODEL_TYPES = ("llama", "qwen2", "mixtral", "qwen2_moe")
+MODEL_TYPES = ("llama", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
 
 
 def shift_labels(labels: torch.Tensor, ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
@@ -86,13 +86,17 @@ class LlamaModel(nn.Module):
         qkv_bias: biases on q, k, v only (Qwen2).
         mlp_bias: biases in the MLP (transformers' Llama ``mlp_bias``).
         tie_word_embeddings: read by :class:`LlamaForCausalLM` (and the Hugging Face export).
-        model_type: ``"llama"``, ``"qwen2"``, ``"mixtral"`` or ``"qwen2_moe"``: which Hugging
-            Face family an export writes.
+        model_type: ``"llama"``, ``"qwen2"``, ``"qwen3"``, ``"mixtral"``, ``"qwen2_moe"``,
+            ``"qwen3_moe"`` or ``"olmoe"``: which Hugging Face family an export writes.
         loss_chunk_size: read by :class:`LlamaForCausalLM`: tokens per chunk of its training
             loss (:func:`~libai.layers.chunked_lm_loss`, the head + cross entropy without all
             the ``[tokens, vocab]`` logits at once); ``None`` = the plain loss. Not exported.
-        moe: Mixture-of-Experts blocks (Mixtral, Qwen2-MoE): the keys of
+        moe: Mixture-of-Experts blocks (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE): the keys of
             :class:`~libai.layers.MoEConfig` (``num_experts``, ``top_k``, ...); ``None``: dense.
+        qk_norm: RMS norm of queries and keys: ``"head"`` (Qwen3's per-head ``q_norm`` /
+            ``k_norm``) or ``"full"`` (OLMoE's, over all heads); ``None``: none.
+        padding_idx: the embedding row that gets no gradient (transformers' ``pad_token_id``
+            of these families: ``nn.Embedding(..., padding_idx)``).
     """
 
     @configurable
@@ -118,6 +122,8 @@ class LlamaModel(nn.Module):
         model_type: str = "llama",
         loss_chunk_size: int | None = None,
         moe: dict | None = None,
+        qk_norm: str | None = None,
+        padding_idx: int | None = None,
     ):
         super().__init__()
         if model_type not in MODEL_TYPES:
@@ -134,7 +140,12 @@ class LlamaModel(nn.Module):
         #: the mesh this model is built on (a sequence-parallel forward's tp size)
         self._dist_util = util = dist.capture_mesh()
         self.embed_tokens = VocabEmbedding(
-            vocab_size, hidden_size, init_method, layer_idx=0, sequence_parallel=sp
+            vocab_size,
+            hidden_size,
+            init_method,
+            layer_idx=0,
+            sequence_parallel=sp,
+            padding_idx=padding_idx,
         )
 
         def block(i):
@@ -158,6 +169,7 @@ class LlamaModel(nn.Module):
                 layer_idx=i,
                 sequence_parallel=sp,
                 moe=moe if moe is not None and moe.is_moe_layer(i) else None,
+                qk_norm=qk_norm,
             )
 
         # A ModuleDict keyed by layer index: a pipeline stage drops the others, names stay.

@@ -1,7 +1,7 @@
-"""Llama (GQA, untied), Llama 3 (llama3 RoPE scaling, tied) and Qwen2 (q/k/v biases) from
-Hugging Face directories equal transformers (logits, loss, every gradient) and export back
-bitwise: all three on 1 process, Llama 3 on tp2 and pp2, Qwen2 (GQA, untied, biases) on
-dp2 x tp2. Plus padded batches, KV-cache decoding, the base model, RoPE formulas, bad input."""
+"""Llama (GQA, untied), Llama 3 (llama3 RoPE scaling, tied), Qwen2 (q/k/v biases) and Qwen3
+(per-head q/k norms, a padding row without gradient) from Hugging Face directories equal
+transformers (logits, loss, every gradient) and export back bitwise: all four on 1 process,
+Llama 3 on tp2 and pp2, Qwen2 (GQA, untied, biases) on dp2 x tp2. Plus padded batches, KV-cache decoding, the base model, RoPE formulas, bad input."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ LLAMA3_ROPE = {
 
 
 def build_hf(kind: str):
-    torch.manual_seed({"llama": 0, "llama3": 1, "qwen2": 2}[kind])
+    torch.manual_seed({"llama": 0, "llama3": 1, "qwen2": 2, "qwen3": 3}[kind])
     if kind == "llama":  # a RoPE base of neither 1e4 (the default) nor llama3's 5e5
         return transformers.LlamaForCausalLM(transformers.LlamaConfig(**SHAPES, rope_theta=3e4))
     if kind == "llama3":
@@ -51,6 +51,14 @@ def build_hf(kind: str):
             **SHAPES, rope_theta=500000.0, rope_scaling=LLAMA3_ROPE, tie_word_embeddings=True
         )
         return transformers.LlamaForCausalLM(config)
+    if kind == "qwen3":  # per-head q/k norms, head_dim not hidden / heads, a pad row
+        config = transformers.Qwen3Config(**SHAPES, head_dim=16, pad_token_id=3)
+        model = transformers.Qwen3ForCausalLM(config)
+        with torch.no_grad():  # norm weights away from ones: a missing norm shows
+            for name, p in model.named_parameters():
+                if "q_norm" in name or "k_norm" in name:
+                    p.normal_(1.0, 0.3)
+        return model
     return transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**SHAPES))
 
 
@@ -87,7 +95,7 @@ def cases(tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("kind", ["llama", "llama3", "qwen2"])
+@pytest.mark.parametrize("kind", ["llama", "llama3", "qwen2", "qwen3"])
 def test_single_process_parity_and_export(cases, kind):
     root, case_path, hf_cls, state = cases(kind)
     out = root / "out1"
@@ -96,7 +104,7 @@ def test_single_process_parity_and_export(cases, kind):
     )
     assert result["grads_checked"] >= 9 * 2 + 2
     config = json.loads((out / "config.json").read_text())
-    assert config["model_type"] == ("qwen2" if kind == "qwen2" else "llama")
+    assert config["model_type"] == (kind if kind.startswith("qwen") else "llama")
     assert config["architectures"] == [hf_cls.__name__]
     assert (out / "model.safetensors.index.json").exists()
     hf_parity.assert_exported(out, hf_cls, state, source=root / "hf")

@@ -1,8 +1,10 @@
-"""Mixtral and Qwen2-MoE (a shared expert with its sigmoid gate, a dense block from
-``mlp_only_layers``) from Hugging Face directories equal transformers -- logits, loss and
-every gradient, experts included -- on 1 process, tp2, dp2 x ep2 (each rank reading only
-its experts) and pp2, and export back bitwise; greedy generation (KV cache) gives
-transformers' tokens; bad configs fail with one line."""
+"""Mixtral, Qwen2-MoE (a shared expert with its sigmoid gate, a dense block from
+``mlp_only_layers``), Qwen3-MoE (per-head q/k norms) and OLMoE (q/k norms over all heads)
+from Hugging Face directories equal transformers -- logits, loss and every gradient,
+experts included -- on 1 process; Mixtral on tp2, dp2 x ep2 (each rank reading only its
+experts) and pp2, Qwen3-MoE on tp2 x ep2, Qwen2-MoE on dp2 x tp2 x ep2; exports reload
+bitwise; greedy generation (KV cache) gives transformers' tokens; bad configs fail with one
+line."""
 
 from __future__ import annotations
 
@@ -34,10 +36,29 @@ SHAPES = dict(
 
 
 def build_hf(kind: str):
-    torch.manual_seed({"mixtral": 0, "qwen2_moe": 1}[kind])
+    torch.manual_seed({"mixtral": 0, "qwen2_moe": 1, "qwen3_moe": 2, "olmoe": 3}[kind])
     if kind == "mixtral":
         config = transformers.MixtralConfig(**SHAPES, num_local_experts=4, num_experts_per_tok=2)
         return transformers.MixtralForCausalLM(config)
+    if kind in ("qwen3_moe", "olmoe"):
+        if kind == "qwen3_moe":
+            config = transformers.Qwen3MoeConfig(
+                **SHAPES,
+                head_dim=16,  # not hidden / heads: the loader must read it
+                num_experts=4,
+                num_experts_per_tok=2,
+                moe_intermediate_size=16,
+                norm_topk_prob=True,
+                mlp_only_layers=[0],
+            )
+        else:
+            config = transformers.OlmoeConfig(**SHAPES, num_experts=4, num_experts_per_tok=2)
+        model = transformers.AutoModelForCausalLM.from_config(config)
+        with torch.no_grad():  # q/k norm weights away from ones: a missing norm shows
+            for name, p in model.named_parameters():
+                if "q_norm" in name or "k_norm" in name:
+                    p.normal_(1.0, 0.3)
+        return model
     config = transformers.Qwen2MoeConfig(
         **SHAPES,
         num_experts=4,
@@ -72,12 +93,15 @@ def cases(tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("kind", ["mixtral", "qwen2_moe"])
+MOE_LAYERS = {"mixtral": [0, 1], "qwen2_moe": [0], "qwen3_moe": [1], "olmoe": [0, 1]}
+
+
+@pytest.mark.parametrize("kind", ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe"])
 def test_single_process_parity_and_export(cases, kind):
     root, case_path, hf_cls, state = cases(kind)
     out = root / "out1"
     result = check_single_process(case_path, str(root / "hf"), {"export_dir": str(out)})
-    experts = 4 * 3 * (2 if kind == "mixtral" else 1)  # w1/w2/w3 of each expert, MoE layers
+    experts = 4 * 3 * len(MOE_LAYERS[kind])  # w1/w2/w3 of each expert, MoE layers
     assert result["grads_checked"] >= experts + 8
     config = json.loads((out / "config.json").read_text())
     assert config["model_type"] == kind and config["architectures"] == [hf_cls.__name__]
@@ -85,7 +109,7 @@ def test_single_process_parity_and_export(cases, kind):
     dist.setup_dist_util({})
     model = load_huggingface(str(root / "hf"))
     moe = [m.layer_idx for m in model.modules() if isinstance(m, MoE)]
-    assert moe == ([0, 1] if kind == "mixtral" else [0])  # Qwen2-MoE's mlp_only_layers=[1]
+    assert moe == MOE_LAYERS[kind]  # the Qwen families' mlp_only_layers are dense
 
 
 def test_tp2_ep2_and_pp2(cases):
@@ -104,19 +128,28 @@ def test_tp2_ep2_and_pp2(cases):
 
 
 def test_dp2_tp2_ep2(cases):
-    """One 4-process launch, Qwen2-MoE: the shared expert is tensor-parallel, the routed
-    ones split over ep."""
-    root, case_path, hf_cls, state = cases("qwen2_moe")
-    layout = {
-        "name": "dp2tp2ep2",
-        "dist": {"tensor_parallel_size": 2, "expert_parallel_size": 2},
-        "export_dir": str(root / "dp2tp2ep2"),
-    }
-    check_layouts(case_path, str(root / "hf"), 4, [layout])
-    hf_parity.assert_exported(root / "dp2tp2ep2", hf_cls, state, source=root / "hf")
+    """One 4-process launch: Qwen2-MoE (the shared expert is tensor-parallel, the routed
+    ones split over ep) and Qwen3-MoE (its per-head q/k norm weights see each tp rank's
+    heads: their gradients are summed over tp)."""
+    layouts = []
+    for kind in ("qwen2_moe", "qwen3_moe"):
+        root, case_path, hf_cls, state = cases(kind)
+        layouts.append(
+            {
+                "name": kind,
+                "case": case_path,
+                "hf_dir": str(root / "hf"),
+                "dist": {"tensor_parallel_size": 2, "expert_parallel_size": 2},
+                "export_dir": str(root / "dp2tp2ep2"),
+            }
+        )
+    check_layouts(layouts[0]["case"], layouts[0]["hf_dir"], 4, layouts)
+    for kind in ("qwen2_moe", "qwen3_moe"):
+        root, _, hf_cls, state = cases(kind)
+        hf_parity.assert_exported(root / "dp2tp2ep2", hf_cls, state, source=root / "hf")
 
 
-@pytest.mark.parametrize("kind", ["mixtral", "qwen2_moe"])
+@pytest.mark.parametrize("kind", ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe"])
 def test_greedy_generation_equals_transformers(cases, kind):
     root, *_ = cases(kind)
     dist.setup_dist_util({})

@@ -1,4 +1,5 @@
-"""Llama and Qwen2 (``model_type`` ``llama`` / ``qwen2``) <-> libai :mod:`libai.models.llama_model`.
+"""Llama, Qwen2 and Qwen3 (``model_type`` ``llama`` / ``qwen2`` / ``qwen3``) <-> libai
+:mod:`libai.models.llama_model`.
 
 ``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` load into :class:`LlamaForCausalLM`, ``LlamaModel`` /
 ``Qwen2Model`` into :class:`LlamaModel`. RoPE settings are read from either spelling of
@@ -54,13 +55,15 @@ def rope_settings(hf: dict) -> tuple[float, dict | None]:
 class LlamaLoaderHuggerFace(ModelLoaderHuggerFace):
     """Hugging Face Llama / Qwen2 checkpoints <-> libai Llama models (any layout)."""
 
-    model_types = ("llama", "qwen2")
+    model_types = ("llama", "qwen2", "qwen3")
     base_model_prefix = "model"
     architectures = {
         "LlamaForCausalLM": LlamaForCausalLM,
         "LlamaModel": LlamaModel,
         "Qwen2ForCausalLM": LlamaForCausalLM,
         "Qwen2Model": LlamaModel,
+        "Qwen3ForCausalLM": LlamaForCausalLM,
+        "Qwen3Model": LlamaModel,
     }
     ignore_unexpected = (r"rotary_emb\.inv_freq$", r"^lm_head\.weight$")
 
@@ -69,14 +72,14 @@ class LlamaLoaderHuggerFace(ModelLoaderHuggerFace):
         act = hf.get("hidden_act", "silu")
         if act != "silu":
             raise ValueError(f"{model_type} hidden_act={act!r} is not supported (only 'silu')")
-        if model_type == "qwen2":
+        if model_type in ("qwen2", "qwen3"):
             sliding = hf.get("use_sliding_window") or "sliding_attention" in (
                 hf.get("layer_types") or ()
             )
             if sliding:
                 raise ValueError(
-                    "Qwen2 with use_sliding_window=true (sliding-window attention layers) is "
-                    "not supported; only full attention is."
+                    f"{model_type} with use_sliding_window=true (sliding-window attention "
+                    "layers) is not supported; only full attention is."
                 )
         theta, scaling = rope_settings(hf)
         heads = hf["num_attention_heads"]
@@ -100,6 +103,10 @@ class LlamaLoaderHuggerFace(ModelLoaderHuggerFace):
             mlp_bias=False if qwen2 else bool(hf.get("mlp_bias", False)),
             attention_dropout_prob=hf.get("attention_dropout", 0.0),
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            # Qwen3: q_norm / k_norm per head
+            qk_norm="head" if model_type == "qwen3" else None,
+            # transformers: nn.Embedding(vocab, hidden, padding_idx=pad_token_id)
+            padding_idx=hf.get("pad_token_id"),
         )
 
     @classmethod
@@ -116,9 +123,11 @@ class LlamaLoaderHuggerFace(ModelLoaderHuggerFace):
                 "Llama's attention_bias covers q, k, v and o together; biases on q/k/v only "
                 "(qkv_bias=True) are Qwen2's layout: set model_type='qwen2'"
             )
+        if model_type == "qwen3" and cfg.get("qk_norm") != "head":
+            raise ValueError("a qwen3 export needs qk_norm='head' (Qwen3's q_norm / k_norm)")
         arch = cls.hf_architecture(model)
-        if model_type == "qwen2":
-            arch = arch.replace("Llama", "Qwen2")
+        if model_type in ("qwen2", "qwen3"):
+            arch = arch.replace("Llama", "Qwen2" if model_type == "qwen2" else "Qwen3")
         scaling = _plain(cfg.get("rope_scaling")) or None
         theta = float(cfg["rope_theta"])
         rope_parameters = {"rope_theta": theta, "rope_type": "default"}
@@ -144,14 +153,16 @@ class LlamaLoaderHuggerFace(ModelLoaderHuggerFace):
             attention_dropout=cfg["attention_dropout_prob"],
             tie_word_embeddings=bool(cfg["tie_word_embeddings"]),
         )
-        if model_type == "qwen2":
+        if model_type in ("qwen2", "qwen3"):
             layers = cfg["hidden_layers"]
             out.update(
                 use_sliding_window=False,
                 sliding_window=None,
                 layer_types=["full_attention"] * layers,
             )
-        else:
+        if model_type == "qwen3":
+            out.update(attention_bias=bool(cfg["attention_bias"]))
+        elif model_type == "llama":
             out.update(attention_bias=bool(cfg["attention_bias"]), mlp_bias=bool(cfg["mlp_bias"]))
         return out
 
@@ -197,6 +208,11 @@ class LlamaLoaderHuggerFace(ModelLoaderHuggerFace):
             )
         if cfg["attention_bias"]:
             table.append(Copy(layer + "self_attention.dense.bias", attn + "o_proj.bias"))
+        if cfg.get("qk_norm"):
+            table += [
+                Copy(layer + "self_attention.q_norm.weight", attn + "q_norm.weight"),
+                Copy(layer + "self_attention.k_norm.weight", attn + "k_norm.weight"),
+            ]
         if cfg["mlp_bias"]:
             table += [
                 Copy(layer + "mlp.dense_gate.bias", mlp + "gate_proj.bias"),

@@ -1,11 +1,13 @@
-"""Mixtral and Qwen2-MoE (``model_type`` ``mixtral`` / ``qwen2_moe``) <-> libai's Llama family
-with Mixture-of-Experts blocks (:class:`~libai.layers.MoE`).
+"""Mixtral, Qwen2-MoE, Qwen3-MoE and OLMoE (``model_type`` ``mixtral`` / ``qwen2_moe`` /
+``qwen3_moe`` / ``olmoe``) <-> libai's Llama family with Mixture-of-Experts blocks
+(:class:`~libai.layers.MoE`).
 
-The attention, norms and embeddings are Llama's (Mixtral) or Qwen2's (Qwen2-MoE: q/k/v
-biases); the feed-forward of the MoE blocks is a router (``gate``) and stacked experts,
-read one Hugging Face tensor per expert, each expert-parallel rank reading only its own
-experts (:class:`~libai.models.utils.weight_mapping.StackedExperts`). Qwen2-MoE adds a
-shared expert with a sigmoid gate, and dense blocks where ``decoder_sparse_step`` /
+The attention, norms and embeddings are Llama's (Mixtral), Qwen2's (Qwen2-MoE: q/k/v
+biases), Qwen3's (Qwen3-MoE: per-head q/k norms) or OLMoE's (q/k norms over all heads); the
+feed-forward of the MoE blocks is a router (``gate``) and stacked experts, read one Hugging
+Face tensor per expert, each expert-parallel rank reading only its own experts
+(:class:`~libai.models.utils.weight_mapping.StackedExperts`). Qwen2-MoE adds a shared expert
+with a sigmoid gate; the Qwen families have dense blocks where ``decoder_sparse_step`` /
 ``mlp_only_layers`` say.
 """
 
@@ -17,8 +19,8 @@ from libai.models.utils.model_loader.llama_loader import LlamaLoaderHuggerFace
 from libai.models.utils.weight_mapping import Copy, StackedExperts
 
 #: each MoE family's attention layout (the Llama loader's model_type)
-BASE_TYPE = {"mixtral": "llama", "qwen2_moe": "qwen2"}
-PREFIX = {"mixtral": "Mixtral", "qwen2_moe": "Qwen2Moe"}
+BASE_TYPE = {"mixtral": "llama", "qwen2_moe": "qwen2", "qwen3_moe": "qwen3", "olmoe": "llama"}
+PREFIX = {"mixtral": "Mixtral", "qwen2_moe": "Qwen2Moe", "qwen3_moe": "Qwen3Moe", "olmoe": "Olmoe"}
 
 
 def _aux_coeff(hf: dict) -> float:
@@ -29,12 +31,16 @@ def _aux_coeff(hf: dict) -> float:
 class MoELoaderHuggerFace(LlamaLoaderHuggerFace):
     """Hugging Face Mixtral / Qwen2-MoE checkpoints <-> libai Llama models with MoE blocks."""
 
-    model_types = ("mixtral", "qwen2_moe")
+    model_types = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
     architectures = {
         "MixtralForCausalLM": LlamaForCausalLM,
         "MixtralModel": LlamaModel,
         "Qwen2MoeForCausalLM": LlamaForCausalLM,
         "Qwen2MoeModel": LlamaModel,
+        "Qwen3MoeForCausalLM": LlamaForCausalLM,
+        "Qwen3MoeModel": LlamaModel,
+        "OlmoeForCausalLM": LlamaForCausalLM,
+        "OlmoeModel": LlamaModel,
     }
 
     def libai_config(self, hf: dict) -> dict:
@@ -50,6 +56,11 @@ class MoELoaderHuggerFace(LlamaLoaderHuggerFace):
                 f"Mixtral with sliding_window={window} (sliding-window attention) is not "
                 "supported; only full attention is (sliding_window: null)"
             )
+        if model_type == "olmoe" and hf.get("clip_qkv") is not None:
+            raise ValueError(
+                f"OLMoE with clip_qkv={hf['clip_qkv']} (clamped q/k/v) is not supported; "
+                "set clip_qkv: null"
+            )
         cfg = super().libai_config({**hf, "model_type": BASE_TYPE[model_type]})
         if model_type == "mixtral":
             moe = dict(
@@ -57,9 +68,16 @@ class MoELoaderHuggerFace(LlamaLoaderHuggerFace):
                 top_k=hf["num_experts_per_tok"],
                 norm_topk_prob=True,
             )
-        else:
+        elif model_type == "olmoe":  # every block MoE; q/k norms over all heads
             moe = dict(
                 num_experts=hf["num_experts"],
+                top_k=hf["num_experts_per_tok"],
+                norm_topk_prob=bool(hf.get("norm_topk_prob", False)),
+            )
+            cfg["qk_norm"] = "full"
+        else:  # Qwen-MoE (Qwen3-MoE's count is num_local_experts in transformers 5)
+            moe = dict(
+                num_experts=hf.get("num_experts") or hf["num_local_experts"],
                 top_k=hf["num_experts_per_tok"],
                 expert_ffn_hidden_size=hf["moe_intermediate_size"],
                 norm_topk_prob=bool(hf.get("norm_topk_prob", False)),
@@ -85,15 +103,22 @@ class MoELoaderHuggerFace(LlamaLoaderHuggerFace):
             out.update(num_local_experts=moe.num_experts, router_jitter_noise=0.0)
             out.pop("attention_bias", None), out.pop("mlp_bias", None)
             out["sliding_window"] = None
+        elif model_type == "olmoe":
+            out.update(num_experts=moe.num_experts, norm_topk_prob=moe.norm_topk_prob)
+            out.update(clip_qkv=None)
+            out.pop("mlp_bias", None)
         else:
             out.update(
                 num_experts=moe.num_experts,
                 moe_intermediate_size=moe.expert_ffn_hidden_size or cfg["intermediate_size"],
                 norm_topk_prob=moe.norm_topk_prob,
-                shared_expert_intermediate_size=moe.shared_expert_ffn_hidden_size,
                 decoder_sparse_step=moe.layer_freq,
                 mlp_only_layers=list(moe.dense_layers),
             )
+            if model_type == "qwen2_moe":
+                out.update(shared_expert_intermediate_size=moe.shared_expert_ffn_hidden_size)
+            else:  # transformers 5's name, and the older one
+                out.update(num_local_experts=moe.num_experts)
         return out
 
     @classmethod
@@ -118,7 +143,7 @@ class MoELoaderHuggerFace(LlamaLoaderHuggerFace):
     @staticmethod
     def _moe_rules(mlp: str, model_type: str, moe: MoEConfig) -> list:
         n = moe.num_experts
-        if model_type == "mixtral":
+        if model_type == "mixtral":  # the others: Qwen-MoE's names
             hf = mlp.replace(".mlp.", ".block_sparse_moe.")
             experts = hf + "experts.<e>."
             return [
