@@ -50,7 +50,18 @@ logger = logging.getLogger(__name__)
 __all__ = ["TaskFinetuner", "main"]
 
 #: model types whose tokenizers are byte-level BPE (words need a prefix space)
-BYTE_LEVEL_MODELS = ("roberta", "gpt2", "llama", "qwen2", "bart")
+BYTE_LEVEL_MODELS = (
+    "roberta",
+    "gpt2",
+    "llama",
+    "qwen2",
+    "qwen3",
+    "bart",
+    "mixtral",
+    "qwen2_moe",
+    "qwen3_moe",
+    "olmoe",
+)
 
 
 class TaskFinetuner(Finetuner):

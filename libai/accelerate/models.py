@@ -39,8 +39,11 @@ ZOO = {
     ("causal_lm", "gpt2"): "GPTForPreTraining",
     ("causal_lm", "llama"): "LlamaForCausalLM",
     ("causal_lm", "qwen2"): "LlamaForCausalLM",
+    ("causal_lm", "qwen3"): "LlamaForCausalLM",
     ("causal_lm", "mixtral"): "LlamaForCausalLM",
     ("causal_lm", "qwen2_moe"): "LlamaForCausalLM",
+    ("causal_lm", "qwen3_moe"): "LlamaForCausalLM",
+    ("causal_lm", "olmoe"): "LlamaForCausalLM",
     ("seq2seq_lm", "t5"): "T5ForPreTraining",
     ("seq2seq_lm", "mt5"): "T5ForPreTraining",
     ("pretraining", "gpt2"): "GPTForPreTraining",
@@ -52,8 +55,11 @@ ZOO_ARCHITECTURES = (
     "T5 / mT5",
     "Llama",
     "Qwen2",
+    "Qwen3",
     "Mixtral",
     "Qwen2-MoE",
+    "Qwen3-MoE",
+    "OLMoE",
 )
 
 
@@ -73,7 +79,7 @@ def zoo_class_name(task: str, model_type: str | None) -> str | None:
 
 
 #: the zoo's Mixture-of-Experts families (expert parallel, --moe-aux-loss-coeff)
-MOE_MODEL_TYPES = ("mixtral", "qwen2_moe")
+MOE_MODEL_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
 
 
 def check_layout(task: str, model_type: str | None, tp: int, pp: int, ep: int = 1) -> None:

@@ -47,8 +47,11 @@ SUPPORTED_MODEL_TYPES = (
     "mt5",
     "llama",
     "qwen2",
+    "qwen3",
     "mixtral",
     "qwen2_moe",
+    "qwen3_moe",
+    "olmoe",
 )
 
 ENCODER_CLASSES = (

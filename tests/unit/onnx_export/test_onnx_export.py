@@ -52,7 +52,7 @@ def build_hf(name: str):
         )
         config.embd_pdrop = config.attn_pdrop = config.resid_pdrop = 0.0
         return transformers.GPT2LMHeadModel(config)
-    if name in ("llama", "qwen2", "mixtral"):  # grouped-query attention: 2 kv heads for 4 heads
+    if name in ("llama", "qwen2", "mixtral", "olmoe"):  # grouped-query attention: 2 kv heads
         shapes = dict(
             hidden_size=32,
             intermediate_size=64,
@@ -125,7 +125,7 @@ def _io(path) -> tuple[dict, dict]:
     )
 
 
-@pytest.mark.parametrize("name", ["gpt2", "llama", "qwen2", "mixtral"])
+@pytest.mark.parametrize("name", ["gpt2", "llama", "qwen2", "mixtral", "olmoe"])
 def test_decoder_only_parity_and_layout(exports, name):
     _, _, specs = exports(name)
     diffs = verify_onnx(specs)  # fresh batch / sequence sizes, left-padded masks, 1-token steps
