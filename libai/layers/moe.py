@@ -194,6 +194,13 @@ def update_expert_biases(model: nn.Module) -> None:
             module.router.update_expert_bias_(module.token_groups)
 
 
+def is_expert_parameter(p: torch.Tensor, util) -> bool:
+    """A weight of :class:`Experts` split over the expert-parallel ranks (``libai_expert``
+    under ``expert_parallel_size > 1``): its gradient is reduced over the expert-data
+    group, and ZeRO leaves it whole on its rank."""
+    return bool(getattr(p, "libai_expert", False)) and util.expert_parallel_size > 1
+
+
 def check_expert_parallel_support(model: nn.Module, layout) -> None:
     """Raise, before any collective, when ``train.dist.expert_parallel_size`` > 1 but
     ``model`` has no Mixture-of-Experts layer to shard."""

@@ -41,6 +41,8 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
+from libai.layers.moe import is_expert_parameter
+
 __all__ = [
     "FullyShardedGrads",
     "apply_fully_shard",
@@ -198,7 +200,7 @@ def _drop_dp_dim(model: nn.Module, util) -> None:
     replaced: dict[int, nn.Parameter] = {}
     for module in model.modules():
         for name, p in list(module.named_parameters(recurse=False)):
-            if not isinstance(p, DTensor):
+            if not isinstance(p, DTensor) or is_expert_parameter(p, util):
                 continue
             if id(p) not in replaced:
                 local = p.to_local().detach()
@@ -270,6 +272,11 @@ def apply_fully_shard(runner, *, hsdp_replicate_size: int = 1) -> FullyShardedGr
             param_dtype=runner.amp_dtype, reduce_dtype=torch.float32
         )
     attributes = {}
+    # expert weights split over ep (libai.layers.moe) stay whole on their rank: FSDP2
+    # ignores them, GradientSync sums their gradients over the expert-data group
+    experts = {p for root, _ in units for p in root.parameters() if is_expert_parameter(p, util)}
+    if experts:
+        kwargs["ignored_params"] = experts
     for root, blocks in units:
         _drop_dp_dim(root, util)
         for module in root.modules():  # FSDP2 registers new (sharded) parameter objects

@@ -18,6 +18,10 @@ def _is_tp_sharded(p: torch.Tensor, util) -> bool:
     return any(isinstance(pl, Shard) and names[i] == "tp" for i, pl in enumerate(p.placements))
 
 
+def _is_expert(p: torch.Tensor) -> bool:
+    return bool(getattr(p, "libai_expert", False))
+
+
 def _terms(grads: list[torch.Tensor], norm_type: float) -> list[torch.Tensor]:
     """Each gradient's fp32 norm term (``|g|_p ** p``, or ``max |g|`` for inf) of its local
     shard, from one multi-tensor kernel (``torch._foreach_norm``) instead of one per
@@ -89,16 +93,20 @@ def clip_grad_norm_(
     norm_type = float(norm_type)
     # the last stage's copy of a tied weight is already counted on the first stage
     counted = [p for p in parameters if not getattr(p, "libai_tied_copy", False)]
-    terms = _parameter_terms(counted, norm_type, dp_sharded, util, shard_group)
     op = torch_dist.ReduceOp.MAX if norm_type == float("inf") else torch_dist.ReduceOp.SUM
     # expert weights split over ep (libai.layers.moe): each ep rank counts its own experts
+    # (ZeRO leaves them whole on their rank: no dp sum), summed over the ep group
     ep_group = getattr(util, "ep_group", None)
-    is_expert = [ep_group is not None and getattr(p, "libai_expert", False) for p in counted]
-    experts = _combine([t for t, e in zip(terms, is_expert) if e], norm_type, util.device)
-    if any(is_expert):
+    expert_params = [p for p in counted if ep_group is not None and _is_expert(p)]
+    counted = [p for p in counted if not (ep_group is not None and _is_expert(p))]
+    experts = _combine(
+        _terms([p.grad for p in expert_params if p.grad is not None], norm_type),
+        norm_type,
+        util.device,
+    )
+    if expert_params:
         torch_dist.all_reduce(experts, op=op, group=ep_group)
-    terms = [t for t, e in zip(terms, is_expert) if not e]
-    counted = [p for p, e in zip(counted, is_expert) if not e]
+    terms = _parameter_terms(counted, norm_type, dp_sharded, util, shard_group)
     is_sharded = [_is_tp_sharded(p, util) for p in counted]
     sharded = _combine([t for t, s in zip(terms, is_sharded) if s], norm_type, util.device)
     replicated = _combine([t for t, s in zip(terms, is_sharded) if not s], norm_type, util.device)

@@ -25,6 +25,7 @@ from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.distributed.tensor import DTensor
 
+from libai.layers.moe import is_expert_parameter
 from libai.runtime.buckets import bucket_tensors
 from libai.runtime.grad_clip import clip_grad_norm_
 from libai.runtime.sequence_parallel import (
@@ -68,11 +69,7 @@ class GradientSync:
         self.sequence_parallel_names = sequence_parallel_parameter_names(model)
         #: expert weights sharded over ep (libai.layers.moe): reduced over the expert-data
         #: ranks, not all dp ranks
-        self.expert_parameters = [
-            p
-            for p in model.parameters()
-            if getattr(p, "libai_expert", False) and util.expert_parallel_size > 1
-        ]
+        self.expert_parameters = [p for p in model.parameters() if is_expert_parameter(p, util)]
         expert_ids = {id(p) for p in self.expert_parameters}
         self.dense_parameters = [p for p in model.parameters() if id(p) not in expert_ids]
         #: ZeRO stage 2/3 (libai.runtime.zero / fsdp): replaces the dp all-reduce

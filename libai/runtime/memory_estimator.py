@@ -93,6 +93,7 @@ import torch
 from torch import nn
 
 from libai import dist
+from libai.layers.moe import is_expert_parameter
 
 #: bytes of the CPU RNG state that a non-reentrant checkpoint keeps per block
 RNG_STATE_BYTES = 5056
@@ -232,22 +233,25 @@ def fsdp_shard_numel(shape: tuple[int, ...], shard_size: int, shard_rank: int) -
     return mine * math.prod(shape[1:])
 
 
-def held_numels(shapes, settings: TrainSettings, dp: int, dp_rank: int) -> tuple:
+def held_numels(shapes, settings: TrainSettings, dp: int, dp_rank: int, experts=()) -> tuple:
     """``(parameter, gradient, optimizer)`` element lists this dp rank holds of a (pp, tp)
-    position's local parameter ``shapes`` under ``settings.zero_stage``."""
+    position's local parameter ``shapes`` under ``settings.zero_stage``; ``experts``: the
+    shapes of the rank's expert-parallel expert weights, which ZeRO leaves whole (each rank
+    keeps their gradients and state)."""
     from libai.runtime.zero import partition_parameters
 
     numels = [math.prod(s) for s in shapes]
+    own = [math.prod(s) for s in experts]
     stage = settings.zero_stage
     if stage is None:
-        return numels, numels, numels
+        return numels + own, numels + own, numels + own
     if stage == 3:
         group = dp // settings.hsdp_replicate_size
         local = [fsdp_shard_numel(tuple(s), group, dp_rank % group) for s in shapes]
-        return local, local, local
+        return local + own, local + own, local + own
     owners = partition_parameters(numels, dp)
     owned = [n for n, r in zip(numels, owners) if r == dp_rank]
-    return numels, (owned if stage == 2 else numels), owned
+    return numels + own, (owned if stage == 2 else numels) + own, owned + own
 
 
 def optimizer_bytes(numels: list[int], optimizer: str) -> int:
@@ -431,12 +435,17 @@ def estimate_memory(model_cfg, layout: dist.DistLayout, settings: TrainSettings,
         util = CountingDistUtil(layout, pp_rank, 0, tp_rank)
         model = build_stage_model(model_cfg, util)
         with counting_mesh(util):
-            shapes = [tuple(p.shape) for p in unique_parameters(model, optim_cfg)]
+            params = unique_parameters(model, optim_cfg)
+        expert = [is_expert_parameter(p, util) for p in params]
+        shapes = [tuple(p.shape) for p, e in zip(params, expert) if not e]
+        experts = [tuple(p.shape) for p, e in zip(params, expert) if e]
         act = stage_activation_bytes(model, util, settings)
         flight = in_flight_micro_batches(layout, pp_rank, settings.num_microbatches)
         for dp_rank, cp_rank in itertools.product(range(dp), range(cp)):
             # ZeRO 1/2 shard over the dp x cp ranks (ordered (dp, cp))
-            params, grads, opt = held_numels(shapes, settings, dp * cp, dp_rank * cp + cp_rank)
+            params, grads, opt = held_numels(
+                shapes, settings, dp * cp, dp_rank * cp + cp_rank, experts
+            )
             # O2: 2-byte parameters and gradients, fp32 masters of what the rank steps
             width = 2 if settings.master_weights else _FP32
             masters = _FP32 * sum(opt) if settings.master_weights else 0

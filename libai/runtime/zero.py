@@ -44,6 +44,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.distributed.tensor import DTensor
 
 from libai import dist
+from libai.layers.moe import is_expert_parameter
 from libai.runtime.buckets import bucket_tensors
 from libai.runtime.fsdp import HSDP_KEY, FullyShardedGrads, apply_fully_shard
 from libai.utils.logger import log_first_n
@@ -79,18 +80,17 @@ def resolve_zero_stage(zero_cfg, layout) -> int | None:
             "without ZeRO",
         )
         return None
-    ep = getattr(layout, "expert_parallel_size", 1)
-    if ep > 1:
-        raise ValueError(
-            f"train.zero_optimization (stage {stage}) with train.dist.expert_parallel_size={ep} "
-            "is not supported yet: the expert weights are sharded over the data-parallel "
-            "ranks already. Turn ZeRO off or set expert_parallel_size=1."
-        )
     replicate = zero_cfg.get("hsdp_replicate_size", 1)
     replicate = 1 if replicate is None else replicate
     dp = layout.data_parallel_size
     if isinstance(replicate, bool) or not isinstance(replicate, int) or replicate < 1:
         raise ValueError(f"{HSDP_KEY} must be a positive integer, got {replicate!r}.")
+    ep = getattr(layout, "expert_parallel_size", 1)
+    if replicate > 1 and ep > 1:
+        raise ValueError(
+            f"{HSDP_KEY}={replicate} with train.dist.expert_parallel_size={ep} is not "
+            "supported yet; use hsdp_replicate_size=1 (ZeRO-3 over all data-parallel ranks)"
+        )
     if replicate > 1 and stage != 3:
         raise ValueError(
             f"{HSDP_KEY}={replicate} (HSDP) applies to stage=3 only (got stage={stage}); "
@@ -208,11 +208,14 @@ class ZeroOptimizer(torch.optim.Optimizer):
         if len({id(p) for p in self.params}) != len(self.params):
             raise ValueError("a parameter appears in more than one optimizer param group")
         self.names = [names.get(id(p), f"<param {i}>") for i, p in enumerate(self.params)]
-        owners = partition_parameters([_local(p).numel() for p in self.params], self.dp_size)
-        self.owner = {id(p): r for p, r in zip(self.params, owners)}
-        self.owned_by = [
-            [p for p in self.params if self.owner[id(p)] == r] for r in range(self.dp_size)
-        ]
+        # expert weights split over ep (libai.layers.moe) are each rank's own already: it
+        # keeps their state and gradients; the other parameters are partitioned over dp
+        experts = {id(p) for p in self.params if is_expert_parameter(p, util)}
+        dense = [p for p in self.params if id(p) not in experts]
+        owners = partition_parameters([_local(p).numel() for p in dense], self.dp_size)
+        self.owner = {id(p): r for p, r in zip(dense, owners)}
+        self.owner.update({i: self.dp_rank for i in experts})
+        self.owned_by = [[p for p in dense if self.owner[id(p)] == r] for r in range(self.dp_size)]
         for group in optimizer.param_groups:  # the real optimizer sees only owned parameters
             group["params"] = [p for p in group["params"] if self.owner[id(p)] == self.dp_rank]
         self._signature = {
@@ -291,6 +294,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         for p in self.params:
             if not self.owned(p):
                 p.grad = None
+        # the experts' gradients: summed over their expert-data group by GradientSync
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for p in self.params:

@@ -1,6 +1,6 @@
 """Expert parallel (``train.dist.expert_parallel_size``): a tiny Mixture-of-Experts Llama on
-dp x ep, tp x ep (with and without sequence parallel) and pp x ep equals the single-process
-run (losses, every gradient, clipping norms, parameters after three steps) in dropless and
+dp x ep, tp x ep (with and without sequence parallel), pp x ep and ZeRO-2 / ZeRO-3 x ep
+equals the single-process run (losses, every gradient, clipping norms, parameters after three steps) in dropless and
 capacity modes and with DeepSeek-V3's routing; each rank holds E / ep experts and its experts
 receive exactly the router's assignments of its ep group."""
 
@@ -40,6 +40,19 @@ CASES_4 = [
         "name": "dp2-tp2-sp-ep2-capacity",
         "variant": "capacity",
         "dist": {"tensor_parallel_size": 2, "sequence_parallel": True, "expert_parallel_size": 2},
+    },
+    # ZeRO over dp for the dense weights; the experts stay whole on their ranks
+    {
+        "name": "dp4-ep2-zero2",
+        "variant": "dropless",
+        "dist": {"expert_parallel_size": 2},
+        "zero": 2,
+    },
+    {
+        "name": "dp4-ep2-zero3",
+        "variant": "deepseek",
+        "dist": {"expert_parallel_size": 2},
+        "zero": 3,
     },
     {
         "name": "pp2-dp2-ep2",
@@ -132,6 +145,13 @@ def test_four_ranks_equal_one_process(four_ranks, case):
     items = four_ranks[case]
     check_numbers(items, pipeline=case.startswith("pp"))
     check_layout(items, 2)
+    for item in items:  # every rank steps its own experts: 3 weights x its MoE layers
+        held = item["held"]
+        assert held["expert_states"] == (3 if case.startswith("pp") else 6), (case, held)
+        if "zero2" in case:  # ZeRO-2 partitions the dense weights' state over 4 dp ranks
+            assert 0 < held["dense_states"] < held["dense_params"], (case, held)
+    if "zero2" in case:
+        assert sum(i["held"]["dense_states"] for i in items) == items[0]["held"]["dense_params"]
 
 
 def test_checkpoints_reshard_between_ep2_and_one_process(two_ranks, references, checkpoints):

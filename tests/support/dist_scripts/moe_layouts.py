@@ -23,6 +23,7 @@ from libai.checkpoint.checkpointer import Checkpointer
 from libai.layers import MoE
 from libai.layers.param import local_value
 from libai.runtime.parallel import ModelRunner
+from libai.runtime.zero import prepare_model, shard_optimizer
 
 
 def watch_routing(model) -> tuple[dict, list]:
@@ -63,6 +64,8 @@ def check_case(case: dict, refs: dict) -> dict:
     ref = refs[case["variant"] + (f"/mb{microbatches}" if microbatches > 1 else "")]
     model = build_moe_llama(case["variant"])
     runner = ModelRunner(model, num_microbatches=microbatches, **case.get("runner", {}))
+    stage = case.get("zero")
+    prepare_model(runner, stage)  # ZeRO-3: FSDP2 over dp, the experts left to their ranks
     init_diff, init_name = max_diff(moe_state(model), ref["init"])
 
     def local_batch(step):
@@ -89,7 +92,19 @@ def check_case(case: dict, refs: dict) -> dict:
             "received": seen[name + ".received"],
             "expected": expected_rows(seen[name + ".experts"], util, 4),
         }
-    out = train(runner, local_batch, moe_state)
+    optimizer = make_optimizer(model)
+    if stage is not None:
+        optimizer = shard_optimizer(runner, optimizer, stage)
+    out = train(runner, local_batch, moe_state, optimizer)
+    held = {  # what this rank keeps optimizer state for: experts, and under ZeRO its share
+        "expert_states": sum(
+            1 for n, p in model.named_parameters() if ".experts." in n and p in optimizer.state
+        ),
+        "dense_states": sum(
+            1 for n, p in model.named_parameters() if ".experts." not in n and p in optimizer.state
+        ),
+        "dense_params": sum(1 for n, _ in model.named_parameters() if ".experts." not in n),
+    }
     if case.get("save_to"):  # for the test to load on one process
         Checkpointer(model, case["save_to"], optimizer=out["optimizer"]).save("model_final")
     grad_diff, grad_name = max_diff(out["grads"], ref["grads"])
@@ -119,6 +134,7 @@ def check_case(case: dict, refs: dict) -> dict:
         "experts": experts,
         "routing": routing,
         "momentum_diff": max_diff(out["momenta"], ref["momenta"])[0],
+        "held": held,
         **(load_checkpoint(case, ref) if case.get("load_from") else {}),
     }
 

@@ -358,3 +358,13 @@ def test_experts_are_counted_per_expert_parallel_rank():
             layout,
             TrainSettings(micro_batch_size=1, seq_length=8),
         )
+    # ZeRO-2 partitions the dense weights' gradients and state over the 4 dp ranks; each
+    # rank keeps its experts' whole
+    zero = TrainSettings(
+        micro_batch_size=1, seq_length=8, optimizer="sgd_momentum", activations=False, zero_stage=2
+    )
+    rows = estimate_memory(LazyCall(LlamaForCausalLM)(**kwargs), layout, zero)
+    dense = total - experts
+    assert sum(r.optimizer for r in rows) == 4 * (dense + 4 * experts // 2)
+    assert sum(r.gradients for r in rows) == 4 * (dense + 4 * experts // 2)
+    assert all(r.parameters == 4 * (dense + experts // 2) for r in rows)
