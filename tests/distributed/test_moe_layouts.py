@@ -19,6 +19,12 @@ from libai import dist
 PP = {"pipeline_parallel_size": 2, "pipeline_num_layers": 2}
 CASES_2 = [
     {"name": "dp2-ep2", "variant": "dropless", "dist": {"expert_parallel_size": 2}},
+    {
+        "name": "dp2-ep2-zero1",
+        "variant": "dropless",
+        "dist": {"expert_parallel_size": 2},
+        "zero": 1,
+    },
     {"name": "dp2-ep2-capacity", "variant": "capacity", "dist": {"expert_parallel_size": 2}},
     # checkpointed blocks recompute their routing and all-to-alls in backward
     {
@@ -67,7 +73,7 @@ CASES_4 = [
 def checkpoints(tmp_path_factory):
     """``ep1``: the one-process reference's checkpoint; ``ep2``: where dp2 x ep2 saves."""
     root = tmp_path_factory.mktemp("moe_checkpoints")
-    return {"ep1": str(root / "ep1"), "ep2": str(root / "ep2")}
+    return {name: str(root / name) for name in ("ep1", "ep2", "ep2-zero1")}
 
 
 @pytest.fixture(scope="module")
@@ -125,6 +131,7 @@ def two_ranks(references, checkpoints):
     cases = [dict(c) for c in CASES_2]
     # dp2 x ep2 saves its checkpoint, and loads the one-process one
     cases[0].update(save_to=checkpoints["ep2"], load_from=checkpoints["ep1"])
+    cases[1].update(save_to=checkpoints["ep2-zero1"])  # ZeRO's partial state, experts whole
     return run_cases(references, 2, cases)
 
 
@@ -156,7 +163,8 @@ def test_four_ranks_equal_one_process(four_ranks, case):
 
 def test_checkpoints_reshard_between_ep2_and_one_process(two_ranks, references, checkpoints):
     """The one-process checkpoint loads on dp2 x ep2 (each rank reading its experts), and
-    dp2 x ep2's loads on one process: parameters, expert biases and momenta as saved."""
+    dp2 x ep2's (also with ZeRO-1: each rank saving its share of the dense weights' state
+    and its own experts') loads on one process: parameters, expert biases and momenta."""
     from gpt_reference import max_diff
     from moe_reference import build_moe_llama, make_optimizer, moe_state, momenta
 
@@ -166,13 +174,16 @@ def test_checkpoints_reshard_between_ep2_and_one_process(two_ranks, references, 
         assert item["loaded_diff"] == 0.0 and item["loaded_momentum_diff"] == 0.0, item
     ref = torch.load(references)["dropless"]
     dist.setup_dist_util({})
-    model = build_moe_llama("dropless")
-    optimizer = make_optimizer(model)
-    Checkpointer(model, checkpoints["ep2"], optimizer=optimizer).load(
-        checkpoints["ep2"] + "/model_final"
-    )
-    assert max_diff(moe_state(model), ref["final"])[0] < GRAD_TOL
-    assert max_diff(momenta(model, optimizer), ref["momenta"])[0] < GRAD_TOL
+    for name in ("ep2", "ep2-zero1"):
+        model = build_moe_llama("dropless")
+        optimizer = make_optimizer(model)
+        Checkpointer(model, checkpoints[name], optimizer=optimizer).load(
+            checkpoints[name] + "/model_final"
+        )
+        assert max_diff(moe_state(model), ref["final"])[0] < GRAD_TOL, name
+        loaded = momenta(model, optimizer)
+        assert sorted(loaded) == sorted(ref["momenta"]), name  # every parameter's, once
+        assert max_diff(loaded, ref["momenta"])[0] < GRAD_TOL, name
     fresh = build_moe_llama("dropless")  # the control: an unloaded model is far from it
     assert max_diff(moe_state(fresh), ref["final"])[0] > 1e-3
     dist.reset_dist_util()
