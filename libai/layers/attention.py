@@ -180,6 +180,10 @@ class MultiheadAttention(nn.Module):
 
         return full(q, self.q_norm), full(k, self.k_norm)
 
+    def _rotate(self, q, k, rotary_pos_emb):
+        """``q`` and ``k`` rotated by the positions' ``(cos, sin)`` (every head dim)."""
+        return apply_rotary_pos_emb(q, *rotary_pos_emb), apply_rotary_pos_emb(k, *rotary_pos_emb)
+
     def _project(self, hidden_states, encoder_states, past_key_value):
         kvh, g, hd = self.local_kv_heads, self.group_size, self.head_size
         if not self.is_cross_attention:
@@ -237,8 +241,7 @@ class MultiheadAttention(nn.Module):
         if self.qk_norm is not None:
             q, k = self._normalize_qk(q, k)
         if rotary_pos_emb is not None:
-            q = apply_rotary_pos_emb(q, *rotary_pos_emb)
-            k = apply_rotary_pos_emb(k, *rotary_pos_emb)
+            q, k = self._rotate(q, k, rotary_pos_emb)
         query_positions = None  # context parallel: the global positions of the queries
         if self._dist_util.cp_group is not None and not self.is_cross_attention:
             query_positions, k, v = self._gather_context(q, k, v, past_key_value, use_cache)

@@ -107,8 +107,13 @@ class Router(nn.Module):
         if sequence_parallel:  # each tp rank routes its share of the tokens: partial gradients
             mark_sequence_parallel(self.weight, self.bias)
         if expert_bias:
-            #: DeepSeek-V3's ``e_score_correction_bias``: steers the choice, not the weights
-            self.register_buffer("expert_bias", torch.zeros(num_experts, device=util.device))
+            #: DeepSeek-V3's ``e_score_correction_bias``: steers the choice, not the weights.
+            #: A parameter without gradient (checkpoints and Hugging Face files carry it like
+            #: the weights), moved only by :meth:`update_expert_bias_`, the same on every rank
+            self.expert_bias = nn.Parameter(
+                torch.zeros(num_experts, device=util.device), requires_grad=False
+            )
+            self.expert_bias.libai_expert_bias = True
             #: tokens routed to each expert since the last bias update (this rank's)
             self.register_buffer(
                 "tokens_per_expert", torch.zeros(num_experts, device=util.device), persistent=False

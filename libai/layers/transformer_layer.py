@@ -10,6 +10,7 @@ from torch import nn
 from libai.layers.attention import KVPair, MultiheadAttention
 from libai.layers.checkpointing import checkpointed
 from libai.layers.kv_cache import LayerKVCache
+from libai.layers.latent_attention import LatentAttention
 from libai.layers.layer_norm import LayerNorm, RMSLayerNorm
 from libai.layers.mlp import MLP
 from libai.layers.moe import MoE, MoEConfig
@@ -42,7 +43,9 @@ class TransformerLayer(nn.Module):
     ``mlp_bias`` override it for the q/k/v projections / the MLP (e.g. Qwen2: q/k/v only).
 
     ``qk_norm`` (``"head"``: Qwen3; ``"full"``: OLMoE) RMS-normalizes the self-attention's
-    queries and keys (see :class:`~libai.layers.MultiheadAttention`).
+    queries and keys (see :class:`~libai.layers.MultiheadAttention`); ``latent_attention``
+    (:data:`~libai.layers.latent_attention.LATENT_KEYS`) makes it DeepSeek's multi-head
+    latent attention (:class:`~libai.layers.latent_attention.LatentAttention`).
 
     ``moe`` (a :class:`~libai.layers.moe.MoEConfig`) makes the feed-forward a Mixture of
     Experts (:class:`~libai.layers.moe.MoE`, experts of ``ffn_hidden_size`` unless the config
@@ -82,6 +85,7 @@ class TransformerLayer(nn.Module):
         apply_residual_post_layernorm: bool = False,
         moe: MoEConfig | None = None,
         qk_norm: str | None = None,
+        latent_attention: dict | None = None,
     ):
         super().__init__()
         if sequence_parallel and is_decoder:
@@ -112,15 +116,30 @@ class TransformerLayer(nn.Module):
         )
         sp = dict(layer_idx=layer_idx, sequence_parallel=sequence_parallel)
         self.input_layernorm = build_norm(norm_type, hidden_size, layernorm_epsilon, **sp)
-        self.self_attention = MultiheadAttention(
-            hidden_size,
-            num_attention_heads,
-            attn_mask_type=attn_mask_type,
-            sequence_parallel=sequence_parallel,
-            qk_norm=qk_norm,
-            qk_norm_eps=layernorm_epsilon,
-            **attn_kwargs,
-        )
+        if latent_attention is not None:  # DeepSeek's multi-head latent attention
+            self.self_attention = LatentAttention(
+                hidden_size,
+                num_attention_heads,
+                **latent_attention,
+                attention_dropout_prob=attention_dropout_prob,
+                output_dropout_prob=output_dropout_prob,
+                bias=bias,
+                init_method=init_method,
+                output_layer_init_method=output_layer_init_method,
+                attn_mask_type=attn_mask_type,
+                layer_idx=layer_idx,
+                sequence_parallel=sequence_parallel,
+            )
+        else:
+            self.self_attention = MultiheadAttention(
+                hidden_size,
+                num_attention_heads,
+                attn_mask_type=attn_mask_type,
+                sequence_parallel=sequence_parallel,
+                qk_norm=qk_norm,
+                qk_norm_eps=layernorm_epsilon,
+                **attn_kwargs,
+            )
         if is_decoder:
             self.post_attention_layernorm = build_norm(
                 norm_type, hidden_size, layernorm_epsilon, layer_idx=layer_idx

@@ -35,11 +35,21 @@ from libai.layers.kv_cache import (
     layer_past,
     past_length,
 )
+from libai.layers.latent_attention import LATENT_KEYS
 from libai.layers.rotary import rope_type
 from libai.models.utils.hf_kwargs import accepts_hf_keywords
 
 IGNORE_INDEX = -100
-MODEL_TYPES = ("llama", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
+MODEL_TYPES = (
+    "llama",
+    "qwen2",
+    "qwen3",
+    "mixtral",
+    "qwen2_moe",
+    "qwen3_moe",
+    "olmoe",
+    "deepseek_v3",
+)
 
 
 def shift_labels(labels: torch.Tensor, ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
@@ -49,6 +59,15 @@ def shift_labels(labels: torch.Tensor, ignore_index: int = IGNORE_INDEX) -> torc
 
 
 _shift = shift_labels  # the forward's ``shift_labels`` argument shadows the name
+
+
+def check_latent_attention(settings) -> dict:
+    """``latent_attention`` as a plain dict; an unknown key raises naming the valid ones."""
+    settings = {str(k): v for k, v in dict(settings).items()}
+    unknown = sorted(set(settings) - set(LATENT_KEYS))
+    if unknown:
+        raise ValueError(f"unknown latent_attention key(s) {unknown}; valid: {list(LATENT_KEYS)}")
+    return settings
 
 
 def check_tensor_parallel(num_attention_heads: int, num_key_value_heads: int) -> None:
@@ -97,6 +116,10 @@ class LlamaModel(nn.Module):
             ``k_norm``) or ``"full"`` (OLMoE's, over all heads); ``None``: none.
         padding_idx: the embedding row that gets no gradient (transformers' ``pad_token_id``
             of these families: ``nn.Embedding(..., padding_idx)``).
+        latent_attention: DeepSeek-V3's multi-head latent attention instead of grouped-query
+            attention: ``dict(kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim,
+            q_lora_rank=None, rope_interleave=True, softmax_scale=None)``
+            (:class:`~libai.layers.latent_attention.LatentAttention`).
     """
 
     @configurable
@@ -124,6 +147,7 @@ class LlamaModel(nn.Module):
         moe: dict | None = None,
         qk_norm: str | None = None,
         padding_idx: int | None = None,
+        latent_attention: dict | None = None,
     ):
         super().__init__()
         if model_type not in MODEL_TYPES:
@@ -133,6 +157,9 @@ class LlamaModel(nn.Module):
         rope_type(rope_scaling)  # raises on an unsupported scaling type, before any build
         dist.check_model_num_layers(hidden_layers, f"hidden_layers={hidden_layers}")
         head_dim = head_dim or hidden_size // num_attention_heads
+        if latent_attention is not None:  # MLA: the rotary part of each head only
+            latent_attention = check_latent_attention(latent_attention)
+            head_dim = int(latent_attention["qk_rope_head_dim"])
         init_method = init_method_normal(initializer_range)
         self.num_layers = hidden_layers
         self.moe = moe = MoEConfig.of(moe)
@@ -170,6 +197,7 @@ class LlamaModel(nn.Module):
                 sequence_parallel=sp,
                 moe=moe if moe is not None and moe.is_moe_layer(i) else None,
                 qk_norm=qk_norm,
+                latent_attention=latent_attention,
             )
 
         # A ModuleDict keyed by layer index: a pipeline stage drops the others, names stay.

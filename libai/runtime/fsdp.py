@@ -273,8 +273,14 @@ def apply_fully_shard(runner, *, hsdp_replicate_size: int = 1) -> FullyShardedGr
         )
     attributes = {}
     # expert weights split over ep (libai.layers.moe) stay whole on their rank: FSDP2
-    # ignores them, GradientSync sums their gradients over the expert-data group
-    experts = {p for root, _ in units for p in root.parameters() if is_expert_parameter(p, util)}
+    # ignores them, GradientSync sums their gradients over the expert-data group; routers'
+    # expert biases (no gradient, moved after each step alike everywhere) stay whole too
+    experts = {
+        p
+        for root, _ in units
+        for p in root.parameters()
+        if is_expert_parameter(p, util) or getattr(p, "libai_expert_bias", False)
+    }
     if experts:
         kwargs["ignored_params"] = experts
     for root, blocks in units:

@@ -69,8 +69,8 @@ def _grad_diffs(model, ref_grads: dict, loader) -> tuple[float, str, int]:
     rules = complete_rules(model, loader.rules(model_libai_cfg(model), type(model)))
     worst, worst_name, checked = 0.0, "", 0
     for name, p in model.named_parameters():
-        if getattr(p, "libai_tied_copy", False):
-            continue
+        if getattr(p, "libai_tied_copy", False) or not p.requires_grad:
+            continue  # (no gradient: e.g. DeepSeek's expert bias, moved outside backward)
         if p.grad is None:
             raise AssertionError(f"{name} has no gradient")
         g = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad

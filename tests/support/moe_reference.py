@@ -54,15 +54,13 @@ def moe_batch(step: int) -> dict[str, torch.Tensor]:
 
 
 def moe_state(model, with_grads=False) -> dict[str, torch.Tensor]:
-    """Full (gathered) parameter values or gradients by name, plus the routers' expert
-    biases (buffers: moved by the balancing step, not by the optimizer)."""
+    """Full (gathered) parameter values or gradients by name (the routers' expert biases,
+    parameters without gradient moved by the balancing step, among the values)."""
     out = {  # (ZeRO-2: a rank holds the gradients of what it owns)
         name: dist.ttol((p.grad if with_grads else p).detach()).clone()
         for name, p in model.named_parameters()
         if not with_grads or p.grad is not None
     }
-    if not with_grads:
-        out.update({n: b.clone() for n, b in model.named_buffers() if n.endswith("expert_bias")})
     return out
 
 

@@ -25,6 +25,7 @@ LOADERS = {
     "qwen3": "libai.models.utils.model_loader.llama_loader:LlamaLoaderHuggerFace",
     "qwen3_moe": "libai.models.utils.model_loader.moe_loader:MoELoaderHuggerFace",
     "olmoe": "libai.models.utils.model_loader.moe_loader:MoELoaderHuggerFace",
+    "deepseek_v3": "libai.models.utils.model_loader.deepseek_loader:DeepseekV3LoaderHuggerFace",
     "mixtral": "libai.models.utils.model_loader.moe_loader:MoELoaderHuggerFace",
     "qwen2_moe": "libai.models.utils.model_loader.moe_loader:MoELoaderHuggerFace",
     "vit": "libai.models.utils.model_loader.vit_loader:ViTLoaderHuggerFace",

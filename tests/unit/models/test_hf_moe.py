@@ -1,8 +1,10 @@
 """Mixtral, Qwen2-MoE (a shared expert with its sigmoid gate, a dense block from
 ``mlp_only_layers``), Qwen3-MoE (per-head q/k norms) and OLMoE (q/k norms over all heads)
 from Hugging Face directories equal transformers -- logits, loss and every gradient,
-experts included -- on 1 process; Mixtral on tp2, dp2 x ep2 (each rank reading only its
-experts) and pp2, Qwen3-MoE on tp2 x ep2, Qwen2-MoE on dp2 x tp2 x ep2; exports reload
+experts included -- on 1 process; DeepSeek-V3 too (multi-head latent attention, sigmoid
+group-limited routing with its expert bias, a shared expert, a dense first block); Mixtral
+on tp2, dp2 x ep2 (each rank reading only its experts) and pp2, Qwen2-MoE, Qwen3-MoE and
+DeepSeek-V3 on dp2 x tp2 x ep2; exports reload
 bitwise; greedy generation (KV cache) gives transformers' tokens; bad configs fail with one
 line."""
 
@@ -32,11 +34,41 @@ SHAPES = dict(
     vocab_size=VOCAB,
     max_position_embeddings=64,
     rms_norm_eps=1e-2,
+    # 10 x the default: gradients large enough that a missing reduction shows at 1e-4
+    initializer_range=0.2,
 )
 
 
 def build_hf(kind: str):
-    torch.manual_seed({"mixtral": 0, "qwen2_moe": 1, "qwen3_moe": 2, "olmoe": 3}[kind])
+    torch.manual_seed(
+        {"mixtral": 0, "qwen2_moe": 1, "qwen3_moe": 2, "olmoe": 3, "deepseek_v3": 4}[kind]
+    )
+    if kind == "deepseek_v3":  # latent attention, sigmoid group-limited routing, shared expert
+        config = transformers.DeepseekV3Config(
+            **{**SHAPES, "num_key_value_heads": 4},
+            moe_intermediate_size=16,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            n_group=4,
+            topk_group=2,
+            n_shared_experts=1,
+            first_k_dense_replace=1,
+            kv_lora_rank=8,
+            q_lora_rank=12,
+            qk_rope_head_dim=4,
+            qk_nope_head_dim=4,
+            v_head_dim=6,
+            routed_scaling_factor=2.5,
+        )
+        model = transformers.DeepseekV3ForCausalLM(config)
+        with torch.no_grad():  # norms away from ones, expert biases away from zeros
+            for name, p in model.named_parameters():
+                if "norm" in name:
+                    p.normal_(1.0, 0.3)
+            for name, b in model.named_buffers():
+                if "e_score_correction_bias" in name:
+                    b.normal_(0.0, 0.1)
+        return model
     if kind == "mixtral":
         config = transformers.MixtralConfig(**SHAPES, num_local_experts=4, num_experts_per_tok=2)
         return transformers.MixtralForCausalLM(config)
@@ -93,10 +125,17 @@ def cases(tmp_path_factory):
     return get
 
 
-MOE_LAYERS = {"mixtral": [0, 1], "qwen2_moe": [0], "qwen3_moe": [1], "olmoe": [0, 1]}
+MOE_LAYERS = {
+    "mixtral": [0, 1],
+    "qwen2_moe": [0],
+    "qwen3_moe": [1],
+    "olmoe": [0, 1],
+    "deepseek_v3": [1],  # first_k_dense_replace=1
+}
+KINDS = list(MOE_LAYERS)
 
 
-@pytest.mark.parametrize("kind", ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_single_process_parity_and_export(cases, kind):
     root, case_path, hf_cls, state = cases(kind)
     out = root / "out1"
@@ -129,10 +168,11 @@ def test_tp2_ep2_and_pp2(cases):
 
 def test_dp2_tp2_ep2(cases):
     """One 4-process launch: Qwen2-MoE (the shared expert is tensor-parallel, the routed
-    ones split over ep) and Qwen3-MoE (its per-head q/k norm weights see each tp rank's
-    heads: their gradients are summed over tp)."""
+    ones split over ep), Qwen3-MoE (its per-head q/k norm weights see each tp rank's heads:
+    their gradients are summed over tp) and DeepSeek-V3 (latent attention's heads split
+    over tp, the shared rope key's gradient summed over them)."""
     layouts = []
-    for kind in ("qwen2_moe", "qwen3_moe"):
+    for kind in ("qwen2_moe", "qwen3_moe", "deepseek_v3"):
         root, case_path, hf_cls, state = cases(kind)
         layouts.append(
             {
@@ -144,12 +184,12 @@ def test_dp2_tp2_ep2(cases):
             }
         )
     check_layouts(layouts[0]["case"], layouts[0]["hf_dir"], 4, layouts)
-    for kind in ("qwen2_moe", "qwen3_moe"):
+    for kind in ("qwen2_moe", "qwen3_moe", "deepseek_v3"):
         root, _, hf_cls, state = cases(kind)
         hf_parity.assert_exported(root / "dp2tp2ep2", hf_cls, state, source=root / "hf")
 
 
-@pytest.mark.parametrize("kind", ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_greedy_generation_equals_transformers(cases, kind):
     root, *_ = cases(kind)
     dist.setup_dist_util({})
