@@ -61,6 +61,7 @@ BYTE_LEVEL_MODELS = (
     "qwen2_moe",
     "qwen3_moe",
     "olmoe",
+    "deepseek_v3",
 )
 
 

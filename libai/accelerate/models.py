@@ -44,6 +44,7 @@ ZOO = {
     ("causal_lm", "qwen2_moe"): "LlamaForCausalLM",
     ("causal_lm", "qwen3_moe"): "LlamaForCausalLM",
     ("causal_lm", "olmoe"): "LlamaForCausalLM",
+    ("causal_lm", "deepseek_v3"): "LlamaForCausalLM",
     ("seq2seq_lm", "t5"): "T5ForPreTraining",
     ("seq2seq_lm", "mt5"): "T5ForPreTraining",
     ("pretraining", "gpt2"): "GPTForPreTraining",
@@ -60,6 +61,7 @@ ZOO_ARCHITECTURES = (
     "Qwen2-MoE",
     "Qwen3-MoE",
     "OLMoE",
+    "DeepSeek-V3",
 )
 
 
@@ -79,7 +81,7 @@ def zoo_class_name(task: str, model_type: str | None) -> str | None:
 
 
 #: the zoo's Mixture-of-Experts families (expert parallel, --moe-aux-loss-coeff)
-MOE_MODEL_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
+MOE_MODEL_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v3")
 
 
 def check_layout(task: str, model_type: str | None, tp: int, pp: int, ep: int = 1) -> None:

@@ -68,6 +68,14 @@ def model_family(model: nn.Module) -> str:
     if isinstance(model, (GPTForPreTraining, GPTModel)):
         return "causal_lm"
     if isinstance(model, LlamaForCausalLM):
+        from libai.layers.latent_attention import LatentAttention
+
+        if any(isinstance(m, LatentAttention) for m in model.modules()):
+            raise UnsupportedModelError(
+                "DeepSeek's multi-head latent attention (keys and values of different widths "
+                "in the cache) has no ONNX export yet; export GPT-2, Llama / Qwen or the MoE "
+                "families with grouped-query attention"
+            )
         if model.model.rotary_emb.dynamic:
             raise UnsupportedModelError(
                 "rope_scaling type 'dynamic' recomputes the frequencies from the largest "

@@ -410,6 +410,21 @@ def test_unsupported_models_raise_clear_errors(tmp_path):
         model_family(vit)
     with pytest.raises(UnsupportedModelError):
         export_onnx(vit, tmp_path / "vit.onnx")
+    # DeepSeek-V3's latent attention: named, before any tracing
+    from libai.models import LlamaForCausalLM
+
+    latent = dict(kv_lora_rank=8, qk_nope_head_dim=4, qk_rope_head_dim=4, v_head_dim=6)
+    deepseek = LlamaForCausalLM(
+        hidden_layers=1,
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=48,
+        num_attention_heads=4,
+        model_type="deepseek_v3",
+        latent_attention=latent,
+    )
+    with pytest.raises(UnsupportedModelError, match="latent attention .* has no ONNX export"):
+        export_onnx(deepseek, tmp_path / "deepseek.onnx")
 
 
 # ---- a tp2-trained checkpoint through the command line -------------------------------------------
