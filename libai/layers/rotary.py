@@ -9,7 +9,11 @@ with the formulas of ``transformers.modeling_rope_utils``:
 - ``"dynamic"`` (NTK-aware): beyond ``max_position_embeddings`` the base grows to
   ``theta * (factor * seq_len / max_pos - (factor - 1)) ** (d / (d - 2))``;
 - ``"llama3"``: low frequencies divided by ``factor``, high ones kept, a smooth ramp between
-  (``low_freq_factor``, ``high_freq_factor``, ``original_max_position_embeddings``).
+  (``low_freq_factor``, ``high_freq_factor``, ``original_max_position_embeddings``);
+- ``"yarn"`` (DeepSeek-V3, Qwen long context): interpolated (``/ factor``) and original
+  frequencies blended by a linear ramp over the dims between the correction range of
+  ``beta_fast`` / ``beta_slow`` rotations in ``original_max_position_embeddings``; cos and sin
+  multiplied by :func:`rope_attention_factor`.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
-ROPE_TYPES = ("default", "linear", "dynamic", "llama3")
+ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
 
 
 def rope_type(scaling: Mapping | None) -> str:
@@ -70,7 +74,53 @@ def rope_inv_freq(
         inv_freq = inv_freq / scaling["factor"]
     elif kind == "llama3":
         inv_freq = _llama3(inv_freq, scaling, max_position_embeddings)
+    elif kind == "yarn":
+        inv_freq = _yarn(inv_freq, dim, base, scaling, max_position_embeddings)
     return inv_freq
+
+
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's magnitude correction ``0.1 * mscale * ln(factor) + 1`` (1 for factor <= 1)."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def rope_attention_factor(scaling: Mapping | None) -> float:
+    """The factor cos and sin are multiplied by: YaRN's ``attention_factor`` (given, or
+    ``mscale(factor, mscale) / mscale(factor, mscale_all_dim)`` when both are set, else
+    ``mscale(factor)``), 1 for the other variants."""
+    if rope_type(scaling) != "yarn":
+        return 1.0
+    if scaling.get("attention_factor") is not None:
+        return float(scaling["attention_factor"])
+    factor, mscale, all_dim = (
+        scaling["factor"],
+        scaling.get("mscale"),
+        scaling.get("mscale_all_dim"),
+    )
+    if mscale and all_dim:
+        return yarn_mscale(factor, mscale) / yarn_mscale(factor, all_dim)
+    return yarn_mscale(factor)
+
+
+def _yarn(inv_freq, dim: int, base: float, scaling: Mapping, max_position_embeddings):
+    factor = scaling["factor"]
+    original = scaling.get("original_max_position_embeddings") or max_position_embeddings
+    if original is None:
+        raise ValueError("yarn RoPE scaling needs original_max_position_embeddings")
+    beta_fast, beta_slow = scaling.get("beta_fast") or 32, scaling.get("beta_slow") or 1
+
+    def correction_dim(rotations):  # the dim whose wavelength fits ``rotations`` times
+        return dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # no singular ramp
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    extrapolation = 1 - ramp  # 1: keep the original frequency, 0: interpolate
+    return inv_freq / factor * (1 - extrapolation) + inv_freq * extrapolation
 
 
 def _llama3(inv_freq: torch.Tensor, scaling: Mapping, max_position_embeddings) -> torch.Tensor:
@@ -116,6 +166,8 @@ class RotaryEmbedding(nn.Module):
                 head_size, base, scaling, max_position_embeddings=max_position_embeddings
             )
         self.register_buffer("inv_freq", inv_freq, persistent=False)
+        #: YaRN's magnitude factor on cos and sin (1 otherwise)
+        self.attention_factor = rope_attention_factor(scaling)
 
     def forward(self, position_ids: torch.Tensor, dtype: torch.dtype = torch.float32):
         """``position_ids`` [b, s] -> ``(cos, sin)`` each [b, s, head_size]."""
@@ -132,6 +184,11 @@ class RotaryEmbedding(nn.Module):
                 ).to(position_ids.device)
         freqs = position_ids.float().unsqueeze(-1) * inv_freq
         emb = torch.cat((freqs, freqs), dim=-1)
+        if self.attention_factor != 1.0:
+            return (
+                (emb.cos() * self.attention_factor).to(dtype),
+                (emb.sin() * self.attention_factor).to(dtype),
+            )
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
 

@@ -18,6 +18,7 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from libai import dist
 from libai.layers import rope_inv_freq
+from libai.layers.rotary import rope_attention_factor
 from libai.models import LlamaForCausalLM, LlamaModel
 from libai.models.utils import CheckpointError, load_huggingface
 
@@ -217,6 +218,17 @@ def test_base_model_from_base_and_head_checkpoints(tmp_path):
         {"rope_type": "linear", "factor": 4.0},
         {"rope_type": "dynamic", "factor": 2.0},
         {**LLAMA3_ROPE, "original_max_position_embeddings": 64},
+        # YaRN (DeepSeek-V3's): its attention factor is compared too
+        {
+            "rope_type": "yarn",
+            "factor": 4.0,
+            "original_max_position_embeddings": 8,
+            "beta_fast": 32,
+            "beta_slow": 1,
+            "mscale": 0.7,
+            "mscale_all_dim": 1.0,
+        },
+        {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 16},
     ],
 )
 def test_rope_inv_freq_matches_transformers(scaling):
@@ -229,11 +241,15 @@ def test_rope_inv_freq_matches_transformers(scaling):
         if kind == "default":
             want, _ = LlamaRotaryEmbedding.compute_default_rope_parameters(config)
         else:
-            want, _ = ROPE_INIT_FUNCTIONS[kind](config, "cpu", seq_len=seq_len)
+            want, factor = ROPE_INIT_FUNCTIONS[kind](config, "cpu", seq_len=seq_len)
+            assert rope_attention_factor(scaling) == pytest.approx(factor, rel=1e-12), kind
         got = rope_inv_freq(64, 5e5, scaling, max_position_embeddings=32, seq_len=seq_len)
-        assert torch.equal(got, want), (kind, seq_len)
-    with pytest.raises(ValueError, match="'yarn' is not supported"):
-        rope_inv_freq(64, 1e4, {"rope_type": "yarn", "factor": 2.0})
+        if kind == "yarn":  # the same formula, its ops in another order: last bits
+            torch.testing.assert_close(got, want, rtol=1e-6, atol=0)
+        else:
+            assert torch.equal(got, want), (kind, seq_len)
+    with pytest.raises(ValueError, match="'longrope' is not supported"):
+        rope_inv_freq(64, 1e4, {"rope_type": "longrope", "factor": 2.0})
 
 
 def test_tp_that_does_not_divide_kv_heads_is_named(tmp_path, monkeypatch):

@@ -1,8 +1,9 @@
 """Mixtral, Qwen2-MoE (a shared expert with its sigmoid gate, a dense block from
 ``mlp_only_layers``), Qwen3-MoE (per-head q/k norms) and OLMoE (q/k norms over all heads)
 from Hugging Face directories equal transformers -- logits, loss and every gradient,
-experts included -- on 1 process; DeepSeek-V3 too (multi-head latent attention, sigmoid
-group-limited routing with its expert bias, a shared expert, a dense first block); Mixtral
+experts included -- on 1 process; DeepSeek-V3 too (multi-head latent attention with YaRN
+RoPE, sigmoid group-limited routing with its expert bias, a shared expert, a dense first
+block); Mixtral
 on tp2, dp2 x ep2 (each rank reading only its experts) and pp2, Qwen2-MoE, Qwen3-MoE and
 DeepSeek-V3 on dp2 x tp2 x ep2; exports reload
 bitwise; greedy generation (KV cache) gives transformers' tokens; bad configs fail with one
@@ -59,6 +60,18 @@ def build_hf(kind: str):
             qk_nope_head_dim=4,
             v_head_dim=6,
             routed_scaling_factor=2.5,
+            # DeepSeek's YaRN (its released checkpoints'): a magnitude factor on cos / sin
+            # and a softmax scale of its own
+            rope_parameters={
+                "rope_type": "yarn",
+                "rope_theta": 10000.0,
+                "factor": 4.0,
+                "original_max_position_embeddings": 16,
+                "beta_fast": 32,
+                "beta_slow": 1,
+                "mscale": 0.7,
+                "mscale_all_dim": 1.0,
+            },
         )
         model = transformers.DeepseekV3ForCausalLM(config)
         with torch.no_grad():  # norms away from ones, expert biases away from zeros

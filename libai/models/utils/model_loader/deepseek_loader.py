@@ -6,13 +6,15 @@ dense).
 
 Each expert-parallel rank reads only its experts' tensors; the attention's per-head
 projections (``q_b_proj`` / ``q_proj``, ``kv_b_proj``, ``o_proj``) are split over
-tensor-parallel ranks by head. RoPE: default (unscaled) only so far; a YaRN-scaled
-checkpoint (DeepSeek-V3's released ones) is refused in one line.
+tensor-parallel ranks by head. RoPE: unscaled, or DeepSeek's YaRN (its released
+checkpoints': cos / sin times YaRN's attention factor, the softmax scale times
+``mscale(factor, mscale_all_dim) ** 2``).
 """
 
 from __future__ import annotations
 
 from libai.layers import MoEConfig
+from libai.layers.rotary import yarn_mscale
 from libai.models.llama_model import LlamaForCausalLM, LlamaModel
 from libai.models.utils.model_loader.base_loader import ModelLoaderHuggerFace
 from libai.models.utils.model_loader.llama_loader import rope_settings
@@ -34,12 +36,16 @@ class DeepseekV3LoaderHuggerFace(ModelLoaderHuggerFace):
         if act != "silu":
             raise ValueError(f"deepseek_v3 hidden_act={act!r} is not supported (only 'silu')")
         theta, scaling = rope_settings(hf)
-        if scaling is not None:
+        if scaling is not None and scaling.get("rope_type") != "yarn":
             raise ValueError(
-                f"deepseek_v3 with rope scaling {scaling.get('rope_type')!r} is not supported "
-                "yet (DeepSeek's YaRN); only unscaled RoPE is"
+                f"deepseek_v3 with rope scaling {scaling.get('rope_type')!r} is not supported; "
+                "unscaled or YaRN (DeepSeek's) RoPE is"
             )
         heads = hf["num_attention_heads"]
+        qk_head = hf["qk_nope_head_dim"] + hf["qk_rope_head_dim"]
+        softmax_scale = qk_head**-0.5
+        if scaling is not None and scaling.get("mscale_all_dim"):  # DeepSeek's YaRN scale
+            softmax_scale *= yarn_mscale(scaling["factor"], scaling["mscale_all_dim"]) ** 2
         if (hf.get("num_key_value_heads") or heads) != heads:
             raise ValueError("deepseek_v3 latent attention has one key/value head per head")
         per_expert = hf["moe_intermediate_size"]
@@ -55,7 +61,7 @@ class DeepseekV3LoaderHuggerFace(ModelLoaderHuggerFace):
             rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
             initializer_range=hf.get("initializer_range", 0.02),
             rope_theta=theta,
-            rope_scaling=None,
+            rope_scaling=scaling,
             attention_bias=bool(hf.get("attention_bias", False)),
             attention_dropout_prob=hf.get("attention_dropout", 0.0),
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
@@ -63,6 +69,7 @@ class DeepseekV3LoaderHuggerFace(ModelLoaderHuggerFace):
             latent_attention={
                 **{k: hf.get(k) for k in LATENT},
                 "rope_interleave": bool(hf.get("rope_interleave", True)),
+                "softmax_scale": softmax_scale,
             },
             moe=dict(
                 num_experts=hf["n_routed_experts"],
@@ -85,6 +92,7 @@ class DeepseekV3LoaderHuggerFace(ModelLoaderHuggerFace):
         latent = dict(cfg["latent_attention"])
         per_expert = moe.expert_ffn_hidden_size or cfg["intermediate_size"]
         theta = float(cfg["rope_theta"])
+        scaling = dict(cfg.get("rope_scaling") or {})
         return dict(
             model_type="deepseek_v3",
             architectures=[cls.hf_architecture(model)],
@@ -99,7 +107,8 @@ class DeepseekV3LoaderHuggerFace(ModelLoaderHuggerFace):
             rms_norm_eps=cfg["rms_norm_eps"],
             initializer_range=cfg["initializer_range"],
             rope_theta=theta,
-            rope_parameters={"rope_theta": theta, "rope_type": "default"},
+            rope_parameters={"rope_theta": theta, "rope_type": "default", **scaling},
+            rope_scaling=scaling or None,
             attention_bias=bool(cfg["attention_bias"]),
             attention_dropout=cfg["attention_dropout_prob"],
             tie_word_embeddings=bool(cfg["tie_word_embeddings"]),
