@@ -6,12 +6,10 @@ receive exactly the router's assignments of its ep group."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 from gpt_reference import GRAD_TOL
-from launch import torchrun
+from launch import torchrun_cases
 from moe_reference import MOE, moe_reference_run
 
 from libai import dist
@@ -89,14 +87,7 @@ def references(tmp_path_factory, checkpoints):
 
 
 def run_cases(references, nproc, cases) -> dict[str, list[dict]]:
-    results = torchrun("moe_layouts.py", nproc, references, json.dumps(cases))
-    for rank, result in enumerate(results):
-        assert result["ok"], f"rank {rank}: {result['error']}\n{result['trace']}"
-    by_case = {}
-    for result in results:
-        for item in result["cases"]:
-            by_case.setdefault(item["name"], []).append(item)
-    return by_case
+    return torchrun_cases("moe_layouts.py", nproc, references, cases)
 
 
 def check_numbers(items, pipeline=False):

@@ -4,13 +4,12 @@ residual stream hold seq / tp positions per rank; bad inputs raise before any co
 
 from __future__ import annotations
 
-import json
 import re
 
 import pytest
 import torch
 from gpt_reference import BATCH, GRAD_TOL, SEQ, TINY_GPT, reference_run
-from launch import torchrun
+from launch import torchrun_cases
 from sp_reference import TINY_LLAMA, llama_reference_run
 
 from libai import dist
@@ -65,14 +64,7 @@ def references(tmp_path_factory):
 
 
 def run_cases(references, nproc, cases) -> dict[str, list[dict]]:
-    results = torchrun("sequence_parallel.py", nproc, references, json.dumps(cases))
-    for rank, result in enumerate(results):
-        assert result["ok"], f"rank {rank}: {result['error']}\n{result['trace']}"
-    by_case = {}
-    for result in results:
-        for item in result["cases"]:
-            by_case.setdefault(item["name"], []).append(item)
-    return by_case
+    return torchrun_cases("sequence_parallel.py", nproc, references, cases)
 
 
 def check_numbers(items):

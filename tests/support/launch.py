@@ -75,3 +75,17 @@ def torchrun(script: str, nproc: int, *args: str, timeout: float = 600) -> list[
                 f"--- stderr ---\n{proc.stderr[-8000:]}"
             )
         return [written[r] for r in range(nproc)]
+
+
+def torchrun_cases(script: str, nproc: int, references: str, cases: list[dict]):
+    """``dist_scripts/<script>`` (one using :func:`dist_scripts.common.run_cases`) on
+    ``nproc`` ranks over ``cases`` against the references saved at ``references``: each
+    case's name -> the list of every rank's result (a rank's failure fails the test)."""
+    results = torchrun(script, nproc, references, json.dumps(cases))
+    for rank, result in enumerate(results):
+        assert result["ok"], f"rank {rank}: {result['error']}\n{result['trace']}"
+    by_case: dict[str, list[dict]] = {}
+    for result in results:
+        for item in result["cases"]:
+            by_case.setdefault(item["name"], []).append(item)
+    return by_case

@@ -40,3 +40,13 @@ def run_checks(out_dir: Path, checks) -> None:
         os._exit(1)  # torchrun then stops the peers, which may wait in a collective
     write_result(out_dir, result)
     dist.destroy_dist()
+
+
+def run_cases(check_case) -> None:
+    """The main of a layout script: ``--out DIR REFERENCES CASES_JSON``; every rank runs
+    ``check_case(case, references)`` for each case (see launch.torchrun_cases)."""
+    import torch
+
+    out_dir, _, rest = parse_out_dir()
+    refs, cases = torch.load(rest[0]), json.loads(rest[1])
+    run_checks(out_dir, lambda: {"cases": [check_case(case, refs) for case in cases]})

@@ -10,11 +10,9 @@ counted here from the gathered routing.
 
 from __future__ import annotations
 
-import json
-
 import torch
 import torch.distributed as torch_dist
-from common import parse_out_dir, run_checks
+from common import run_cases
 from gpt_reference import max_diff
 from moe_reference import build_moe_llama, make_optimizer, moe_batch, moe_state, momenta, train
 
@@ -153,15 +151,5 @@ def load_checkpoint(case: dict, ref: dict) -> dict:
     }
 
 
-def main():
-    out_dir, _, rest = parse_out_dir()
-    refs, cases = torch.load(rest[0]), json.loads(rest[1])
-
-    def checks():
-        return {"cases": [check_case(case, refs) for case in cases]}
-
-    run_checks(out_dir, checks)
-
-
 if __name__ == "__main__":
-    main()
+    run_cases(check_case)

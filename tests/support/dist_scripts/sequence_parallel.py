@@ -14,10 +14,8 @@ plain head), ``"runner"`` to the ModelRunner (e.g. activation checkpointing).
 
 from __future__ import annotations
 
-import json
-
 import torch
-from common import parse_out_dir, run_checks
+from common import run_cases
 from gpt_reference import (
     MAX_GRAD_NORM,
     STEPS,
@@ -167,15 +165,5 @@ def bad_inputs(model) -> dict:
     return errors
 
 
-def main():
-    out_dir, _, rest = parse_out_dir()
-    refs, cases = torch.load(rest[0]), json.loads(rest[1])
-
-    def checks():
-        return {"cases": [check_case(case, refs) for case in cases]}
-
-    run_checks(out_dir, checks)
-
-
 if __name__ == "__main__":
-    main()
+    run_cases(check_case)
