@@ -118,12 +118,18 @@ def roberta_dir(root: Path) -> Path:
     return out
 
 
-def gpt2_dir(root: Path) -> Path:
-    out = root / "gpt2"
+def _gpt2_tokenizer(out: Path):
+    """GPT-2's byte-level BPE trained here into ``out`` (made), padding with its eos."""
     out.mkdir(parents=True)
     vocab, merges = _bytelevel(out, ["<|endoftext|>"])
     tok = transformers.GPT2TokenizerFast(vocab=str(vocab), merges=str(merges))
     tok.pad_token = tok.eos_token
+    return tok
+
+
+def gpt2_dir(root: Path) -> Path:
+    out = root / "gpt2"
+    tok = _gpt2_tokenizer(out)
     assert len(tok) > 250, len(tok)
     config = transformers.GPT2Config(
         vocab_size=len(tok),
@@ -145,10 +151,7 @@ def gpt2_dir(root: Path) -> Path:
 def mixtral_dir(root: Path) -> Path:
     """A tiny Mixtral (4 experts, top-2) with GPT-2's byte-level tokenizer."""
     out = root / "mixtral"
-    out.mkdir(parents=True)
-    vocab, merges = _bytelevel(out, ["<|endoftext|>"])
-    tok = transformers.GPT2TokenizerFast(vocab=str(vocab), merges=str(merges))
-    tok.pad_token = tok.eos_token
+    tok = _gpt2_tokenizer(out)
     config = transformers.MixtralConfig(
         vocab_size=len(tok),
         hidden_size=TINY["hidden"],
