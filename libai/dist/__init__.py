@@ -64,7 +64,7 @@ DIST_CONFIG_KEYS = {
     # ours (Megatron's name): each sequence split over this many ranks, attention across them
     "context_parallel_size": 1,
     # ours (Megatron's expert_model_parallel_size): Mixture-of-Experts layers' experts
-    # sharded over this many of the data-parallel ranks (libai.layers.moe)
+    # sharded over this many of the data x context-parallel ranks (libai.layers.moe)
     "expert_parallel_size": 1,
 }
 
@@ -113,8 +113,8 @@ class DistLayout:
     sequence_parallel: bool = False
     #: ranks each sequence is split over (context parallel, :mod:`libai.layers.context_parallel`)
     context_parallel_size: int = 1
-    #: data-parallel ranks the experts of Mixture-of-Experts layers are split over
-    #: (:mod:`libai.layers.moe`); each expert is replicated over ``dp / ep`` of them
+    #: data x context-parallel ranks the experts of Mixture-of-Experts layers are split
+    #: over (:mod:`libai.layers.moe`); each expert is replicated over ``dp x cp / ep`` of them
     expert_parallel_size: int = 1
 
     @property
@@ -158,12 +158,6 @@ def resolve_layout(dist_cfg, world_size: int) -> DistLayout:
     dims = ParallelDims.resolve(
         world_size, tp=tp, pp=pp, cp=cp, ep=ep, dp=cfg["data_parallel_size"]
     )
-    if ep > 1 and cp > 1:
-        raise ValueError(
-            f"train.dist.expert_parallel_size={ep} with context_parallel_size={cp}: experts "
-            "borrow data-parallel ranks only, not context-parallel ones, so far. Set one of "
-            "them to 1."
-        )
     sequence_parallel = _sequence_parallel(cfg["sequence_parallel"], tp)
     dp = dims.dp
     num_layers = cfg["pipeline_num_layers"]
@@ -316,8 +310,9 @@ class DistUtil:
         return self.layout.expert_parallel_size
 
     def _new_expert_groups(self) -> None:
-        """The expert layout (:mod:`libai.layers.moe`): the data-parallel ranks of a stage
-        split as ``dp = edp x ep`` (neighbouring dp ranks form an ep group).
+        """The expert layout (:mod:`libai.layers.moe`): the data x context-parallel ranks of
+        a stage (the ranks that hold the same parameters and see other tokens, ordered
+        (dp, cp)) split as ``dp x cp = edp x ep``, neighbours forming an ep group.
 
         - ``ep_group``: the ranks whose experts together make a layer's experts, and among
           which tokens are exchanged (same pp, tp and edp coordinate);
@@ -332,13 +327,15 @@ class DistUtil:
         if ep == 1:  # experts are laid out like any replicated weight
             self.expert_mesh, self.expert_dims = self.stage_mesh, self.stage_dims
             return
-        pp, dp, tp = (
+        pp, dp, cp, tp = (
             layout.pipeline_parallel_size,
             layout.data_parallel_size,
+            layout.context_parallel_size,
             layout.tensor_parallel_size,
         )
-        edp = dp // ep
-        ranks = self.mesh.mesh.reshape(pp, edp, ep, tp)  # cp is 1 under expert parallel
+        edp = dp * cp // ep
+        # ("pp", "dp", "cp", "tp") -> ("pp", "dp x cp", "tp") -> ("pp", "edp", "ep", "tp")
+        ranks = self.mesh.mesh.reshape(pp, dp * cp, tp).reshape(pp, edp, ep, tp)
         full = DeviceMesh(self.mesh.device_type, ranks, mesh_dim_names=("pp", "edp", "ep", "tp"))
         coord = dict(zip(full.mesh_dim_names, full.get_coordinate()))
         self.expert_parallel_rank = coord["ep"]

@@ -346,6 +346,12 @@ class MoE(nn.Module):
         super().__init__()
         self.config = c = config
         self._dist_util = util = dist.capture_mesh()
+        if c.capacity_factor is not None and util.context_parallel_size > 1:
+            raise ValueError(
+                "moe.capacity_factor with train.dist.context_parallel_size > 1: the drop "
+                "order walks each sequence in order, which context parallel's head-tail "
+                "shares scatter; use dropless routing (capacity_factor=None) or cp=1"
+            )
         self.layer_idx, self.sequence_parallel = layer_idx, sequence_parallel
         sp = dict(layer_idx=layer_idx, sequence_parallel=sequence_parallel)
         self.router = Router(

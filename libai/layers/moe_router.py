@@ -185,8 +185,8 @@ def _counting() -> bool:
 class TokenStats:
     """Sums of per-token statistics over every token of the data-parallel batch.
 
-    The tokens of one step are spread over the data-parallel (``grad_group``) ranks and,
-    under sequence parallel, over the tensor-parallel ranks too. :meth:`total` sums over
+    The tokens of one step are spread over the data-parallel (``grad_group``: dp x cp) ranks
+    and, under sequence parallel, over the tensor-parallel ranks too. :meth:`total` sums over
     both in forward; in backward it sums the incoming gradients over the data-parallel ranks
     only (each holds its own loss; tp ranks hold copies of one), which, after the runtime's
     gradient average over dp and sum over tp, gives every token the gradient of the global
@@ -196,14 +196,18 @@ class TokenStats:
     def __init__(self, util, sequence_parallel: bool):
         self.grad_group = util.grad_group
         self.tp_group = util.tp_group if sequence_parallel else None
+        #: context parallel: each rank holds a share of every sequence of its dp rank
+        self.cp_group = util.cp_group
 
     def total(self, t: torch.Tensor) -> torch.Tensor:
         """A statistic of this rank's tokens -> that of the batch's."""
         return _SumTokens.apply(t, self.tp_group, self.grad_group, self.grad_group)
 
     def sequence_total(self, t: torch.Tensor) -> torch.Tensor:
-        """A statistic of this rank's share of its sequences -> that of the sequences."""
-        return _SumTokens.apply(t, self.tp_group, None, None)
+        """A statistic of this rank's share of its sequences -> that of the sequences (the
+        shares: sequence parallel's over tp, copies of one loss; context parallel's over
+        cp, ranks with losses of their own, so their gradients sum too)."""
+        return _SumTokens.apply(t, self.tp_group, self.cp_group, self.cp_group)
 
     def batch_total(self, t: torch.Tensor) -> torch.Tensor:
         """A statistic of this rank's whole sequences -> that of the batch's."""

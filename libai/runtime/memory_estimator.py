@@ -179,8 +179,8 @@ class CountingDistUtil(dist.DistUtil):
         self.cp_group = self.grad_group = None
         self.grad_size = dp * cp
         # expert parallel: this rank holds experts [r * E / ep, (r + 1) * E / ep), r its ep
-        # coordinate (neighbouring dp ranks form an ep group)
-        self.expert_parallel_rank = dp_rank % layout.expert_parallel_size
+        # coordinate (neighbouring dp x cp ranks form an ep group)
+        self.expert_parallel_rank = (dp_rank * cp + cp_rank) % layout.expert_parallel_size
         self.expert_mesh, self.expert_dims = None, ()
         self.ep_group = self.expert_grad_group = None
 

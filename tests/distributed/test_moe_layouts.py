@@ -1,6 +1,6 @@
 """Expert parallel (``train.dist.expert_parallel_size``): a tiny Mixture-of-Experts Llama on
-dp x ep, tp x ep (with and without sequence parallel), pp x ep and ZeRO-2 / ZeRO-3 x ep
-equals the single-process run (losses, every gradient, clipping norms, parameters after three steps) in dropless and
+dp x ep, cp x ep (experts on context-parallel ranks too), tp x ep (with and without sequence
+parallel), pp x ep and ZeRO-2 / ZeRO-3 x ep equals the single-process run (losses, every gradient, clipping norms, parameters after three steps) in dropless and
 capacity modes and with DeepSeek-V3's routing; each rank holds E / ep experts and its experts
 receive exactly the router's assignments of its ep group."""
 
@@ -24,6 +24,12 @@ CASES_2 = [
         "zero": 1,
     },
     {"name": "dp2-ep2-capacity", "variant": "capacity", "dist": {"expert_parallel_size": 2}},
+    # experts borrow context-parallel ranks: each sequence's statistics over both shares
+    {
+        "name": "cp2-ep2-deepseek",
+        "variant": "deepseek",
+        "dist": {"context_parallel_size": 2, "expert_parallel_size": 2},
+    },
     # checkpointed blocks recompute their routing and all-to-alls in backward
     {
         "name": "dp2-ep2-deepseek-recompute",
@@ -35,6 +41,12 @@ CASES_2 = [
 CASES_4 = [
     # ep borrows 2 of the 4 dp ranks: every expert on two ranks (the expert-data group)
     {"name": "dp4-ep2", "variant": "deepseek", "dist": {"expert_parallel_size": 2}},
+    # ep over dp x cp = 4 ranks: one expert each
+    {
+        "name": "dp2-cp2-ep4",
+        "variant": "deepseek",
+        "dist": {"context_parallel_size": 2, "expert_parallel_size": 4},
+    },
     {
         "name": "dp2-tp2-ep2",
         "variant": "dropless",
@@ -142,7 +154,7 @@ def test_two_ranks_equal_one_process(two_ranks, case):
 def test_four_ranks_equal_one_process(four_ranks, case):
     items = four_ranks[case]
     check_numbers(items, pipeline=case.startswith("pp"))
-    check_layout(items, 2)
+    check_layout(items, 4 if "ep4" in case else 2)
     for item in items:  # every rank steps its own experts: 3 weights x its MoE layers
         held = item["held"]
         assert held["expert_states"] == (3 if case.startswith("pp") else 6), (case, held)

@@ -165,8 +165,7 @@ def test_the_gradient_group_is_dp_times_cp_of_the_ranks_pp_and_tp():
 
 def test_expert_parallel_size_is_a_layout_key():
     """``train.dist.expert_parallel_size`` (default 1) is checked like every size (it must
-    divide the dp ranks it borrows), kept in the layout, and refused with context parallel
-    (experts borrow data-parallel ranks only, so far)."""
+    divide the dp x cp ranks it borrows) and kept in the layout."""
     assert dist.resolve_layout({"expert_parallel_size": 1}, 4).data_parallel_size == 4
     with pytest.raises(ValueError, match="expert_parallel_size must be a positive integer"):
         dist.resolve_layout({"expert_parallel_size": 0}, 4)
@@ -175,9 +174,7 @@ def test_expert_parallel_size_is_a_layout_key():
     layout = dist.resolve_layout({"expert_parallel_size": 2, "tensor_parallel_size": 2}, 8)
     assert (layout.expert_parallel_size, layout.data_parallel_size) == (2, 4)
     assert layout.dims.ep == 2
-    with pytest.raises(
-        ValueError,
-        match=r"^train.dist.expert_parallel_size=2 with context_parallel_size=2: experts "
-        r"borrow data-parallel ranks only",
-    ):
-        dist.resolve_layout({"expert_parallel_size": 2, "context_parallel_size": 2}, 4)
+    layout = dist.resolve_layout({"expert_parallel_size": 4, "context_parallel_size": 2}, 4)
+    assert (layout.data_parallel_size, layout.context_parallel_size) == (2, 2)
+    with pytest.raises(ValueError, match=r"expert_parallel_size=3 must divide .* \(2 x 2 = 4\)"):
+        dist.resolve_layout({"expert_parallel_size": 3, "context_parallel_size": 2}, 4)
