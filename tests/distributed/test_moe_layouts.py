@@ -29,6 +29,7 @@ CASES_2 = [
         "name": "cp2-ep2-deepseek",
         "variant": "deepseek",
         "dist": {"context_parallel_size": 2, "expert_parallel_size": 2},
+        "errors": True,
     },
     # checkpointed blocks recompute their routing and all-to-alls in backward
     {
@@ -190,3 +191,19 @@ def test_checkpoints_reshard_between_ep2_and_one_process(two_ranks, references, 
     fresh = build_moe_llama("dropless")  # the control: an unloaded model is far from it
     assert max_diff(moe_state(fresh), ref["final"])[0] > 1e-3
     dist.reset_dist_util()
+
+
+def test_bad_expert_layouts_are_one_line_errors(two_ranks):
+    """On cp2 x ep2: a dense model under ep > 1, experts that do not split over ep, and
+    capacity mode under context parallel each raise one line, before any collective."""
+    for item in two_ranks["cp2-ep2-deepseek"]:
+        errors = item["errors"]
+        assert errors["dense_model"].startswith(
+            "train.dist.expert_parallel_size=2, but LlamaForCausalLM has no Mixture-of-Experts"
+        ), errors
+        assert errors["experts_not_divisible"].startswith(
+            "3 experts do not split over train.dist.expert_parallel_size=2"
+        ), errors
+        assert errors["capacity_under_cp"].startswith(
+            "moe.capacity_factor with train.dist.context_parallel_size > 1"
+        ), errors

@@ -133,8 +133,35 @@ def check_case(case: dict, refs: dict) -> dict:
         "routing": routing,
         "momentum_diff": max_diff(out["momenta"], ref["momenta"])[0],
         "held": held,
+        "errors": bad_inputs(case) if case.get("errors") else None,
         **(load_checkpoint(case, ref) if case.get("load_from") else {}),
     }
+
+
+def _error(fn) -> str | None:
+    try:
+        fn()
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def bad_inputs(case: dict) -> dict:
+    """The one-line errors of this layout, raised before any collective."""
+    from libai.layers import MoEConfig
+    from libai.layers.moe import MoE as MoELayer
+    from libai.models import LlamaForCausalLM
+
+    tiny = dict(hidden_layers=1, vocab_size=32, hidden_size=32, intermediate_size=48)
+    tiny.update(num_attention_heads=4, max_position_embeddings=64)
+    errors = {
+        "dense_model": _error(lambda: ModelRunner(LlamaForCausalLM(**tiny))),
+        "experts_not_divisible": _error(lambda: MoELayer(32, 48, MoEConfig(num_experts=3))),
+    }
+    if dist.get_dist_util().context_parallel_size > 1:
+        config = MoEConfig(num_experts=4, capacity_factor=1.0)
+        errors["capacity_under_cp"] = _error(lambda: MoELayer(32, 48, config))
+    return errors
 
 
 def load_checkpoint(case: dict, ref: dict) -> dict:
