@@ -85,12 +85,6 @@ def resolve_zero_stage(zero_cfg, layout) -> int | None:
     dp = layout.data_parallel_size
     if isinstance(replicate, bool) or not isinstance(replicate, int) or replicate < 1:
         raise ValueError(f"{HSDP_KEY} must be a positive integer, got {replicate!r}.")
-    ep = getattr(layout, "expert_parallel_size", 1)
-    if replicate > 1 and ep > 1:
-        raise ValueError(
-            f"{HSDP_KEY}={replicate} with train.dist.expert_parallel_size={ep} is not "
-            "supported yet; use hsdp_replicate_size=1 (ZeRO-3 over all data-parallel ranks)"
-        )
     if replicate > 1 and stage != 3:
         raise ValueError(
             f"{HSDP_KEY}={replicate} (HSDP) applies to stage=3 only (got stage={stage}); "

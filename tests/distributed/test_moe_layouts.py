@@ -71,6 +71,14 @@ CASES_4 = [
         "dist": {"expert_parallel_size": 2},
         "zero": 3,
     },
+    # HSDP: the dense weights sharded over 2 ranks, replicated over 2 groups
+    {
+        "name": "dp4-ep2-hsdp2",
+        "variant": "dropless",
+        "dist": {"expert_parallel_size": 2},
+        "zero": 3,
+        "hsdp": 2,
+    },
     {
         "name": "pp2-dp2-ep2",
         "variant": "dropless",

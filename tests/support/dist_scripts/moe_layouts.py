@@ -63,7 +63,8 @@ def check_case(case: dict, refs: dict) -> dict:
     model = build_moe_llama(case["variant"])
     runner = ModelRunner(model, num_microbatches=microbatches, **case.get("runner", {}))
     stage = case.get("zero")
-    prepare_model(runner, stage)  # ZeRO-3: FSDP2 over dp, the experts left to their ranks
+    # ZeRO-3: FSDP2 over dp (HSDP: replicated over hsdp groups), experts left to their ranks
+    prepare_model(runner, stage, hsdp_replicate_size=case.get("hsdp", 1))
     init_diff, init_name = max_diff(moe_state(model), ref["init"])
 
     def local_batch(step):
