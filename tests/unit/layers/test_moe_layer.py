@@ -186,6 +186,9 @@ def _route_by_hand(logits, k, score_func, norm, scale, bias=None, groups=1, topk
             topk_groups=2,
             expert_bias=True,
         ),
+        # groups of 4 experts (a group scores its best two) and of 1 (its only one)
+        dict(score_func="sigmoid", top_k=3, num_groups=2, topk_groups=1, expert_bias=True),
+        dict(score_func="sigmoid", top_k=2, num_groups=8, topk_groups=3),
     ],
 )
 def test_router_choices_follow_the_rules(settings):
@@ -198,7 +201,7 @@ def test_router_choices_follow_the_rules(settings):
         routing.logits,
         settings["top_k"],
         settings["score_func"],
-        settings["norm_topk_prob"],
+        settings.get("norm_topk_prob", True),
         settings.get("routed_scaling_factor", 1.0),
         moe.router.expert_bias,
         settings.get("num_groups", 1),
