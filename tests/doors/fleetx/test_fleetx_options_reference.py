@@ -211,17 +211,20 @@ def test_optimizer_without_a_name_is_adamw():
 
 
 def test_grad_clip_takes_global_norm_clipping_only():
-    """``Optimizer.grad_clip``: FleetX's ``ClipGradByGlobalNorm`` (its name may be left out)
-    stores the norm in every group; Paddle's other clippers are refused by name."""
+    """``Optimizer.grad_clip``: FleetX's ``ClipGradByGlobalNorm`` (its name may be left out;
+    its MoE files' ``ClipGradForMOEByGlobalNorm`` is the same norm here) stores the norm in
+    every group; Paddle's other clippers are refused by name."""
     model = torch.nn.Linear(3, 2)
-    for clip in ({"name": "ClipGradByGlobalNorm", "clip_norm": 1.5}, {"clip_norm": 1.5}):
+    moe = {"name": "ClipGradForMOEByGlobalNorm", "clip_norm": 1.5}
+    for clip in ({"name": "ClipGradByGlobalNorm", "clip_norm": 1.5}, {"clip_norm": 1.5}, moe):
         section = OmegaConf.create({"lr": 0.5, "grad_clip": clip})
         groups = build_yaml_optimizer(section, model).param_groups
         assert {(g["clip_grad_max_norm"], g["clip_grad_norm_type"]) for g in groups} == {(1.5, 2)}
     for name in ("ClipGradByNorm", "ClipGradByValue"):
         section = OmegaConf.create({"lr": 0.5, "grad_clip": {"name": name, "clip_norm": 1.0}})
         with pytest.raises(
-            YAMLConfigError, match=f"grad_clip.name='{name}': only ClipGradByGlobal"
+            YAMLConfigError,
+            match=f"grad_clip.name='{name}': ClipGradByGlobalNorm .* is supported",
         ):
             build_yaml_optimizer(section, model)
 
