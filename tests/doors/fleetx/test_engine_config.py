@@ -123,11 +123,12 @@ def test_batch_sizes_are_derived_and_a_contradiction_is_an_error():
         resolved("Distributed.cp_degree=0")
     # expert parallel (ours: Distributed.ep_degree): it must divide the dp ranks
     assert resolved("Distributed.ep_degree=1", "Distributed.cp_degree=2").Distributed.dp_degree == 2
-    assert resolved("Distributed.ep_degree=2").Distributed.ep_degree == 2
+    micro4 = "Global.micro_batch_size=4"
+    assert resolved("Distributed.ep_degree=2", micro4).Distributed.ep_degree == 2
     with pytest.raises(
         YAMLConfigError, match=r"^Distributed.ep_degree=3 must divide the 4 data-parallel ranks"
     ):
-        resolved("Distributed.ep_degree=3")
+        resolved("Distributed.ep_degree=3", micro4)
 
 
 def test_names_that_do_not_resolve_are_clear_errors(tmp_path):
