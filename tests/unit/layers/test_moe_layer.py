@@ -351,7 +351,7 @@ def test_capacity_mode_in_the_layer_drops_what_the_formula_says():
 def test_grouped_and_looped_experts_agree():
     """Where torch._grouped_mm runs (torch 2.13's CPU build does fp32), grouped and looped
     experts agree; where it does not, asking for it is a one-line error."""
-    from libai.layers.moe import grouped_mm_supported
+    from libai.layers.moe_experts import grouped_mm_supported
 
     if not grouped_mm_supported("cpu", torch.float32, H, F):
         with pytest.raises(ValueError, match="torch._grouped_mm does not run"):
