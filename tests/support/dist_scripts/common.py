@@ -19,9 +19,13 @@ def parse_out_dir() -> tuple[Path, argparse.Namespace, list[str]]:
 
 
 def write_result(out_dir: Path, result: dict) -> None:
-    """Write this rank's result; the test reads these instead of trusting the exit code."""
+    """Write this rank's result; the test reads these instead of trusting the exit code.
+    Atomically (a temporary file renamed): a rank killed while writing (its peer failed)
+    leaves no half-written result behind."""
     rank = torch_dist.get_rank() if torch_dist.is_initialized() else 0
-    (out_dir / f"rank{rank}.json").write_text(json.dumps(result))
+    tmp = out_dir / f".rank{rank}.json.tmp"
+    tmp.write_text(json.dumps(result))
+    os.replace(tmp, out_dir / f"rank{rank}.json")
 
 
 def run_checks(out_dir: Path, checks) -> None:
