@@ -187,7 +187,7 @@ def update_expert_biases(model: nn.Module) -> None:
     after each optimizer step)."""
     for module in model.modules():
         if isinstance(module, MoE):
-            module.router.update_expert_bias_(module.token_groups)
+            module.router.update_expert_bias_(module.token_stats.groups)
 
 
 def is_expert_parameter(p: torch.Tensor, util) -> bool:
@@ -291,9 +291,6 @@ class MoE(nn.Module):
                     mark_sequence_parallel(self.shared_expert_gate.weight)
         #: the ranks whose tokens the balancing statistics sum over
         self.token_stats = TokenStats(util, sequence_parallel)
-        self.token_groups = [
-            g for g in (self.token_stats.tp_group, util.grad_group) if g is not None
-        ]
         self.ep_group = util.ep_group
         #: the weighted balancing losses of the last training forward (for the log)
         self.last_losses: dict[str, torch.Tensor] = {}
@@ -324,12 +321,7 @@ class MoE(nn.Module):
         # combine: each row times its weight, summed into its token
         weights = routing.weights.reshape(-1)[perm.order, None]
         out = (out.float() * weights).to(x.dtype)
-        y = torch.zeros_like(x).index_add_(0, perm.tokens, out)
-        if self.shared_experts is not None:
-            shared = self.shared_experts(hidden).reshape(-1, width)
-            if self.shared_expert_gate is not None:
-                shared = torch.sigmoid(self.shared_expert_gate(x)) * shared
-            y = y + shared
+        y = self._add_shared(torch.zeros_like(x).index_add_(0, perm.tokens, out), hidden, x)
         if self.training and torch.is_grad_enabled():
             y = self._attach_losses(y, routing, batch)
         return y.view(batch, seq, width)
@@ -359,12 +351,16 @@ class MoE(nn.Module):
         if experts.b_down is not None:
             out = out + local_value(experts.b_down)
         y = torch.einsum("te,teh->th", weights.to(out.dtype), out)
-        if self.shared_experts is not None:
-            shared = self.shared_experts(hidden).reshape(x.shape)
-            if self.shared_expert_gate is not None:
-                shared = torch.sigmoid(self.shared_expert_gate(x)) * shared
-            y = y + shared
-        return y.view(hidden.shape)
+        return self._add_shared(y, hidden, x).view(hidden.shape)
+
+    def _add_shared(self, y, hidden, x):
+        """``y [T, H]`` plus the shared experts' output (Qwen's: through its sigmoid gate)."""
+        if self.shared_experts is None:
+            return y
+        shared = self.shared_experts(hidden).reshape(x.shape)
+        if self.shared_expert_gate is not None:
+            shared = torch.sigmoid(self.shared_expert_gate(x)) * shared
+        return y + shared
 
     def _capacity_keep(self, experts: torch.Tensor) -> torch.Tensor:
         c = self.config

@@ -199,6 +199,11 @@ class TokenStats:
         #: context parallel: each rank holds a share of every sequence of its dp rank
         self.cp_group = util.cp_group
 
+    @property
+    def groups(self) -> list:
+        """The groups over which the ranks hold other tokens (for the routers' counts)."""
+        return [g for g in (self.tp_group, self.grad_group) if g is not None]
+
     def total(self, t: torch.Tensor) -> torch.Tensor:
         """A statistic of this rank's tokens -> that of the batch's."""
         return _SumTokens.apply(t, self.tp_group, self.grad_group, self.grad_group)

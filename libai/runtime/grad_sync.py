@@ -67,14 +67,15 @@ class GradientSync:
             p for p in model.parameters() if getattr(p, "libai_tied_group", None) is not None
         ]
         self.sequence_parallel_names = sequence_parallel_parameter_names(model)
-        #: expert weights sharded over ep (libai.layers.moe): reduced over the expert-data
-        #: ranks, not all dp ranks
-        self.expert_parameters = [p for p in model.parameters() if is_expert_parameter(p, util)]
-        expert_ids = {id(p) for p in self.expert_parameters}
-        self.dense_parameters = [p for p in model.parameters() if id(p) not in expert_ids]
+
         #: ZeRO stage 2/3 (libai.runtime.zero / fsdp): replaces the dp all-reduce
         self.sharder = None
         self.reducer = None  # the overlapped reducer, built on first use
+
+    def _parameters(self, *, expert: bool) -> list:
+        """The model's parameters now (ZeRO-3 replaces them) that are, or are not, expert
+        weights sharded over ep (libai.layers.moe: reduced over the expert-data ranks)."""
+        return [p for p in self.model.parameters() if is_expert_parameter(p, self.util) == expert]
 
     def overlapped_reducer(self):
         """The dp all-reduce overlapped with backward, when it applies (built on first use,
@@ -88,7 +89,7 @@ class GradientSync:
             from libai.runtime.grad_overlap import OverlappedGradReducer
 
             self.reducer = OverlappedGradReducer(
-                self.dense_parameters, util.grad_group, util.grad_size
+                self._parameters(expert=False), util.grad_group, util.grad_size
             )
         return self.reducer
 
@@ -105,9 +106,10 @@ class GradientSync:
         elif self.reducer is not None and self.reducer.armed:
             self.reducer.finish()  # launched during backward
         elif util.grad_group is not None:
-            _average(self.dense_parameters, util.grad_group, util.grad_size)
-        if self.expert_parameters:
-            _average(self.expert_parameters, util.expert_grad_group, util.grad_size)
+            _average(self._parameters(expert=False), util.grad_group, util.grad_size)
+        experts = self._parameters(expert=True)
+        if experts:
+            _average(experts, util.expert_grad_group, util.grad_size)
         all_reduce_sequence_parallel_grads(self.model, self.sequence_parallel_names, util.tp_group)
 
     def reduce_loss(self, loss: torch.Tensor) -> torch.Tensor:

@@ -17,7 +17,7 @@ from libai.layers import MoEConfig
 from libai.layers.rotary import yarn_mscale
 from libai.models.llama_model import LlamaForCausalLM, LlamaModel
 from libai.models.utils.model_loader.base_loader import ModelLoaderHuggerFace
-from libai.models.utils.model_loader.llama_loader import rope_settings
+from libai.models.utils.model_loader.llama_loader import rope_settings, swiglu_rules
 from libai.models.utils.weight_mapping import Copy, StackedExperts, expand
 
 LATENT = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
@@ -171,7 +171,7 @@ class DeepseekV3LoaderHuggerFace(ModelLoaderHuggerFace):
         for i in range(cfg["hidden_layers"]):
             mlp = f"{p}layers.{i}.mlp."
             if not moe.is_moe_layer(i):
-                table += _mlp(mlp, mlp)
+                table += swiglu_rules(mlp, mlp)
                 continue
             experts = mlp + "experts.<e>."
             n = moe.num_experts
@@ -183,14 +183,5 @@ class DeepseekV3LoaderHuggerFace(ModelLoaderHuggerFace):
                 StackedExperts(mlp + "experts.w_down", experts + "down_proj.weight", n),
             ]
             if moe.shared_expert_ffn_hidden_size:
-                table += _mlp(mlp + "shared_experts.", mlp + "shared_experts.")
+                table += swiglu_rules(mlp + "shared_experts.", mlp + "shared_experts.")
         return table
-
-
-def _mlp(libai: str, hf: str) -> list:
-    """A SwiGLU MLP's three weights."""
-    return [
-        Copy(libai + "dense_gate.weight", hf + "gate_proj.weight"),
-        Copy(libai + "dense_h_to_4h.weight", hf + "up_proj.weight"),
-        Copy(libai + "dense_4h_to_h.weight", hf + "down_proj.weight"),
-    ]

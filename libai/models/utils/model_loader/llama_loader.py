@@ -52,6 +52,17 @@ def rope_settings(hf: dict) -> tuple[float, dict | None]:
     return float(theta), {"rope_type": kind, **params}
 
 
+def swiglu_rules(libai: str, hf: str) -> list:
+    """A SwiGLU MLP's three weights: libai's ``dense_gate`` / ``dense_h_to_4h`` /
+    ``dense_4h_to_h`` under ``libai`` from transformers' ``gate_proj`` / ``up_proj`` /
+    ``down_proj`` under ``hf``."""
+    return [
+        Copy(libai + "dense_gate.weight", hf + "gate_proj.weight"),
+        Copy(libai + "dense_h_to_4h.weight", hf + "up_proj.weight"),
+        Copy(libai + "dense_4h_to_h.weight", hf + "down_proj.weight"),
+    ]
+
+
 class LlamaLoaderHuggerFace(ModelLoaderHuggerFace):
     """Hugging Face Llama / Qwen2 checkpoints <-> libai Llama models (any layout)."""
 
@@ -192,9 +203,7 @@ class LlamaLoaderHuggerFace(ModelLoaderHuggerFace):
                 layer + "post_cross_attention_layernorm.weight",
                 hl + "post_attention_layernorm.weight",
             ),
-            Copy(layer + "mlp.dense_gate.weight", mlp + "gate_proj.weight"),
-            Copy(layer + "mlp.dense_h_to_4h.weight", mlp + "up_proj.weight"),
-            Copy(layer + "mlp.dense_4h_to_h.weight", mlp + "down_proj.weight"),
+            *swiglu_rules(layer + "mlp.", mlp),
         ]
         if cfg["qkv_bias"] or cfg["attention_bias"]:
             table.append(

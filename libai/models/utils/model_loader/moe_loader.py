@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from libai.layers import MoEConfig
 from libai.models.llama_model import LlamaForCausalLM, LlamaModel
-from libai.models.utils.model_loader.llama_loader import LlamaLoaderHuggerFace
+from libai.models.utils.model_loader.llama_loader import LlamaLoaderHuggerFace, swiglu_rules
 from libai.models.utils.weight_mapping import Copy, StackedExperts
 
 #: each MoE family's attention layout (the Llama loader's model_type)
@@ -160,11 +160,6 @@ class MoELoaderHuggerFace(LlamaLoaderHuggerFace):
             StackedExperts(mlp + "experts.w_down", experts + "down_proj.weight", n),
         ]
         if moe.shared_expert_ffn_hidden_size:
-            shared = mlp + "shared_expert."
-            rules += [
-                Copy(mlp + "shared_experts.dense_gate.weight", shared + "gate_proj.weight"),
-                Copy(mlp + "shared_experts.dense_h_to_4h.weight", shared + "up_proj.weight"),
-                Copy(mlp + "shared_experts.dense_4h_to_h.weight", shared + "down_proj.weight"),
-                Copy(mlp + "shared_expert_gate.weight", mlp + "shared_expert_gate.weight"),
-            ]
+            rules += swiglu_rules(mlp + "shared_experts.", mlp + "shared_expert.")
+            rules.append(Copy(mlp + "shared_expert_gate.weight", mlp + "shared_expert_gate.weight"))
         return rules
