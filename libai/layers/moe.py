@@ -5,7 +5,9 @@
 1. **route** (:class:`~libai.layers.moe_router.Router`): each token picks ``top_k`` experts
    and their weights;
 2. **dispatch**: the assignments are sorted by expert (dropping those over capacity in
-   capacity mode, :func:`~libai.layers.moe_dispatch.capacity_keep`); under expert parallel
+   capacity mode, :func:`~libai.layers.moe_dispatch.capacity_keep`; with
+   ``pad_to_capacity`` each expert gets a zero-padded buffer of exactly its capacity,
+   :class:`~libai.layers.moe_dispatch.PaddedSlots`); under expert parallel
    (``train.dist.expert_parallel_size``) they travel to the rank holding their expert and
    back (:func:`~libai.layers.moe_dispatch.exchange`);
 3. **expert FFN** (:class:`Experts`): the experts' weights are stacked ``[E, ...]`` and run
@@ -39,9 +41,11 @@ from libai import dist
 from libai.layers.linear import Linear
 from libai.layers.mlp import MLP
 from libai.layers.moe_dispatch import (
+    PaddedSlots,
     Permutation,
-    capacity_keep,
+    capacity_slots,
     exchange,
+    exchange_padded,
     expert_capacity,
 )
 from libai.layers.moe_experts import EXPERT_IMPLS, Experts
@@ -84,6 +88,9 @@ class MoEConfig:
     bias_update_rate: float = 0.0
     #: None: dropless; else each expert takes ``ceil(cf * seq * k / E)`` per sequence
     capacity_factor: float | None = None
+    #: capacity mode with every expert's buffer padded to its capacity: static shapes (no
+    #: host sync; CUDA graphs, ``fullgraph`` compile and export take it), the same numbers
+    pad_to_capacity: bool = False
     aux_loss_coeff: float = 0.0
     seq_aux_loss_coeff: float = 0.0
     z_loss_coeff: float = 0.0
@@ -105,6 +112,11 @@ class MoEConfig:
             raise ValueError(f"moe.expert_impl must be one of {EXPERT_IMPLS}")
         if self.capacity_factor is not None and self.capacity_factor <= 0:
             raise ValueError(f"moe.capacity_factor must be > 0 or None, got {self.capacity_factor}")
+        if self.pad_to_capacity and self.capacity_factor is None:
+            raise ValueError(
+                "moe.pad_to_capacity=True needs moe.capacity_factor (the capacity to pad to); "
+                "set capacity_factor (e.g. 1.25) or pad_to_capacity=False"
+            )
         if self.num_experts < 1 or self.layer_freq < 1:
             raise ValueError("moe.num_experts and moe.layer_freq must be positive")
 
@@ -294,24 +306,39 @@ class MoE(nn.Module):
         self.ep_group = util.ep_group
         #: the weighted balancing losses of the last training forward (for the log)
         self.last_losses: dict[str, torch.Tensor] = {}
-        #: assignments dropped over capacity in the last forward (this rank's tokens)
-        self.last_dropped = 0
+        self._dropped: torch.Tensor | int = 0
+
+    @property
+    def last_dropped(self) -> int:
+        """Assignments dropped over capacity in the last forward (this rank's tokens)."""
+        return int(self._dropped)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         batch, seq, width = hidden.shape
         x = hidden.reshape(-1, width)
         # route: [S(0), B] -> expert ids and weights [S(0), k]
         routing = self.router(x)
-        if torch.compiler.is_exporting():  # ONNX / torch.export: static shapes only
+        if self.config.pad_to_capacity:
+            y = self._padded_routed(x, routing, batch)
+        elif torch.compiler.is_exporting():  # ONNX / torch.export: static shapes only
             return self._dense_forward(hidden, x, routing)
+        else:
+            y = self._routed(x, routing, batch)
+        y = self._add_shared(y, hidden, x)
+        if self.training and torch.is_grad_enabled():
+            y = self._attach_losses(y, routing, batch)
+        return y.view(batch, seq, width)
+
+    def _routed(self, x, routing, batch) -> torch.Tensor:
+        """Dropless, or capacity mode without padding: ``x [T, H]`` -> the routed experts'
+        weighted sum ``[T, H]``."""
         keep = None
         if self.config.capacity_factor is not None:
-            keep = self._capacity_keep(routing.experts.view(batch, seq, -1)).reshape(
-                -1, self.config.top_k
-            )
+            slot = self._capacity_slots(routing.experts.view(batch, -1, self.config.top_k))
+            keep = (slot < self._capacity(slot.shape[1])).reshape(-1, self.config.top_k)
         # dispatch: the kept assignments sorted by expert
         perm = Permutation(routing.experts, self.config.num_experts, keep)
-        self.last_dropped = 0 if keep is None else int(keep.numel() - perm.order.numel())
+        self._dropped = 0 if keep is None else int(keep.numel() - perm.order.numel())
         rows = x[perm.tokens]
         if self.ep_group is None:
             out = self.experts(rows, perm.counts)
@@ -321,10 +348,29 @@ class MoE(nn.Module):
         # combine: each row times its weight, summed into its token
         weights = routing.weights.reshape(-1)[perm.order, None]
         out = (out.float() * weights).to(x.dtype)
-        y = self._add_shared(torch.zeros_like(x).index_add_(0, perm.tokens, out), hidden, x)
-        if self.training and torch.is_grad_enabled():
-            y = self._attach_losses(y, routing, batch)
-        return y.view(batch, seq, width)
+        return torch.zeros_like(x).index_add_(0, perm.tokens, out)
+
+    def _padded_routed(self, x, routing, batch) -> torch.Tensor:
+        """Capacity mode padded to static shapes (``moe.pad_to_capacity``): the same numbers
+        as :meth:`_routed`. Under sequence parallel each rank's buffer has the whole
+        sequence's capacity (its share's rows among them): static, but tp times the rows."""
+        k = self.config.top_k
+        experts = routing.experts.view(batch, -1, k)
+        slot = self._capacity_slots(experts)
+        capacity = self._capacity(experts.shape[1])
+        slots = PaddedSlots(experts, slot, self.config.num_experts, capacity)
+        if not torch.compiler.is_exporting():  # (a traced graph keeps no side state)
+            self._dropped = (~slots.keep).sum()
+        # dispatch: [S(0), B] -> [E, batch * capacity, H] (zeros where no token came)
+        buffer = slots.gather(x)
+        if self.ep_group is None:
+            out = self.experts.forward_padded(buffer)
+        else:
+            # [E, C, H] -> all-to-all over ep (equal splits) -> experts -> all-to-all back
+            out = exchange_padded(buffer, self.ep_group, self.experts.forward_padded)
+        # combine: each assignment's row times its weight, summed over its k choices
+        out = slots.scatter(out).float() * routing.weights.reshape(-1, 1)
+        return out.to(x.dtype).view(-1, k, x.shape[1]).sum(1)
 
     def _dense_forward(self, hidden, x, routing) -> torch.Tensor:
         """Every expert on every token, weighted by the routing (0 for the unchosen): the
@@ -362,14 +408,15 @@ class MoE(nn.Module):
             shared = torch.sigmoid(self.shared_expert_gate(x)) * shared
         return y + shared
 
-    def _capacity_keep(self, experts: torch.Tensor) -> torch.Tensor:
+    def _capacity_slots(self, experts: torch.Tensor) -> torch.Tensor:
+        """Each assignment's place in its expert's queue for its sequence (all shares of
+        the sequence under sequence parallel)."""
+        return capacity_slots(experts, self.config.num_experts, self.token_stats.tp_group)
+
+    def _capacity(self, local_seq: int) -> int:
         c = self.config
-        tp_group = self.token_stats.tp_group
-        full_seq = experts.shape[1] * (
-            1 if tp_group is None else self._dist_util.tensor_parallel_size
-        )
-        capacity = expert_capacity(c.capacity_factor, full_seq, c.top_k, c.num_experts)
-        return capacity_keep(experts, c.num_experts, capacity, tp_group)
+        tp = 1 if self.token_stats.tp_group is None else self._dist_util.tensor_parallel_size
+        return expert_capacity(c.capacity_factor, local_seq * tp, c.top_k, c.num_experts)
 
     def _attach_losses(self, y: torch.Tensor, routing, batch: int) -> torch.Tensor:
         c, stats = self.config, self.token_stats

@@ -3,7 +3,8 @@
 :class:`Experts` holds ``E`` feed-forward experts as ``[E, ...]`` tensors (this rank's
 ``E / ep`` under expert parallel) and runs rows grouped by expert through
 ``torch._grouped_mm`` where the device and dtype take it (:func:`grouped_mm_supported`,
-tried once), else one matmul per expert: the same numbers.
+tried once), else one matmul per expert: the same numbers. Capacity mode's padded buffers
+(every expert the same number of rows) run as batched matmuls (:meth:`Experts.forward_padded`).
 """
 
 from __future__ import annotations
@@ -95,6 +96,19 @@ class Experts(nn.Module):
         h = self.act(mm(x, local_value(self.w_gate))) * h if self.gated else self.act(h)
         # [N, F] x [E, H, F]^T -> [N, H]
         return self._add_bias(mm(h, local_value(self.w_down)), self.b_down, counts)
+
+    def forward_padded(self, x: torch.Tensor) -> torch.Tensor:
+        """``x [E / ep, C, H]``: every local expert's ``C`` rows (capacity mode's padded
+        buffers) -> ``[E / ep, C, H]``, as one batched matmul per projection."""
+
+        def bmm(rows, w, bias):
+            # [E, C, H] x [E, F, H]^T -> [E, C, F] (+ [E, 1, F])
+            out = torch.bmm(rows, local_value(w).transpose(1, 2).to(rows.dtype))
+            return out if bias is None else out + local_value(bias)[:, None].to(rows.dtype)
+
+        h = bmm(x, self.w_up, self.b_up)
+        h = self.act(bmm(x, self.w_gate, None)) * h if self.gated else self.act(h)
+        return bmm(h, self.w_down, self.b_down)
 
     @staticmethod
     def _add_bias(rows: torch.Tensor, bias, counts: torch.Tensor) -> torch.Tensor:

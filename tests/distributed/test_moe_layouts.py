@@ -1,7 +1,8 @@
 """Expert parallel (``train.dist.expert_parallel_size``): a tiny Mixture-of-Experts Llama on
 dp x ep, cp x ep (experts on context-parallel ranks too), tp x ep (with and without sequence
-parallel), pp x ep and ZeRO-2 / ZeRO-3 x ep equals the single-process run (losses, every gradient, clipping norms, parameters after three steps) in dropless and
-capacity modes and with DeepSeek-V3's routing; each rank holds E / ep experts and its experts
+parallel), pp x ep and ZeRO-2 / ZeRO-3 x ep equals the single-process run (losses, every
+gradient, clipping norms, parameters after three steps) in dropless and capacity modes
+(padded to static shapes too: against the unpadded reference) and with DeepSeek-V3's routing; each rank holds E / ep experts and its experts
 receive exactly the router's assignments of its ep group."""
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ CASES_2 = [
         "zero": 1,
     },
     {"name": "dp2-ep2-capacity", "variant": "capacity", "dist": {"expert_parallel_size": 2}},
+    # padded to the capacity: equal all-to-all splits; compared with the unpadded reference
+    {"name": "dp2-ep2-padded", "variant": "padded", "dist": {"expert_parallel_size": 2}},
     # experts borrow context-parallel ranks: each sequence's statistics over both shares
     {
         "name": "cp2-ep2-deepseek",
@@ -56,6 +59,11 @@ CASES_4 = [
     {
         "name": "dp2-tp2-sp-ep2-capacity",
         "variant": "capacity",
+        "dist": {"tensor_parallel_size": 2, "sequence_parallel": True, "expert_parallel_size": 2},
+    },
+    {
+        "name": "dp2-tp2-sp-ep2-padded",
+        "variant": "padded",
         "dist": {"tensor_parallel_size": 2, "sequence_parallel": True, "expert_parallel_size": 2},
     },
     # ZeRO over dp for the dense weights; the experts stay whole on their ranks
@@ -99,6 +107,7 @@ def checkpoints(tmp_path_factory):
 def references(tmp_path_factory, checkpoints):
     path = tmp_path_factory.mktemp("moe") / "references.pt"
     refs = {v: moe_reference_run(v) for v in ("capacity", "deepseek")}
+    refs["padded"] = refs["capacity"]  # padding changes the shapes, not the numbers
     refs["dropless"] = moe_reference_run("dropless", save_dir=checkpoints["ep1"])
     # per micro-batch balancing statistics, as the pipeline's schedule has them
     refs["dropless/mb2"] = moe_reference_run("dropless", microbatches=2)

@@ -28,6 +28,8 @@ VARIANTS = {
     "dropless": MOE,
     # GShard-style token dropping: capacity ceil(0.6 * 12 * 2 / 4) = 4 per expert and sequence
     "capacity": {**MOE, "capacity_factor": 0.6},
+    # the same, every expert's buffer padded to its capacity (static shapes)
+    "padded": {**MOE, "capacity_factor": 0.6, "pad_to_capacity": True},
     # DeepSeek-V3: sigmoid scores, group-limited choice, an expert bias moved after each
     # step, a shared expert
     "deepseek": {

@@ -38,7 +38,33 @@ def watch_routing(model) -> tuple[dict, list]:
 
         handles.append(moe.router.register_forward_hook(on_router))
         handles.append(moe.experts.register_forward_hook(on_experts))
+        handles.append(watch_padded(moe.experts, seen, name))
     return seen, handles
+
+
+class watch_padded:
+    """Records the shape of the padded buffer ``experts.forward_padded`` receives (capacity
+    mode padded to static shapes); ``remove()`` restores the method."""
+
+    def __init__(self, experts, seen: dict, name: str):
+        run, self.experts = experts.forward_padded, experts
+
+        def recorded(rows):
+            seen.setdefault(name + ".received", list(rows.shape))
+            return run(rows)
+
+        experts.forward_padded = recorded
+
+    def remove(self):
+        del self.experts.forward_padded
+
+
+def expected_padded(util, local_batch: int) -> list[int]:
+    """The buffer each rank's experts receive in padded capacity mode: for each of its
+    ``E / ep`` experts ``capacity`` rows per sequence of each ep rank (4 = ceil(0.6 * 12 * 2
+    / 4), the sequence whole under sequence parallel too)."""
+    ep = util.expert_parallel_size
+    return [4 // ep, ep * local_batch * 4, 32]
 
 
 def expected_rows(experts: torch.Tensor, util, num_experts: int) -> int:
@@ -87,9 +113,13 @@ def check_case(case: dict, refs: dict) -> dict:
             module.router.tokens_per_expert.zero_()
     routing = {}
     for name in sorted(k[: -len(".experts")] for k in seen if k.endswith(".experts")):
+        padded = case["variant"] == "padded"
+        rows = local_batch(0)["input_ids"].shape[0]
         routing[name] = {
             "received": seen[name + ".received"],
-            "expected": expected_rows(seen[name + ".experts"], util, 4),
+            "expected": expected_padded(util, rows)
+            if padded
+            else expected_rows(seen[name + ".experts"], util, 4),
         }
     optimizer = make_optimizer(model)
     if stage is not None:

@@ -7,6 +7,8 @@
   written out with loops, and their gradients against autograd of ``out + c * formula``;
 - the expert-bias update against its formula; capacity dropping against GShard's priority
   walked token by token, and the drop count against ``sum max(0, N - C)``;
+- capacity mode padded to static shapes against the unpadded one (the same numbers, every
+  expert exactly its capacity's rows, no graph break, exportable);
 - grouped and looped experts (the same numbers); bad configs.
 """
 
@@ -345,6 +347,61 @@ def test_capacity_mode_in_the_layer_drops_what_the_formula_says():
     dropless = MoE(H, F, MoEConfig(num_experts=E))
     dropless.load_state_dict(moe.state_dict())
     assert (dropless(x) - out).abs().max() > 1e-4
+
+
+def _padded_and_unpadded(**extra):
+    config = dict(num_experts=E, capacity_factor=0.5, aux_loss_coeff=0.1, z_loss_coeff=0.01)
+    unpadded = MoE(H, F, MoEConfig(**config, **extra))
+    _perturb(unpadded, seed=5)
+    padded = MoE(H, F, MoEConfig(**config, **extra, pad_to_capacity=True))
+    padded.load_state_dict(unpadded.state_dict())
+    return unpadded, padded
+
+
+@pytest.mark.parametrize("extra", [{}, {"ffn_bias": True, "shared_expert_ffn_hidden_size": 8}])
+def test_padding_to_capacity_gives_the_same_numbers_in_static_buffers(extra):
+    """``pad_to_capacity``: every expert runs exactly ``batch * capacity`` rows (its kept
+    tokens, zeros after), and output, drops and every gradient equal the unpadded
+    capacity mode's."""
+    unpadded, padded = _padded_and_unpadded(**extra)
+    buffers = []
+    run = padded.experts.forward_padded
+    padded.experts.forward_padded = lambda rows: buffers.append(rows.detach()) or run(rows)
+    grads = {}
+    for name, moe in (("unpadded", unpadded), ("padded", padded)):
+        x = randn(3, 10, H, seed=2).requires_grad_()
+        out = moe(x)
+        out.backward(randn(3, 10, H, seed=3))
+        grads[name] = [out, x.grad] + [p.grad for p in moe.parameters()]
+    assert padded.last_dropped == unpadded.last_dropped > 0
+    for a, b in zip(grads["unpadded"], grads["padded"], strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+    capacity = expert_capacity(0.5, 10, 2, E)
+    (buffer,) = buffers
+    assert buffer.shape == (E, 3 * capacity, H)
+    # the rows with a token are exactly the kept assignments, packed at each sequence's start
+    filled = buffer.abs().sum(-1) > 0  # [E, batch * capacity]
+    assert int(filled.sum()) == 3 * 10 * 2 - padded.last_dropped
+    experts = padded.router(randn(3, 10, H, seed=2).reshape(-1, H)).experts.view(3, 10, 2)
+    counts = torch.nn.functional.one_hot(experts, E).sum(2)  # [batch, seq, E] -> per sequence
+    kept = counts.sum(1).clamp(max=capacity)  # [batch, E]
+    assert torch.equal(filled.view(E, 3, capacity).sum(-1).T, kept)
+
+
+def test_a_padded_layer_traces_without_graph_breaks_and_exports():
+    """Static shapes: ``torch.compile(fullgraph=True)`` traces the padded capacity mode in
+    training (losses included) and torch.export exports it with the eager numbers; the
+    unpadded mode, whose buffers depend on the routing, does not trace whole."""
+    unpadded, padded = _padded_and_unpadded()
+    x = randn(2, 8, H, seed=4)
+    compiled = torch.compile(padded, backend="eager", fullgraph=True)
+    torch.testing.assert_close(compiled(x), padded(x), atol=1e-6, rtol=1e-5)
+    with pytest.raises(Exception, match="(?i)graph break|data.dependent|item|Unsupported"):
+        torch.compile(unpadded, backend="eager", fullgraph=True)(x)
+    graph = torch.export.export(padded.eval(), (x,)).module()
+    torch.testing.assert_close(graph(x), padded(x), atol=1e-6, rtol=1e-5)
+    with pytest.raises(ValueError, match="pad_to_capacity=True needs moe.capacity_factor"):
+        MoEConfig(num_experts=E, pad_to_capacity=True)
 
 
 # ---- grouped and looped experts, bad configs ----------------------------------------------------
