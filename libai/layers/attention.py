@@ -19,6 +19,7 @@ from libai.layers.context_parallel import (
 from libai.layers.kv_cache import LayerKVCache, StaticLayerKVCache
 from libai.layers.layer_norm import RMSLayerNorm
 from libai.layers.linear import Linear
+from libai.layers.paged_kv_cache import PagedLayerKVCache
 from libai.layers.param import InitMethod, default_init_method, mark_sequence_parallel
 from libai.layers.rotary import apply_rotary_pos_emb
 
@@ -242,6 +243,12 @@ class MultiheadAttention(nn.Module):
             q, k = self._normalize_qk(q, k)
         if rotary_pos_emb is not None:
             q, k = self._rotate(q, k, rotary_pos_emb)
+        if isinstance(past_key_value, PagedLayerKVCache):  # serving: packed sequences
+            # [1, S(heads), N, d] per rank: each sequence over its own pages
+            context = past_key_value.attend(
+                q, k, v, scale=self.scale, enable_gqa=self.group_size > 1
+            )
+            return self._output(context, None, use_cache)
         query_positions = None  # context parallel: the global positions of the queries
         if self._dist_util.cp_group is not None and not self.is_cross_attention:
             query_positions, k, v = self._gather_context(q, k, v, past_key_value, use_cache)
@@ -278,6 +285,10 @@ class MultiheadAttention(nn.Module):
             context = checkpoint(core, q, k, v, use_reentrant=False)
         else:
             context = core(q, k, v)
+        return self._output(context, present, use_cache)
+
+    def _output(self, context, present, use_cache):
+        """``context [batch, local heads, seq, d]`` through the output projection."""
         b, _, s, _ = context.shape
         context = context.transpose(1, 2).reshape(b, s, -1)
         # [S(0), S(-1)] x [B, S(1)]^T -> [S(0), P] -> all-reduce -> [S(0), B]

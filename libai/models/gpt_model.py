@@ -172,7 +172,7 @@ class GPTModel(nn.Module):
         position_ids: torch.Tensor | None = None,
         past_key_values=None,
         use_cache: bool = False,
-        logits_to_keep: int = 0,
+        logits_to_keep: int | torch.Tensor = 0,
         return_hidden: bool = False,
     ):
         """Args:
@@ -180,7 +180,8 @@ class GPTModel(nn.Module):
         attention_mask: ``[batch, kv_len]`` with 1 for real tokens (left padding allowed).
         past_key_values: a :class:`~libai.layers.KVCache` (extended in place), or the legacy
             per-layer pairs of a previous call with ``use_cache=True``.
-        logits_to_keep: compute the head for the last this many positions only (0 = all).
+        logits_to_keep: compute the head for the last this many positions only (0 = all),
+            or, a LongTensor, for those positions.
         return_hidden: stop before the head: the last stage returns the final hidden states
             (for a chunked loss; this rank's sequence shard under sequence parallel).
 
@@ -188,7 +189,9 @@ class GPTModel(nn.Module):
         ``use_cache=True`` a tuple ``(logits, presents)``.
         """
         check_no_cache_under_sequence_parallel(
-            self.sequence_parallel, past_key_values, use_cache or bool(logits_to_keep)
+            self.sequence_parallel,
+            past_key_values,
+            use_cache or isinstance(logits_to_keep, torch.Tensor) or bool(logits_to_keep),
         )
         hidden = input_ids
         if self.embeddings is not None:
@@ -203,7 +206,9 @@ class GPTModel(nn.Module):
             if use_cache:
                 hidden, present = hidden
                 presents.append(present)
-        if self.lm_head is not None and logits_to_keep:
+        if self.lm_head is not None and isinstance(logits_to_keep, torch.Tensor):
+            hidden = hidden[:, logits_to_keep]  # the positions asked for
+        elif self.lm_head is not None and logits_to_keep:
             hidden = hidden[:, -logits_to_keep:]
         if self.transformer.layernorm_f is not None:
             hidden = self.transformer.layernorm_f(hidden)
@@ -292,11 +297,14 @@ class GPTForPreTraining(nn.Module):
         return self.loss_func(logits, labels)
 
     # ---- generation (libai.inference.generation) ---------------------------------------------
-    def decode_stage(self, x, attention_mask=None, position_ids=None, cache=None):
+    def decode_stage(self, x, attention_mask=None, position_ids=None, cache=None, logits_at=None):
         """One pipeline stage of a decoding step with the KV cache ``cache``: token ids or
         hidden states in; hidden states out, or on the last stage the full-vocab logits of
-        the last position ``[batch, vocab]``."""
-        out = self.GPT_model(x, attention_mask, position_ids, cache, logits_to_keep=1)
+        the last position ``[batch, vocab]`` (with ``logits_at``, a LongTensor of positions:
+        the logits at those positions ``[batch, len(logits_at), vocab]``)."""
+        keep = 1 if logits_at is None else logits_at
+        out = self.GPT_model(x, attention_mask, position_ids, cache, logits_to_keep=keep)
         if self.GPT_model.lm_head is None:
             return out
-        return self.GPT_model.lm_head.gather(out)[:, -1]
+        out = self.GPT_model.lm_head.gather(out)
+        return out if logits_at is not None else out[:, -1]

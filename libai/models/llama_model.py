@@ -413,11 +413,14 @@ class LlamaForCausalLM(nn.Module):
         return self.loss_func(logits, labels)
 
     # ---- generation (libai.inference.generation) ---------------------------------------------
-    def decode_stage(self, x, attention_mask=None, position_ids=None, cache=None):
+    def decode_stage(self, x, attention_mask=None, position_ids=None, cache=None, logits_at=None):
         """One pipeline stage of a decoding step with the KV cache ``cache``: token ids or
         hidden states in; hidden states out, or on the last stage the full-vocab logits of
-        the last position ``[batch, vocab]``."""
+        the last position ``[batch, vocab]`` (with ``logits_at``, a LongTensor of positions:
+        the logits at those positions ``[batch, len(logits_at), vocab]``)."""
         hidden, _ = self.model.hidden_states(x, attention_mask, position_ids, cache)
         if self.lm_head is None:
             return hidden
+        if logits_at is not None:
+            return self.lm_head.gather(self.lm_head(hidden[:, logits_at]))
         return self.lm_head.gather(self.lm_head(hidden[:, -1:]))[:, -1]

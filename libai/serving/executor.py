@@ -1,0 +1,72 @@
+"""Runs the model over one scheduled step, on every rank of the layout.
+
+The scheduler lives on rank 0. Each step it hands a :class:`StepPlan` (the packed token
+ids, their positions, each sequence's start, count and block table, and which packed
+tokens need logits) to :meth:`ModelExecutor.execute`; with more than one rank the plan is
+broadcast first and every rank runs the same forward (tensor parallel: each rank its heads,
+its pools and its share of the vocabulary, gathered into full logits). Ranks other than 0
+sit in :meth:`ModelExecutor.serve` until rank 0 sends ``None``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as torch_dist
+
+from libai.layers.paged_kv_cache import PagedKVCache, PagedStep
+
+
+@dataclass
+class StepPlan:
+    token_ids: list[int]
+    positions: list[int]
+    starts: list[int]
+    counts: list[int]
+    tables: list[list[int]]
+    #: packed indices of the tokens whose next-token logits are needed
+    logits_at: list[int]
+
+
+class ModelExecutor:
+    """The model, its paged cache and the ranks that step together."""
+
+    def __init__(self, model, cache: PagedKVCache, device, world_size: int = 1):
+        if not hasattr(model, "decode_stage"):
+            raise TypeError(f"{type(model).__name__} cannot generate text (no decode_stage)")
+        self.model, self.cache, self.device = model, cache, torch.device(device)
+        self.world_size = world_size
+
+    @torch.no_grad()
+    def execute(self, plan: StepPlan) -> torch.Tensor:
+        """Rank 0: the logits ``[len(plan.logits_at), vocab]`` (float32) of the step."""
+        if self.world_size > 1:
+            torch_dist.broadcast_object_list([plan], src=0)
+        return self._forward(plan)
+
+    @torch.no_grad()
+    def serve(self) -> None:
+        """Ranks > 0: run every plan rank 0 broadcasts, until it broadcasts None."""
+        while True:
+            box = [None]
+            torch_dist.broadcast_object_list(box, src=0)
+            if box[0] is None:
+                return
+            self._forward(box[0])
+
+    def stop_workers(self) -> None:
+        if self.world_size > 1:
+            torch_dist.broadcast_object_list([None], src=0)
+
+    def _forward(self, plan: StepPlan) -> torch.Tensor:
+        as_long = dict(dtype=torch.long, device=self.device)
+        self.cache.step = PagedStep(
+            plan.starts, plan.counts, plan.tables, self.cache.block_size, self.device
+        )
+        ids = torch.tensor([plan.token_ids], **as_long)
+        positions = torch.tensor([plan.positions], **as_long)
+        logits_at = torch.tensor(plan.logits_at, **as_long)
+        logits = self.model.decode_stage(ids, None, positions, self.cache, logits_at=logits_at)
+        self.cache.step = None
+        return logits[0].float()
