@@ -34,6 +34,8 @@ setup(
     extras_require={
         # libai.accelerate (libai-accelerate): unmodified Hugging Face models on local data
         "accelerate": ["transformers", "datasets"],
+        # libai-serve: the OpenAI-compatible server (libai/serving)
+        "serve": ["fastapi>=0.110", "uvicorn>=0.29", "jinja2>=3.1"],
         # train.amp.fp8: torchao's float8 training (libai/layers/float8.py)
         "fp8": ["torchao>=0.14"],
         # transformers: the reference models of the parity tests and the benchmarks' baseline;
@@ -48,7 +50,17 @@ setup(
             "torchao>=0.14",  # the fp8 tests (emulated float8 on the CPU)
             "mutmut==3.8.1",  # tools/mutation.sh (docs/testing.md, "Mutation testing")
             "jieba",  # BertTokenizer(do_chinese_wwm=True): LiBai's Chinese whole-word masking
+            # the server's tests: its dependencies, and the official client that talks to it
+            "fastapi>=0.110",
+            "uvicorn>=0.29",
+            "openai>=1.0",
+            "httpx",
         ],
     },
-    entry_points={"console_scripts": ["libai-accelerate=libai.accelerate.cli:console_main"]},
+    entry_points={
+        "console_scripts": [
+            "libai-accelerate=libai.accelerate.cli:console_main",
+            "libai-serve=libai.serving.cli:main",
+        ]
+    },
 )

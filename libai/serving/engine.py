@@ -11,6 +11,7 @@ token or string, ``max_tokens``). It is synchronous and single-threaded; the HTT
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import torch
@@ -26,6 +27,8 @@ from libai.serving.sampling import (
 )
 from libai.serving.scheduler import Scheduler, Sequence, Status
 from libai.serving.text import TextTracker
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -54,6 +57,8 @@ class SequenceOutput:
     text: str
     finished: bool
     logprob: tuple[float, list[tuple[int, float]]] | None = None
+    #: set when this sequence failed (it is finished and freed; the others go on)
+    error: BaseException | None = None
 
 
 @dataclass
@@ -149,10 +154,15 @@ class LLMEngine:
             return []
         params = [seq.params for seq in sampled]
         tokens = choose_tokens(logits, params, [seq.generator for seq in sampled])
-        return [
-            self._advance(seq, token, logits[row])
-            for row, (seq, token) in enumerate(zip(sampled, tokens))
-        ]
+        outputs = []
+        for row, (seq, token) in enumerate(zip(sampled, tokens)):
+            try:
+                outputs.append(self._advance(seq, token, logits[row]))
+            except Exception as error:  # this sequence fails alone
+                logger.exception("sequence %d failed", seq.seq_id)
+                self.abort(seq, "error")
+                outputs.append(SequenceOutput(seq, None, "", True, error=error))
+        return outputs
 
     def _plan(self, batch) -> tuple[StepPlan, list[Sequence]]:
         ids, positions, starts, counts, tables, logits_at, sampled = [], [], [], [], [], [], []

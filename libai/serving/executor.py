@@ -4,7 +4,9 @@ The scheduler lives on rank 0. Each step it hands a :class:`StepPlan` (the packe
 ids, their positions, each sequence's start, count and block table, and which packed
 tokens need logits) to :meth:`ModelExecutor.execute`; with more than one rank the plan is
 broadcast first and every rank runs the same forward (tensor parallel: each rank its heads,
-its pools and its share of the vocabulary, gathered into full logits). Ranks other than 0
+its pools and its share of the vocabulary, gathered into full logits; pipeline parallel:
+each stage its layers, the hidden states handed on, the last stage's logits sent back to
+the first). Ranks other than 0
 sit in :meth:`ModelExecutor.serve` until rank 0 sends ``None``.
 """
 
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as torch_dist
 
+from libai.inference.stage_comm import StagePipe
 from libai.layers.paged_kv_cache import PagedKVCache, PagedStep
 
 
@@ -32,11 +35,15 @@ class StepPlan:
 class ModelExecutor:
     """The model, its paged cache and the ranks that step together."""
 
-    def __init__(self, model, cache: PagedKVCache, device, world_size: int = 1):
-        if not hasattr(model, "decode_stage"):
-            raise TypeError(f"{type(model).__name__} cannot generate text (no decode_stage)")
+    def __init__(self, model, cache: PagedKVCache, device, pipe: StagePipe | None = None):
+        if not hasattr(model, "decode_stage") or hasattr(model, "encode_stage"):
+            raise TypeError(
+                f"{type(model).__name__} cannot be served: the server runs decoder-only "
+                "models (GPT-2, Llama, Qwen, Mistral, Mixtral, ...)"
+            )
         self.model, self.cache, self.device = model, cache, torch.device(device)
-        self.world_size = world_size
+        self.pipe = pipe or StagePipe()
+        self.world_size = torch_dist.get_world_size() if torch_dist.is_initialized() else 1
 
     @torch.no_grad()
     def execute(self, plan: StepPlan) -> torch.Tensor:
@@ -67,6 +74,12 @@ class ModelExecutor:
         ids = torch.tensor([plan.token_ids], **as_long)
         positions = torch.tensor([plan.positions], **as_long)
         logits_at = torch.tensor(plan.logits_at, **as_long)
-        logits = self.model.decode_stage(ids, None, positions, self.cache, logits_at=logits_at)
+
+        def stage(x):  # [1, N] ids (hidden states after the first stage) -> next stage
+            return self.model.decode_stage(x, None, positions, self.cache, logits_at=logits_at)
+
+        logits = self.pipe.run(stage, ids)  # the last stage's [1, K, vocab]
         self.cache.step = None
+        if self.pipe.num_stages > 1:  # to the scheduler's rank (first stage)
+            (logits,) = self.pipe.broadcast_from_last((logits,))
         return logits[0].float()
