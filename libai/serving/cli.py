@@ -18,6 +18,7 @@ import argparse
 import logging
 import multiprocessing
 import os
+import signal
 import socket
 import sys
 import threading
@@ -85,7 +86,7 @@ def load(args):
 def build_engine(args, pipeline, model):
     """The executor (every rank) and, on rank 0, the engine over it."""
     from libai.layers.paged_kv_cache import PagedKVCache
-    from libai.serving.engine import EngineConfig, LLMEngine
+    from libai.serving.engine import EngineConfig
     from libai.serving.executor import ModelExecutor
 
     limit = pipeline.stepper.max_positions
@@ -140,6 +141,11 @@ def serve(args, rank: int = 0) -> None:
         config.blocks(),
         config.block_size,
     )
+    # uvicorn shuts down gracefully on SIGTERM / SIGINT (in-flight requests finish, then the
+    # engine cancels what is left) and re-raises the signal after: handled here, so the
+    # command exits 0 once its workers have stopped
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
     uvicorn.run(
         app,
         host=args.host,
@@ -156,6 +162,8 @@ def _free_port() -> int:
 
 
 def _worker(rank: int, world: int, port: int, argv) -> None:
+    if rank != 0:  # Ctrl-C reaches the whole process group: rank 0 stops the workers
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),

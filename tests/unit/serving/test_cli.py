@@ -1,0 +1,93 @@
+"""``libai-serve`` as users run it: one command, its own worker processes on tp2 and pp2,
+greedy answers equal to transformers' (so to tp1's), and a clean exit on SIGTERM with the
+workers gone."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+from server_helpers import Reference, free_port, make_chat_llama_dir
+
+PROMPTS = ["the quick brown fox", "hello", "paris is the capital of"]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_chat_llama_dir(tmp_path_factory.mktemp("cli"))
+
+
+def start(model_dir: str, *flags: str):
+    port = free_port()
+    command = [sys.executable, "-m", "libai.serving.cli", "--model", model_dir, "--port", str(port)]
+    command += ["--device", "cpu", "--block-size", "4", *flags]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 120
+    while True:
+        assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
+        assert time.time() < deadline, "the server did not come up"
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            time.sleep(0.3)
+
+
+def stop(proc) -> str:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        out, _ = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    return out.decode()
+
+
+@pytest.mark.parametrize("layout", [["--tensor-parallel-size", "2"], ["-pp", "2"]])
+def test_parallel_server_equals_transformers_and_exits_cleanly(model_dir, layout):
+    ref = Reference(model_dir)
+    proc, url = start(model_dir, *layout)
+    try:
+        for prompt in PROMPTS:
+            body = {"model": model_dir, "prompt": prompt, "max_tokens": 6, "temperature": 0}
+            response = httpx.post(url + "/v1/completions", json=body, timeout=60)
+            assert response.status_code == 200, response.text
+            want = ref.greedy(ref.tok(prompt)["input_ids"], 6)
+            assert response.json()["choices"][0]["text"] == ref.text(want), prompt
+        workers = [p for p in _children(proc.pid)]
+        assert len(workers) >= 1  # rank 1 runs in its own process
+    finally:
+        log = stop(proc)
+    assert proc.returncode == 0, log[-3000:]
+    for pid in workers:
+        assert not _alive(pid), f"worker {pid} outlived the server"
+
+
+def test_bad_flags_fail_before_loading(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-m", "libai.serving.cli", "--model", str(tmp_path)],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 2 and "neither a Hugging Face directory" in out.stderr
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True)
+    return [int(x) for x in out.stdout.split()]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    status = subprocess.run(["ps", "-o", "stat=", "-p", str(pid)], capture_output=True, text=True)
+    return bool(status.stdout.strip()) and not status.stdout.strip().startswith("Z")
