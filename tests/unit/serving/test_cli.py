@@ -1,9 +1,10 @@
 """``libai-serve`` as users run it: one command, its own worker processes on tp2 and pp2,
-greedy answers equal to transformers' (so to tp1's), and a clean exit on SIGTERM with the
-workers gone."""
+greedy answers equal to transformers' (so to tp1's), and on SIGTERM the in-flight request
+finishes, then a clean exit with the workers gone."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -41,7 +42,8 @@ def start(model_dir: str, *flags: str):
 
 
 def stop(proc) -> str:
-    proc.send_signal(signal.SIGTERM)
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
     try:
         out, _ = proc.communicate(timeout=60)
     except subprocess.TimeoutExpired:
@@ -63,6 +65,16 @@ def test_parallel_server_equals_transformers_and_exits_cleanly(model_dir, layout
             assert response.json()["choices"][0]["text"] == ref.text(want), prompt
         workers = [p for p in _children(proc.pid)]
         assert len(workers) >= 1  # rank 1 runs in its own process
+        # SIGTERM while a request streams: it finishes, then the server exits
+        body = {"model": model_dir, "prompt": PROMPTS[0], "max_tokens": 30, "stream": True,
+                "temperature": 0, "ignore_eos": True}  # fmt: skip
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as response:
+            lines = response.iter_lines()
+            next(line for line in lines if line.startswith("data: "))
+            proc.send_signal(signal.SIGTERM)
+            rest = [line for line in lines if line.startswith("data: ")]
+        assert rest[-1] == "data: [DONE]"
+        assert json.loads(rest[-2][6:])["choices"][0]["finish_reason"] == "length"
     finally:
         log = stop(proc)
     assert proc.returncode == 0, log[-3000:]
