@@ -2,7 +2,8 @@
 
 - greedy tokens under continuous batching (requests of mixed lengths arriving at different
   steps, prompts prefilled in chunks beside decoding sequences) equal transformers'
-  ``generate`` on the same weights, request by request (Llama and GPT-2);
+  ``generate`` on the same weights and libai's own per-request ``generate``, request by
+  request (Llama and GPT-2);
 - preemption (a cache too small for the load) keeps the tokens identical;
 - every block is free again afterwards and no sequence ever holds more than
   ceil(len / block) + 1 blocks;
@@ -18,6 +19,7 @@ import torch
 from serving_models import VOCAB, hf_greedy, tiny_hf
 
 from libai import dist
+from libai.inference.generation import ModelStepper, generate
 from libai.layers.paged_kv_cache import PagedKVCache
 from libai.models.utils import load_huggingface
 from libai.serving import EngineConfig, LLMEngine, ModelExecutor, SamplingParams
@@ -73,8 +75,11 @@ def test_continuous_batching_equals_transformers_generate(models):
     new = [3 + (7 * i) % 11 for i in range(10)]
     requests = [(p, SamplingParams(temperature=0, max_tokens=n)) for p, n in zip(batch, new)]
     got = run(engine, requests, arrivals=[0, 0, 1, 3, 3, 4, 8, 9, 9, 15], watch=check_block_bound)
+    stepper = ModelStepper(model)
     for i, prompt in enumerate(batch):
         assert got[i].output_ids == hf_greedy(hf, prompt, new[i]), i
+        alone = generate(stepper, torch.tensor([prompt]), max_new_tokens=new[i], eos_token_id=None)
+        assert got[i].output_ids == alone[0, len(prompt) :].tolist(), i  # per-request generation
     assert engine.allocator.num_free == engine.allocator.num_blocks
 
 
