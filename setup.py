@@ -55,6 +55,7 @@ setup(
             "uvicorn>=0.29",
             "openai>=1.0",
             "httpx",
+            "peft",  # the LoRA tests' reference: PEFT adapters in and out
         ],
     },
     entry_points={

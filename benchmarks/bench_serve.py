@@ -24,6 +24,7 @@ checked equal before timing.
 
     python benchmarks/bench_serve.py             # Llama 4 x 512, 48 requests
     python benchmarks/bench_serve.py --tiny      # seconds, a smoke test
+    python benchmarks/bench_serve.py --same-kv-memory 32   # cb: 32 sequences, static's KV memory
     python benchmarks/bench_serve.py --device cuda --dtype bfloat16 --hf-dir /path/Qwen2-0.5B
 """
 
@@ -56,7 +57,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-prompt", type=int, default=192)
     p.add_argument("--min-new", type=int, default=16)
     p.add_argument("--max-new", type=int, default=128)
-    p.add_argument("--max-num-seqs", type=int, default=16)
+    p.add_argument("--max-num-seqs", type=int, default=16, help="static batch size, cb cap")
+    p.add_argument(
+        "--same-kv-memory",
+        type=int,
+        default=None,
+        metavar="SEQS",
+        help="libai-cb gets the static batch's KV slots (max-num-seqs x longest request) as "
+        "its paged cache and may run SEQS sequences in them (preempting when full)",
+    )
     p.add_argument("--max-num-batched-tokens", type=int, default=256)
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--repeats", type=int, default=2)
@@ -144,11 +153,17 @@ def run_libai_cb(model, requests, args) -> Run:
     from libai.layers.paged_kv_cache import PagedKVCache
     from libai.serving import EngineConfig, LLMEngine, ModelExecutor, SamplingParams
 
+    longest = args.max_prompt + args.max_new + 1
+    seqs, blocks = args.max_num_seqs, None
+    if args.same_kv_memory:  # the static batch's cache: every row at the longest length
+        seqs = args.same_kv_memory
+        blocks = args.max_num_seqs * -(-longest // args.block_size)
     config = EngineConfig(
-        max_model_len=args.max_prompt + args.max_new + 1,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=longest,
+        max_num_seqs=seqs,
+        max_num_batched_tokens=max(args.max_num_batched_tokens, seqs),
         block_size=args.block_size,
+        num_blocks=blocks,
     )
     cache = PagedKVCache(config.blocks(), config.block_size)
     engine = LLMEngine(ModelExecutor(model, cache, args.device), config=config)
@@ -213,11 +228,11 @@ def run_hf_cb(hf, requests, args) -> Run:
 
     gc = GenerationConfig(do_sample=False, eos_token_id=None, pad_token_id=0, max_new_tokens=8)
     blocks = args.max_num_seqs * -(-(args.max_prompt + args.max_new) // args.block_size)
-    cb = ContinuousBatchingConfig(
+    cb = ContinuousBatchingConfig(  # the same pages, token budget and cap as libai-cb
         page_size=args.block_size,
         num_blocks=blocks,
-        max_batch_tokens=args.max_num_batched_tokens,
-        max_requests_per_batch=args.max_num_seqs,
+        max_batch_tokens=max(args.max_num_batched_tokens, args.same_kv_memory or 0),
+        max_requests_per_batch=args.same_kv_memory or args.max_num_seqs,
     )
     manager = hf.init_continuous_batching(generation_config=gc, continuous_batching_config=cb)
     manager.start()
@@ -282,6 +297,11 @@ def main(args) -> dict:
         f"{torch.get_num_threads()} threads, max-num-seqs {args.max_num_seqs}, batch tokens "
         f"{args.max_num_batched_tokens}; medians of {args.repeats}"
     )
+    if args.same_kv_memory:
+        print(
+            f"libai-cb: up to {args.same_kv_memory} sequences in the static batch's KV slots "
+            f"({args.max_num_seqs} x {args.max_prompt + args.max_new + 1})"
+        )
     print(
         "\n| contender | output tok/s | TTFT p50 (s) | TTFT p99 (s) | ITL p50 (ms) | ITL p99 (ms) |"
     )

@@ -91,8 +91,18 @@ class Linear(nn.Module):
             self.register_parameter("bias", None)
         #: float8 matmul settings (``train.amp.fp8``; :mod:`libai.layers.float8`), or None
         self.float8: Float8Matmul | None = None
+        #: a low-rank adapter (:class:`libai.layers.lora.LoRA`), or None
+        self.lora = None
 
     def forward(self, x: torch.Tensor):
+        if self.lora is not None:
+            out = self._forward(x)
+            if self.skip_bias_add:
+                return out[0] + self.lora(x), out[1]
+            return out + self.lora(x)
+        return self._forward(x)
+
+    def _forward(self, x: torch.Tensor):
         weight = local_value(self.weight)
         bias = None if self.bias is None else local_value(self.bias)
         if self.parallel == "col":

@@ -1,0 +1,185 @@
+"""Low-rank adapters (LoRA) on libai's parallel Linear layers, laid out with their base.
+
+``y = base(x) + scaling * B(A(dropout(x)))`` with ``A [r, in]``, ``B [out, r]``, ``B = 0`` at
+the start (PEFT's initialization: A Kaiming-uniform), ``scaling = lora_alpha / r`` (or
+``/ sqrt(r)`` with ``use_rslora``). The adapter follows its base layer's tensor-parallel
+layout, so no rank ever holds a whole weight it would not hold anyway:
+
+- column-parallel base (weight split on the output dim): A replicated, B split on its
+  output dim; ``x A^T`` is computed once per rank and its gradient summed over tp;
+- row-parallel base (weight split on the input dim): A split on its input dim, B
+  replicated; the rank-``r`` partial products are summed over tp (a tiny all-reduce);
+- replicated base: both replicated.
+
+A fused query/key/value projection takes one adapter per segment (PEFT's ``q_proj``,
+``k_proj``, ``v_proj`` of Hugging Face's separate projections): each segment has its own A
+and B, and its output lands in the segment's rows of the fused output (whole kv groups per
+rank). :func:`libai.layers.lora_transform.apply_lora` attaches adapters by name patterns
+and freezes the rest.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from libai.layers.collectives import (
+    copy_to_tp,
+    gather_from_sp,
+    reduce_from_tp,
+    reduce_scatter_to_sp,
+)
+from libai.layers.param import create_parameter, local_value, mark_sequence_parallel, zeros
+
+
+def kaiming_uniform_a5(tensor, generator=None):
+    """PEFT's (and nn.Linear's) initialization of A: Kaiming-uniform with ``a = sqrt(5)``."""
+    fan_in = tensor.shape[1]
+    bound = 1.0 / math.sqrt(fan_in) if fan_in else 0.0
+    with torch.no_grad():
+        return tensor.uniform_(-bound, bound, generator=generator)
+
+
+@dataclass(frozen=True)
+class QKVLayout:
+    """How a fused query/key/value projection orders its output rows on a rank: ``groups``
+    kv groups, each ``g`` query heads then one key and one value head of ``head_size``."""
+
+    groups: int
+    g: int
+    head_size: int
+
+    def widths(self) -> dict[str, int]:
+        """Each segment's local width."""
+        d = self.head_size
+        return {"q": self.groups * self.g * d, "k": self.groups * d, "v": self.groups * d}
+
+    def assemble(self, parts: dict[str, torch.Tensor], like: torch.Tensor) -> torch.Tensor:
+        """Segment outputs ``[..., width]`` (absent segments are zero) -> the fused output
+        ``[..., groups * (g + 2) * d]``."""
+        lead, d = like.shape[:-1], self.head_size
+        pieces = []
+        for name, heads in (("q", self.g), ("k", 1), ("v", 1)):
+            part = parts.get(name)
+            if part is None:
+                part = like.new_zeros(*lead, self.groups * heads * d)
+            pieces.append(part.view(*lead, self.groups, heads * d))
+        return torch.cat(pieces, dim=-1).view(*lead, -1)
+
+
+class LoRA(nn.Module):
+    """The adapter of one :class:`~libai.layers.linear.Linear` (``linear.lora``): the whole
+    layer, or the ``segments`` of a fused qkv projection (``{"q", "k", "v"}`` subset, with
+    ``qkv`` the rank's row layout). Parameters ``lora_A`` / ``lora_B`` (whole layer) or
+    ``lora_A_q`` / ``lora_B_q`` ... (segments)."""
+
+    def __init__(
+        self,
+        linear,
+        r: int,
+        lora_alpha: float,
+        lora_dropout: float = 0.0,
+        use_rslora: bool = False,
+        *,
+        segments: tuple[str, ...] | None = None,
+        qkv: QKVLayout | None = None,
+        full_widths: dict[str, int] | None = None,
+        shared_a: bool = False,
+    ):
+        super().__init__()
+        self.parallel, self.sequence_parallel = linear.parallel, linear.sequence_parallel
+        self._dist_util = linear._dist_util
+        self.r = r
+        self.scaling = lora_alpha / (math.sqrt(r) if use_rslora else r)
+        self.dropout = nn.Dropout(lora_dropout) if lora_dropout > 0 else None
+        self.segments, self.qkv = segments, qkv
+        #: one A for every segment (GPT-2's fused ``c_attn``: one PEFT adapter, its B rows
+        #: split into q, k, v)
+        self.shared_a = shared_a and segments is not None
+        if segments is not None and linear.parallel != "col":
+            raise ValueError("segment adapters apply to a column-parallel fused projection")
+        layer = dict(layer_idx=linear.layer_idx)
+        in_split = 1 if linear.parallel == "row" else None
+        out_split = 0 if linear.parallel == "col" else None
+        outs = full_widths if segments is not None else {"": linear.out_features}
+        for name in segments or ("",):
+            suffix = f"_{name}" if name else ""
+            if not (self.shared_a and name != segments[0]):
+                a = create_parameter(
+                    (r, linear.in_features), kaiming_uniform_a5, tp_split_dim=in_split, **layer
+                )
+                self.register_parameter(self._a_name(name), a)
+            b = create_parameter((outs[name], r), zeros, tp_split_dim=out_split, **layer)
+            self.register_parameter("lora_B" + suffix, b)
+        for p in self.parameters():
+            p.libai_lora = True
+        if linear.sequence_parallel:  # the replicated half sees a sequence shard per rank
+            mark_sequence_parallel(*self.replicated_parameters())
+
+    def _a_name(self, segment: str) -> str:
+        if not segment or self.shared_a:
+            return "lora_A"
+        return f"lora_A_{segment}"
+
+    def replicated_parameters(self) -> list[nn.Parameter]:
+        """The adapter weights that are whole on every tp rank (A of a column-parallel
+        base, B of a row-parallel one, both of a replicated one)."""
+        if self.parallel == "data":
+            return list(self.parameters())
+        kind = "lora_A" if self.parallel == "col" else "lora_B"
+        return [p for n, p in self.named_parameters() if n.startswith(kind)]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x``: the base layer's input (this rank's share, as the base receives it) -> the
+        adapter's addition to the base output (the base output's layout)."""
+        if self.dropout is not None:
+            x = self.dropout(x)
+        tp_group = self._dist_util.tp_group
+        if self.parallel == "row":
+            # [S(0), S(-1)] x [r, S(1)]^T -> [S(0), P] -> all-reduce (reduce-scatter under
+            # sequence parallel) -> [S(0), B] x [B, B]^T -> [S(0), B]
+            h = F.linear(x, local_value(self.lora_A).to(x.dtype))
+            h = (
+                reduce_scatter_to_sp(h, tp_group)
+                if self.sequence_parallel
+                else reduce_from_tp(h, tp_group)
+            )
+            return F.linear(h, local_value(self.lora_B).to(x.dtype)) * self.scaling
+        parts, projected = {}, {}
+        for name in self.segments or ("",):
+            a_name = self._a_name(name)
+            if a_name not in projected:
+                # [S(0), B] x [r, B]^T -> [S(0), B] (r wide); col: its gradient summed over tp
+                h = F.linear(x, local_value(getattr(self, a_name)).to(x.dtype))
+                if self.parallel == "col":
+                    if self.sequence_parallel:  # [S(0), S(1)] -> all-gather -> [S(0), B]
+                        h = gather_from_sp(h, tp_group)
+                    else:
+                        h = copy_to_tp(h, tp_group)
+                projected[a_name] = h
+            h = projected[a_name]
+            b = getattr(self, "lora_B" + (f"_{name}" if name else ""))
+            # [S(0), B] x [S(0), B]^T -> [S(0), S(-1)]  (data: [S(0), B])
+            parts[name] = F.linear(h, local_value(b).to(x.dtype)) * self.scaling
+        if self.segments is None:
+            return parts[""]
+        return self.qkv.assemble(parts, h)
+
+    @torch.no_grad()
+    def delta_weight(self) -> dict[str, torch.Tensor]:
+        """``scaling * B A`` of each segment (``""``: the whole layer), this rank's share in
+        the base weight's layout."""
+        out = {}
+        for name in self.segments or ("",):
+            a = local_value(getattr(self, self._a_name(name)))
+            b = local_value(getattr(self, "lora_B" + (f"_{name}" if name else "")))
+            out[name] = (b.float() @ a.float()) * self.scaling
+        return out
+
+    def extra_repr(self) -> str:
+        segments = f", segments={self.segments}" if self.segments else ""
+        return f"r={self.r}, scaling={self.scaling:g}, parallel={self.parallel}{segments}"

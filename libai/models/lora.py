@@ -1,0 +1,283 @@
+"""LoRA on a libai model, with PEFT's names: which layers, applying, merging, PEFT files.
+
+:class:`LoRAConfig` takes PEFT's fields (``r``, ``lora_alpha``, ``lora_dropout``,
+``use_rslora``, ``target_modules``, ``modules_to_save``). Targets are named as PEFT names them
+on the Hugging Face model (``q_proj``, ``v_proj``, ``o_proj``, ``gate_proj``, ``c_attn``, ...)
+or by libai's own layer names (``query_key_value``, ``dense``, ``dense_h_to_4h``,
+``dense_gate``, ``dense_4h_to_h``); a string is a regular expression matched against the
+full module name (either library's), as in PEFT. The correspondence comes from the model's
+Hugging Face weight mapping (:mod:`libai.models.utils.weight_mapping`): a one-to-one weight is
+one layer; a fused query/key/value projection built from separate ``q_proj`` / ``k_proj`` /
+``v_proj`` takes one adapter per segment, one built from GPT-2's single ``c_attn`` one shared
+A with its B rows split into q, k, v.
+
+:func:`apply_lora` attaches the adapters (:class:`libai.layers.lora.LoRA`) and freezes every
+other parameter (``requires_grad=False``: no gradient, no optimizer state), except those of
+``modules_to_save``. :func:`merge_lora` folds the adapters into the base weights.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from libai.layers.attention import MultiheadAttention
+from libai.layers.linear import Linear
+from libai.layers.lora import LoRA, QKVLayout
+from libai.layers.param import local_value
+from libai.models.utils.weight_mapping import Copy, GroupedFuse
+
+SEGMENTS = ("q", "k", "v")
+
+
+@dataclass(frozen=True)
+class LoRAConfig:
+    """PEFT's LoRA settings (``LoraConfig``'s field names)."""
+
+    target_modules: tuple[str, ...] | str = ()
+    r: int = 8
+    lora_alpha: float = 8.0
+    lora_dropout: float = 0.0
+    use_rslora: bool = False
+    modules_to_save: tuple[str, ...] = field(default_factory=tuple)
+    bias: str = "none"
+
+    def __post_init__(self):
+        if not self.target_modules:
+            raise ValueError(
+                "lora.target_modules is empty: name the layers to adapt, e.g. "
+                "['q_proj', 'v_proj'] (PEFT's names) or ['query_key_value'] (libai's)"
+            )
+        if not isinstance(self.r, int) or self.r < 1:
+            raise ValueError(f"lora.r={self.r!r}: the rank must be an integer >= 1")
+        if not 0 <= self.lora_dropout < 1:
+            raise ValueError(f"lora.lora_dropout={self.lora_dropout}: must be in [0, 1)")
+        if self.bias != "none":
+            raise ValueError(f"lora.bias={self.bias!r}: only 'none' is supported (PEFT's default)")
+
+    @classmethod
+    def of(cls, value) -> LoRAConfig | None:
+        """``value`` (a mapping, an omegaconf node, a LoRAConfig or None) as a LoRAConfig;
+        an unknown key raises naming the closest valid one."""
+        if value is None or isinstance(value, LoRAConfig):
+            return value
+        items = {str(k): v for k, v in dict(value).items()}
+        names = [f.name for f in dataclasses.fields(cls)]
+        unknown = [k for k in items if k not in names]
+        if unknown:
+            hints = [
+                f"{k!r}"
+                + "".join(f" (did you mean {c}?)" for c in difflib.get_close_matches(k, names, 1))
+                for k in unknown
+            ]
+            raise ValueError(f"unknown lora key(s) {', '.join(hints)}; valid keys: {names}")
+        for key in ("target_modules", "modules_to_save"):
+            if key in items and not isinstance(items[key], str):
+                items[key] = tuple(items[key] or ())
+        return cls(**items)
+
+    @property
+    def scaling(self) -> float:
+        return self.lora_alpha / (self.r**0.5 if self.use_rslora else self.r)
+
+
+@dataclass
+class Target:
+    """One adaptable libai Linear: its Hugging Face module names (``segment -> name``;
+    ``""`` for a one-to-one layer) and how a fused projection's segments share A."""
+
+    module: str
+    hf: dict[str, str]
+    shared_a: bool = False
+    transpose: bool = False  # the Hugging Face weight is a Conv1D ([in, out])
+
+    def names(self) -> set[str]:
+        """Every name a pattern may use for this layer."""
+        leaf = self.module.rsplit(".", 1)[-1]
+        return (
+            {self.module, leaf}
+            | set(self.hf.values())
+            | {n.rsplit(".", 1)[-1] for n in self.hf.values()}
+        )
+
+
+def lora_targets(model: nn.Module) -> dict[str, Target]:
+    """The adaptable Linear layers of ``model`` by libai module name, with their Hugging
+    Face names (from the model's weight mapping when it has one)."""
+    rules = _weight_rules(model)
+    out: dict[str, Target] = {}
+    for rule in rules:
+        if not rule.libai_name.endswith(".weight"):
+            continue
+        module = rule.libai_name[: -len(".weight")]
+        if isinstance(rule, Copy):
+            out[module] = Target(
+                module, {"": rule.hf_name[: -len(".weight")]}, False, rule.transpose
+            )
+        elif isinstance(rule, GroupedFuse) and len(rule.sources) == 3:
+            names = [s.name[: -len(".weight")] for s in rule.sources]
+            shared = len(set(names)) == 1
+            hf = {"": names[0]} if shared else dict(zip(SEGMENTS, names))
+            out[module] = Target(module, hf, shared, rule.sources[0].transpose)
+    for name, layer in model.named_modules():  # layers without a Hugging Face twin
+        if isinstance(layer, Linear) and name not in out:
+            out[name] = Target(name, {})
+    return {n: t for n, t in out.items() if isinstance(_get(model, n), Linear)}
+
+
+def _weight_rules(model: nn.Module) -> list:
+    from libai.models.utils import loader_for_model
+    from libai.models.utils.hf_export import model_libai_cfg
+    from libai.models.utils.model_loader.base_loader import libai_class
+
+    try:
+        loader = loader_for_model(model)
+    except TypeError:
+        return []
+    return loader.rules(model_libai_cfg(model), libai_class(model))
+
+
+def _get(model: nn.Module, name: str):
+    try:
+        return model.get_submodule(name)
+    except AttributeError:
+        return None
+
+
+def _matches(pattern: str, target: Target, regex: bool) -> bool:
+    if regex:
+        return any(re.fullmatch(pattern, n) for n in (target.module, *target.hf.values()))
+    return pattern in target.names() or any(
+        n.endswith("." + pattern) for n in (target.module, *target.hf.values())
+    )
+
+
+def resolve_targets(model: nn.Module, config: LoRAConfig) -> dict[str, tuple[Target, tuple]]:
+    """``{libai module: (target, segments or None)}`` that ``config.target_modules`` names;
+    a name that matches no layer raises, listing the names there are."""
+    targets = lora_targets(model)
+    regex = isinstance(config.target_modules, str)
+    patterns = [config.target_modules] if regex else list(config.target_modules)
+    chosen: dict[str, set] = {}
+    for pattern in patterns:
+        hit = False
+        for module, target in targets.items():
+            if not _matches(pattern, target, regex):
+                continue
+            hit = True
+            segs = chosen.setdefault(module, set())
+            if set(target.hf) == set(SEGMENTS):  # separate q/k/v: the segments it names
+                one = Target(module, {})
+                named = [
+                    s
+                    for s in SEGMENTS
+                    if _matches(pattern, Target(one.module, {s: target.hf[s]}), regex)
+                    and not _matches(pattern, one, regex)
+                ]
+                segs.update(named or SEGMENTS)  # libai's fused name: all three
+            else:
+                segs.add("")
+        if not hit:
+            known = sorted({n for t in targets.values() for n in t.names() if "." not in n})
+            raise ValueError(
+                f"lora.target_modules: {pattern!r} matches no Linear layer of "
+                f"{type(model).__name__}; layer names here: {known}"
+            )
+    out = {}
+    for module, segs in chosen.items():
+        target = targets[module]
+        segments = tuple(s for s in SEGMENTS if s in segs) if "" not in segs else None
+        if target.shared_a:
+            segments = SEGMENTS
+        out[module] = (target, segments)
+    return out
+
+
+def _qkv_of(model: nn.Module, module: str) -> tuple[QKVLayout, dict[str, int]]:
+    parent = _get(model, module.rsplit(".", 1)[0])
+    if not isinstance(parent, MultiheadAttention):
+        raise ValueError(f"{module}: segment adapters need a fused attention projection")
+    d = parent.head_size
+    layout = QKVLayout(parent.local_kv_heads, parent.group_size, d)
+    full = {"q": parent.num_heads * d, "k": parent.num_kv_heads * d, "v": parent.num_kv_heads * d}
+    return layout, full
+
+
+def apply_lora(model: nn.Module, config: LoRAConfig) -> list[str]:
+    """Attach ``config``'s adapters to ``model`` (in place) and freeze every other
+    parameter but those of ``modules_to_save``; returns the adapted module names."""
+    chosen = resolve_targets(model, config)
+    for module, (target, segments) in chosen.items():
+        linear: Linear = _get(model, module)
+        if linear.lora is not None:
+            raise ValueError(f"{module} already has a LoRA adapter")
+        widest = min(linear.in_features, linear.out_features)
+        if config.r > widest:
+            raise ValueError(
+                f"lora.r={config.r} exceeds {module}'s smaller dimension ({widest}): a "
+                "rank above it adds nothing; choose r <= " + str(widest)
+            )
+        qkv = full = None
+        if segments is not None:
+            qkv, full = _qkv_of(model, module)
+        linear.lora = LoRA(
+            linear,
+            config.r,
+            config.lora_alpha,
+            config.lora_dropout,
+            config.use_rslora,
+            segments=segments,
+            qkv=qkv,
+            full_widths=full,
+            shared_a=target.shared_a,
+        )
+    saved = _modules_to_save(model, config.modules_to_save)
+    for name, param in model.named_parameters():
+        keep = getattr(param, "libai_lora", False) or any(name.startswith(m + ".") for m in saved)
+        param.requires_grad_(keep)
+    return sorted(chosen)
+
+
+def _modules_to_save(model: nn.Module, names) -> list[str]:
+    out = []
+    for wanted in names:
+        found = [n for n, _ in model.named_modules() if n == wanted or n.endswith("." + wanted)]
+        if not found:
+            raise ValueError(f"lora.modules_to_save: {wanted!r} names no module of the model")
+        out += found
+    return out
+
+
+def lora_layers(model: nn.Module) -> dict[str, Linear]:
+    """The Linear layers of ``model`` that carry an adapter, by name."""
+    return {n: m for n, m in model.named_modules() if isinstance(m, Linear) and m.lora is not None}
+
+
+@torch.no_grad()
+def merge_lora(model: nn.Module) -> int:
+    """Fold every adapter into its base weight (this rank's shard, in place) and remove
+    it; returns the number of layers merged. The model then computes what it computed with
+    the adapters (dropout aside), with no adapter cost."""
+    layers = lora_layers(model)
+    for layer in layers.values():
+        weight = local_value(layer.weight)
+        deltas = layer.lora.delta_weight()
+        if layer.lora.segments is None:
+            weight += deltas[""].to(weight.dtype)
+        else:  # each segment's rows of the fused [groups, (g + 2) * d, in] weight
+            qkv = layer.lora.qkv
+            rows = weight.view(qkv.groups, (qkv.g + 2) * qkv.head_size, -1)
+            widths = {"q": qkv.g * qkv.head_size, "k": qkv.head_size, "v": qkv.head_size}
+            offset = 0
+            for name in SEGMENTS:
+                if name in deltas:
+                    delta = deltas[name].view(qkv.groups, widths[name], -1)
+                    rows[:, offset : offset + widths[name]] += delta.to(weight.dtype)
+                offset += widths[name]
+        layer.lora = None
+    return len(layers)

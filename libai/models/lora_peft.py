@@ -1,0 +1,185 @@
+"""PEFT adapter directories in and out of a libai model, on any layout.
+
+:func:`save_peft_adapter` writes ``adapter_config.json`` + ``adapter_model.safetensors`` that
+``peft.PeftModel.from_pretrained`` loads onto the Hugging Face base model; the tensors are
+the adapters gathered whole (tensor-parallel shards joined, pipeline stages collected, rank
+0 writes). :func:`load_peft_adapter` reads such a directory (ours or one ``peft`` wrote)
+onto a libai model: its config applies the adapters, each rank keeps its shard of each
+tensor. Loading reads data only (safetensors and JSON), never code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+import torch.distributed as torch_dist
+from safetensors.torch import load_file, save_file
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+from libai import dist
+from libai.models.lora import SEGMENTS, LoRAConfig, apply_lora, lora_layers, lora_targets
+from libai.models.utils.hf_export import full_value
+
+CONFIG_NAME = "adapter_config.json"
+WEIGHTS_NAME = "adapter_model.safetensors"
+PREFIX = "base_model.model."
+
+
+def _pairs(model) -> dict[str, tuple]:
+    """PEFT tensor name -> (the libai parameter, how: None | "cat" of B segments)."""
+    targets = lora_targets(model)
+    out = {}
+    for module, layer in lora_layers(model).items():
+        target, lora = targets[module], layer.lora
+        if not target.hf:
+            raise ValueError(
+                f"{module} has no Hugging Face counterpart, so its adapter has no PEFT name; "
+                "adapt only layers of the model's Hugging Face architecture"
+            )
+        if lora.segments is None or lora.shared_a:
+            name = PREFIX + target.hf[""]
+            out[name + ".lora_A.weight"] = ((lora.lora_A,), None)
+            if lora.segments is None:
+                out[name + ".lora_B.weight"] = ((lora.lora_B,), None)
+            else:  # GPT-2's c_attn: one B whose rows are q, k, v
+                bs = tuple(getattr(lora, f"lora_B_{s}") for s in SEGMENTS)
+                out[name + ".lora_B.weight"] = (bs, "cat")
+            continue
+        for s in lora.segments:
+            name = PREFIX + target.hf[s]
+            out[name + ".lora_A.weight"] = ((getattr(lora, f"lora_A_{s}"),), None)
+            out[name + ".lora_B.weight"] = ((getattr(lora, f"lora_B_{s}"),), None)
+    return out
+
+
+def _peft_target_names(model) -> list[str]:
+    names = set()
+    targets = lora_targets(model)
+    for module, layer in lora_layers(model).items():
+        hf = targets[module].hf
+        keys = [""] if layer.lora.segments is None or layer.lora.shared_a else layer.lora.segments
+        names |= {hf[k].rsplit(".", 1)[-1] for k in keys}
+    return sorted(names)
+
+
+def peft_state_dict(model) -> dict[str, torch.Tensor]:
+    """This rank's stage's adapters, whole, by PEFT name (collective over each layer's
+    mesh: every rank calls it)."""
+    out = {}
+    for name, (params, how) in _pairs(model).items():
+        fulls = [full_value(p).float().cpu() for p in params]
+        out[name] = torch.cat(fulls) if how == "cat" else fulls[0]
+    return out
+
+
+def save_peft_adapter(
+    model, config: LoRAConfig, path: str, base_model_name_or_path: str | None = None
+) -> None:
+    """Write ``model``'s adapters to ``path`` as a PEFT adapter directory (collective:
+    every rank calls it; rank 0 writes)."""
+    if config.modules_to_save:
+        raise ValueError(
+            "exporting lora.modules_to_save as a PEFT adapter is not supported yet; export "
+            "the merged model instead"
+        )
+    tensors = peft_state_dict(model)
+    if dist.get_world_size() > 1:  # pipeline stages hold different layers
+        parts = [None] * dist.get_world_size()
+        torch_dist.all_gather_object(parts, tensors)
+        tensors = {k: v for part in parts for k, v in part.items()}
+    targets = lora_targets(model)
+    fan_in_fan_out = any(targets[m].transpose for m in lora_layers(model))
+    settings = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": base_model_name_or_path,
+        "r": config.r,
+        "lora_alpha": config.lora_alpha,
+        "lora_dropout": config.lora_dropout,
+        "use_rslora": config.use_rslora,
+        "target_modules": _peft_target_names(model),
+        "modules_to_save": None,
+        "bias": "none",
+        "fan_in_fan_out": fan_in_fan_out,
+        "init_lora_weights": True,
+        "inference_mode": True,
+    }
+    if dist.get_rank() == 0:
+        os.makedirs(path, exist_ok=True)
+        save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(path, WEIGHTS_NAME))
+        with open(os.path.join(path, CONFIG_NAME), "w", encoding="utf-8") as f:
+            json.dump(settings, f, indent=2)
+    if dist.get_world_size() > 1:
+        torch_dist.barrier()
+
+
+def read_peft_config(path: str) -> LoRAConfig:
+    """The LoRA settings of a PEFT adapter directory (the fields this library honours; a
+    setting it cannot honour raises naming it)."""
+    file = os.path.join(path, CONFIG_NAME)
+    if not os.path.isfile(file):
+        raise FileNotFoundError(f"{path}: no {CONFIG_NAME} (not a PEFT adapter directory)")
+    with open(file, encoding="utf-8") as f:
+        raw = json.load(f)
+    if raw.get("peft_type", "LORA") != "LORA":
+        raise ValueError(f"{path}: a {raw.get('peft_type')} adapter; only LoRA loads here")
+    for key, default in (("use_dora", False), ("rank_pattern", {}), ("alpha_pattern", {}),
+                         ("layers_to_transform", None), ("modules_to_save", None)):  # fmt: skip
+        if raw.get(key) not in (default, None, {}, False):
+            raise ValueError(f"{path}: PEFT's {key}={raw[key]!r} is not supported here")
+    targets = raw["target_modules"]
+    return LoRAConfig(
+        target_modules=targets if isinstance(targets, str) else tuple(targets),
+        r=int(raw["r"]),
+        lora_alpha=float(raw["lora_alpha"]),
+        lora_dropout=float(raw.get("lora_dropout", 0.0)),
+        use_rslora=bool(raw.get("use_rslora", False)),
+    )
+
+
+@torch.no_grad()
+def load_peft_adapter(model, path: str) -> LoRAConfig:
+    """Apply the PEFT adapter at ``path`` to ``model`` (any layout; each rank keeps its
+    shard) and return its config. A tensor that does not fit (an adapter made for another
+    base) raises before any weight changes."""
+    config = read_peft_config(path)
+    file = os.path.join(path, WEIGHTS_NAME)
+    if not os.path.isfile(file):
+        raise FileNotFoundError(f"{path}: no {WEIGHTS_NAME}")
+    tensors = load_file(file)
+    if not lora_layers(model):
+        apply_lora(model, config)
+    pairs = _pairs(model)
+    present = {k for k in tensors}
+    stage = set(pairs)
+    # under pp a stage holds some layers: the file's others belong to other stages
+    missing = sorted(stage - present)
+    if missing:
+        raise ValueError(
+            f"{path} has no {missing[0]} (and {len(missing) - 1} more): an adapter for "
+            "another base model or other target modules"
+        )
+    plan = []
+    for name, (params, how) in pairs.items():
+        full = tensors[name]
+        pieces = full.split([_logical(p)[0] for p in params]) if how == "cat" else [full]
+        for p, piece in zip(params, pieces):
+            if tuple(piece.shape) != _logical(p):
+                raise ValueError(
+                    f"{path}: {name} has shape {tuple(piece.shape)}, this model's adapter "
+                    f"needs {_logical(p)} (an adapter for another base model?)"
+                )
+            plan.append((p, piece))
+    for p, piece in plan:
+        value = piece.to(p.dtype)
+        if isinstance(p, DTensor):
+            p.copy_(distribute_tensor(value.to(p.device), p.device_mesh, p.placements))
+        else:
+            p.copy_(value)
+    return config
+
+
+def _logical(p) -> tuple[int, ...]:
+    return tuple(p.shape)

@@ -1,0 +1,193 @@
+"""LoRA on one process against Hugging Face PEFT on the same weights:
+
+- an adapter made by ``peft`` (Llama: q/k/v/o and the MLP; GPT-2: the fused ``c_attn`` and
+  the Conv1D projections) loads here and gives PEFT's logits;
+- our adapter, exported as a PEFT directory, loads with ``PeftModel.from_pretrained`` and
+  gives our logits; merged, our weights equal ``merge_and_unload()``'s;
+- the forward against the formula ``base + scaling * B A x`` (rsLoRA's scaling too);
+- a frozen base: after backward only adapter parameters hold gradients, and the optimizer
+  steps only them;
+- bad input (no matching layer, a rank above the layer, an adapter for another base, an
+  unknown key) is one line before any weight changes.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+from libai import dist
+from libai.models.lora import LoRAConfig, apply_lora, lora_layers, merge_lora
+from libai.models.lora_peft import load_peft_adapter, read_peft_config, save_peft_adapter
+from libai.models.utils import load_huggingface, save_huggingface
+
+peft = pytest.importorskip("peft")
+
+VOCAB = 61
+LLAMA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+@pytest.fixture(autouse=True)
+def one_process():
+    dist.setup_dist_util({})
+    yield
+    dist.reset_dist_util()
+
+
+def tiny_hf(kind: str, path):
+    torch.manual_seed(0)
+    if kind == "llama":
+        config = transformers.LlamaConfig(
+            vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        )  # fmt: skip
+        model = transformers.LlamaForCausalLM(config)
+    else:
+        config = transformers.GPT2Config(
+            vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64,
+            bos_token_id=0, eos_token_id=0,
+        )  # fmt: skip
+        model = transformers.GPT2LMHeadModel(config)
+    model.save_pretrained(path)
+    return model.eval()
+
+
+def ids():
+    return torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(3))
+
+
+def ours_logits(model, x):
+    with torch.no_grad():
+        out = model(x) if not hasattr(model, "GPT_model") else model.GPT_model(x)
+    logits = out["logits"] if isinstance(out, dict) else out
+    return logits.float()
+
+
+def randomize_peft(model, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+
+
+def randomize_ours(model, seed=2):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if getattr(p, "libai_lora", False):
+                p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+
+
+@pytest.mark.parametrize(
+    "kind, targets, rslora",
+    [("llama", LLAMA_TARGETS, False), ("llama", ["q_proj", "v_proj"], True),
+     ("gpt2", ["c_attn", "c_proj", "c_fc"], False)],
+)  # fmt: skip
+def test_peft_adapters_load_here_and_ours_load_in_peft(tmp_path, kind, targets, rslora):
+    hf = tiny_hf(kind, tmp_path / "base")
+    x = ids()
+    settings = dict(r=4, lora_alpha=8, target_modules=targets, use_rslora=rslora)
+    theirs = peft.get_peft_model(
+        hf, peft.LoraConfig(**settings, fan_in_fan_out=kind == "gpt2")
+    ).eval()
+    randomize_peft(theirs)
+    theirs.save_pretrained(tmp_path / "theirs")
+    want = theirs(x).logits.float()
+
+    ours = load_huggingface(str(tmp_path / "base")).eval()
+    config = load_peft_adapter(ours, str(tmp_path / "theirs"))
+    assert config.r == 4 and config.use_rslora == rslora
+    torch.testing.assert_close(ours_logits(ours, x), want, atol=1e-5, rtol=1e-5)
+
+    # the other way: our (changed) adapter, exported, loads in PEFT
+    randomize_ours(ours)
+    save_peft_adapter(ours, config, str(tmp_path / "ours"), str(tmp_path / "base"))
+    base = type(hf).from_pretrained(tmp_path / "base").eval()
+    loaded = peft.PeftModel.from_pretrained(base, tmp_path / "ours").eval()
+    mine = ours_logits(ours, x)
+    assert (mine - want).abs().max() > 1e-3  # the adapter changed
+    torch.testing.assert_close(loaded(x).logits.float(), mine, atol=1e-5, rtol=1e-5)
+
+    # merged: the same logits, and PEFT's merge_and_unload weights
+    merged_theirs = loaded.merge_and_unload()
+    adapted = lora_layers(ours)
+    assert merge_lora(ours) == len(adapted) > 0
+    assert not lora_layers(ours)
+    torch.testing.assert_close(ours_logits(ours, x), mine, atol=1e-5, rtol=1e-5)
+    save_huggingface(ours, str(tmp_path / "merged"))
+    exported = type(hf).from_pretrained(tmp_path / "merged").state_dict()
+    for name, value in merged_theirs.state_dict().items():
+        if name in exported:
+            torch.testing.assert_close(exported[name], value, atol=1e-6, rtol=0)
+
+
+def test_forward_is_base_plus_scaled_low_rank_product(tmp_path):
+    tiny_hf("llama", tmp_path / "base")
+    model = load_huggingface(str(tmp_path / "base"))
+    apply_lora(model, LoRAConfig(target_modules=("down_proj",), r=3, lora_alpha=6, use_rslora=True))
+    randomize_ours(model)
+    layer = model.model.layers["0"].mlp.dense_4h_to_h
+    x = torch.randn(2, 5, 48)
+    base = x @ layer.weight.T
+    scaling = 6 / 3**0.5
+    want = base + scaling * (x @ layer.lora.lora_A.T) @ layer.lora.lora_B.T
+    torch.testing.assert_close(layer(x), want, atol=1e-6, rtol=1e-6)
+
+
+def test_the_base_is_frozen(tmp_path):
+    tiny_hf("llama", tmp_path / "base")
+    model = load_huggingface(str(tmp_path / "base"))
+    adapted = apply_lora(model, LoRAConfig(target_modules=("q_proj", "o_proj"), r=2))
+    assert adapted == [f"model.layers.{i}.self_attention.{n}" for i in (0, 1)
+                       for n in ("dense", "query_key_value")]  # fmt: skip
+    randomize_ours(model)
+    model.train()
+    model(ids(), labels=ids())["lm_loss"].backward()
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    with_grad = {n for n, p in model.named_parameters() if p.grad is not None}
+    assert trainable == with_grad
+    assert trainable and all(".lora." in n for n in trainable)
+    # q only: the fused projection holds an adapter for its q rows, none for k and v
+    qkv = model.model.layers["0"].self_attention.query_key_value.lora
+    assert qkv.segments == ("q",)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad])
+    optimizer.step()
+    assert {id(p) for p in optimizer.state} == {
+        id(p) for n, p in model.named_parameters() if n in trainable
+    }
+
+
+def test_bad_input_is_one_line(tmp_path):
+    tiny_hf("llama", tmp_path / "base")
+    model = load_huggingface(str(tmp_path / "base"))
+    with pytest.raises(ValueError, match=r"'qproj' matches no Linear layer .*q_proj"):
+        apply_lora(model, LoRAConfig(target_modules=("qproj",)))
+    with pytest.raises(ValueError, match=r"lora.r=40 exceeds .*smaller dimension \(32\)"):
+        apply_lora(model, LoRAConfig(target_modules=("o_proj",), r=40))
+    assert not lora_layers(model)  # nothing attached by the failed calls
+    with pytest.raises(ValueError, match=r"unknown lora key\(s\) 'rank'"):
+        LoRAConfig.of({"target_modules": ["q_proj"], "rank": 4})
+    # an adapter made for another base: wider hidden size
+    other = transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(
+            vocab_size=VOCAB,
+            hidden_size=64,
+            intermediate_size=48,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+        )  # fmt: skip
+    )
+    peft.get_peft_model(other, peft.LoraConfig(r=2, target_modules=["o_proj"])).save_pretrained(
+        tmp_path / "other"
+    )
+    assert read_peft_config(str(tmp_path / "other")).target_modules == ("o_proj",)
+    fresh = load_huggingface(str(tmp_path / "base"))
+    before = {n: p.clone() for n, p in fresh.named_parameters()}
+    with pytest.raises(ValueError, match="an adapter for another base model"):
+        load_peft_adapter(fresh, str(tmp_path / "other"))
+    for n, p in fresh.named_parameters():
+        if n in before:
+            assert torch.equal(p, before[n])
