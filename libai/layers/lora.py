@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from libai.layers.collectives import (
     copy_to_tp,
@@ -171,15 +172,19 @@ class LoRA(nn.Module):
 
     @torch.no_grad()
     def delta_weight(self) -> dict[str, torch.Tensor]:
-        """``scaling * B A`` of each segment (``""``: the whole layer), this rank's share in
-        the base weight's layout."""
+        """``scaling * B A`` of each segment (``""``: the whole layer), whole (a collective
+        where the adapter is sharded: every rank calls it)."""
         out = {}
         for name in self.segments or ("",):
-            a = local_value(getattr(self, self._a_name(name)))
-            b = local_value(getattr(self, "lora_B" + (f"_{name}" if name else "")))
+            a = _whole(getattr(self, self._a_name(name)))
+            b = _whole(getattr(self, "lora_B" + (f"_{name}" if name else "")))
             out[name] = (b.float() @ a.float()) * self.scaling
         return out
 
     def extra_repr(self) -> str:
         segments = f", segments={self.segments}" if self.segments else ""
         return f"r={self.r}, scaling={self.scaling:g}, parallel={self.parallel}{segments}"
+
+
+def _whole(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if isinstance(t, DTensor) else t

@@ -25,11 +25,11 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 from libai.layers.attention import MultiheadAttention
 from libai.layers.linear import Linear
 from libai.layers.lora import LoRA, QKVLayout
-from libai.layers.param import local_value
 from libai.models.utils.weight_mapping import Copy, GroupedFuse
 
 SEGMENTS = ("q", "k", "v")
@@ -260,24 +260,41 @@ def lora_layers(model: nn.Module) -> dict[str, Linear]:
 
 @torch.no_grad()
 def merge_lora(model: nn.Module) -> int:
-    """Fold every adapter into its base weight (this rank's shard, in place) and remove
-    it; returns the number of layers merged. The model then computes what it computed with
-    the adapters (dropout aside), with no adapter cost."""
+    """Fold every adapter into its base weight (in place, on any layout: tp shards, ZeRO-3
+    shards) and remove it; returns the number of layers merged. The model then computes
+    what it computed with the adapters (dropout aside), at no adapter cost. Collective
+    where the weights are sharded: every rank calls it."""
     layers = lora_layers(model)
     for layer in layers.values():
-        weight = local_value(layer.weight)
         deltas = layer.lora.delta_weight()
+        weight = layer.weight
         if layer.lora.segments is None:
-            weight += deltas[""].to(weight.dtype)
+            delta = deltas[""]
         else:  # each segment's rows of the fused [groups, (g + 2) * d, in] weight
             qkv = layer.lora.qkv
-            rows = weight.view(qkv.groups, (qkv.g + 2) * qkv.head_size, -1)
-            widths = {"q": qkv.g * qkv.head_size, "k": qkv.head_size, "v": qkv.head_size}
-            offset = 0
-            for name in SEGMENTS:
-                if name in deltas:
-                    delta = deltas[name].view(qkv.groups, widths[name], -1)
-                    rows[:, offset : offset + widths[name]] += delta.to(weight.dtype)
-                offset += widths[name]
+            d, g = qkv.head_size, qkv.g
+            groups = weight.shape[0] // ((g + 2) * d)  # the whole weight's groups
+            widths = {"q": g * d, "k": d, "v": d}
+            some = next(iter(deltas.values()))
+            pieces = [
+                deltas[s].view(groups, widths[s], -1)
+                if s in deltas
+                else some.new_zeros(groups, widths[s], weight.shape[1])
+                for s in SEGMENTS
+            ]
+            delta = torch.cat(pieces, dim=1).view(weight.shape[0], -1)
+        _add_whole(weight, delta)
         layer.lora = None
     return len(layers)
+
+
+def _add_whole(weight: torch.Tensor, delta: torch.Tensor) -> None:
+    """``weight += delta`` where ``delta`` is the whole weight's update and ``weight`` may
+    be this rank's shard of a DTensor."""
+    if isinstance(weight, DTensor):
+        delta = distribute_tensor(
+            delta.to(weight.dtype).to(weight.device), weight.device_mesh, weight.placements
+        )
+        weight.add_(delta)
+    else:
+        weight.add_(delta.to(weight.dtype))

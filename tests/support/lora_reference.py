@@ -1,0 +1,70 @@
+"""A tiny Llama with LoRA adapters and its single-process reference run, for the LoRA
+layout tests (tests/distributed/test_lora_layouts.py)."""
+
+from __future__ import annotations
+
+import torch
+from gpt_reference import SEED
+from moe_reference import TINY_MOE_LLAMA, moe_batch, train
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+from libai import dist
+from libai.models import LlamaForCausalLM
+from libai.models.lora import LoRAConfig, apply_lora, merge_lora
+from libai.models.utils.hf_export import full_value
+from libai.runtime.parallel import ModelRunner
+
+#: q and v (segments of the fused projection), the row-parallel o_proj and down_proj, the
+#: column-parallel gate_proj
+LORA = LoRAConfig(
+    target_modules=("q_proj", "v_proj", "o_proj", "gate_proj", "down_proj"), r=4, lora_alpha=8
+)
+lora_batch = moe_batch
+
+
+@torch.no_grad()
+def build_lora_llama() -> LlamaForCausalLM:
+    """The base, its adapters attached, and every adapter weight set to a seeded value
+    (B is zero at PEFT's start, which would leave A's first gradients zero)."""
+    torch.manual_seed(SEED)
+    model = LlamaForCausalLM(**TINY_MOE_LLAMA)
+    apply_lora(model, LORA)
+    for i, (name, p) in enumerate(sorted(model.named_parameters())):
+        if not getattr(p, "libai_lora", False):
+            continue
+        full = torch.randn(tuple(_logical(p)), generator=torch.Generator().manual_seed(i)) * 0.2
+        if isinstance(p, DTensor):
+            p.copy_(distribute_tensor(full.to(p.device), p.device_mesh, p.placements))
+        else:
+            p.copy_(full)
+    return model
+
+
+def _logical(p):
+    return p.shape
+
+
+def lora_state(model, with_grads=False) -> dict[str, torch.Tensor]:
+    """Full (gathered) values, or gradients, of the parameters that have them."""
+    out = {}
+    for name, p in model.named_parameters():
+        t = p.grad if with_grads else p
+        if t is None:
+            continue
+        out[name] = full_value(t.detach(), p).clone()
+    return out
+
+
+def merged_weights(model) -> dict[str, torch.Tensor]:
+    """The base weights with the adapters folded in (the model is changed)."""
+    merge_lora(model)
+    return lora_state(model)
+
+
+def lora_reference_run(microbatches: int = 1) -> dict:
+    dist.setup_dist_util({})
+    model = build_lora_llama()
+    init = lora_state(model)
+    out = train(ModelRunner(model, num_microbatches=microbatches), lora_batch, lora_state)
+    out.pop("optimizer")
+    return {"init": init, **out, "final": lora_state(model), "merged": merged_weights(model)}
