@@ -164,12 +164,12 @@ def load_peft_adapter(model, path: str) -> LoRAConfig:
     plan = []
     for name, (params, how) in pairs.items():
         full = tensors[name]
-        pieces = full.split([_logical(p)[0] for p in params]) if how == "cat" else [full]
+        pieces = full.split([p.shape[0] for p in params]) if how == "cat" else [full]
         for p, piece in zip(params, pieces):
-            if tuple(piece.shape) != _logical(p):
+            if tuple(piece.shape) != tuple(p.shape):
                 raise ValueError(
                     f"{path}: {name} has shape {tuple(piece.shape)}, this model's adapter "
-                    f"needs {_logical(p)} (an adapter for another base model?)"
+                    f"needs {tuple(p.shape)} (an adapter for another base model?)"
                 )
             plan.append((p, piece))
     for p, piece in plan:
@@ -179,7 +179,3 @@ def load_peft_adapter(model, path: str) -> LoRAConfig:
         else:
             p.copy_(value)
     return config
-
-
-def _logical(p) -> tuple[int, ...]:
-    return tuple(p.shape)

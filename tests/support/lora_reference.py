@@ -29,19 +29,15 @@ def build_lora_llama() -> LlamaForCausalLM:
     torch.manual_seed(SEED)
     model = LlamaForCausalLM(**TINY_MOE_LLAMA)
     apply_lora(model, LORA)
-    for i, (name, p) in enumerate(sorted(model.named_parameters())):
+    for i, (_, p) in enumerate(sorted(model.named_parameters(), key=lambda item: item[0])):
         if not getattr(p, "libai_lora", False):
             continue
-        full = torch.randn(tuple(_logical(p)), generator=torch.Generator().manual_seed(i)) * 0.2
+        full = torch.randn(tuple(p.shape), generator=torch.Generator().manual_seed(i)) * 0.2
         if isinstance(p, DTensor):
             p.copy_(distribute_tensor(full.to(p.device), p.device_mesh, p.placements))
         else:
             p.copy_(full)
     return model
-
-
-def _logical(p):
-    return p.shape
 
 
 def lora_state(model, with_grads=False) -> dict[str, torch.Tensor]:
