@@ -13,7 +13,15 @@ libai -> Hugging Face::
         --config-file output/config.yaml --output llama-hf
 
 ``--config-file`` is the training ``config.yaml`` (its ``model`` entry is built); without it
-``libai_model.json`` next to the checkpoint is used. Both directions run on one process, or
+``libai_model.json`` next to the checkpoint is used.
+
+A LoRA run (``train.lora`` in its config.yaml): ``to-peft`` writes the adapters as a PEFT
+adapter directory (``peft.PeftModel.from_pretrained`` loads it onto the base), ``to-hf
+--merge-lora`` the base with the adapters folded in::
+
+    python tools/convert_checkpoint.py to-peft --checkpoint output/model_final \
+        --config-file output/config.yaml --output lora-adapter [--base-model /models/base]
+ Both directions run on one process, or
 under ``torchrun`` on a dp x tp layout (``--tp``), where every rank handles only its shards.
 """
 
@@ -66,6 +74,16 @@ def from_hf(args) -> None:
         print(f"wrote {os.path.join(args.output, args.name)} and {MODEL_JSON}")
 
 
+def _lora_config(args):
+    """The run's LoRA settings (None: not a LoRA run, or no config file)."""
+    if not args.config_file:
+        return None
+    from libai.config import LazyConfig
+    from libai.runtime.spec import as_spec_lora
+
+    return as_spec_lora(LazyConfig.load(args.config_file))
+
+
 def _build_model(args):
     if args.config_file:
         from libai.config import LazyConfig, instantiate
@@ -84,13 +102,47 @@ def _build_model(args):
     return getattr(importlib.import_module(module), name)(cfg=spec["cfg"])
 
 
-def to_hf(args) -> None:
+def _load(args):
+    """The model of ``args.checkpoint`` (with its LoRA adapters in a LoRA run)."""
+    from libai.models.lora import apply_lora
+
     dist.setup_dist_util({"tensor_parallel_size": args.tp})
     model = _build_model(args)
+    lora = _lora_config(args)
+    if lora is not None:
+        apply_lora(model, lora)
     Checkpointer(model).load(args.checkpoint, checkpointables=[])
+    return model, lora
+
+
+def to_hf(args) -> None:
+    from libai.models.lora import merge_lora
+
+    model, lora = _load(args)
+    if lora is not None and not args.merge_lora:
+        raise SystemExit(
+            f"{args.checkpoint} holds LoRA adapters: pass --merge-lora to export the merged "
+            "model, or use to-peft for the adapter alone"
+        )
+    if lora is not None:
+        merge_lora(model)
     save_huggingface(model, args.output, max_shard_size=args.max_shard_size)
     if dist.is_main_process():
         print(f"wrote Hugging Face directory {args.output}")
+
+
+def to_peft(args) -> None:
+    from libai.models.lora_peft import save_peft_adapter
+
+    model, lora = _load(args)
+    if lora is None:
+        raise SystemExit(
+            f"{args.config_file or 'no --config-file'}: not a LoRA run (train.lora.target_modules "
+            "is empty); to-peft exports adapters"
+        )
+    save_peft_adapter(model, lora, args.output, args.base_model)
+    if dist.is_main_process():
+        print(f"wrote PEFT adapter directory {args.output}")
 
 
 def main(argv=None) -> int:
@@ -108,7 +160,15 @@ def main(argv=None) -> int:
     p.add_argument("--output", required=True)
     p.add_argument("--max-shard-size", type=int, default=5 * 2**30, help="bytes per shard")
     p.add_argument("--tp", type=int, default=1, help="tensor_parallel_size (under torchrun)")
+    p.add_argument("--merge-lora", action="store_true", help="fold a LoRA run's adapters in")
     p.set_defaults(run=to_hf)
+    p = sub.add_parser("to-peft", help="a LoRA run's adapters -> PEFT adapter directory")
+    p.add_argument("--checkpoint", required=True, help="e.g. output/model_final")
+    p.add_argument("--config-file", required=True, help="the run's config.yaml")
+    p.add_argument("--output", required=True)
+    p.add_argument("--base-model", default=None, help="recorded as base_model_name_or_path")
+    p.add_argument("--tp", type=int, default=1, help="tensor_parallel_size (under torchrun)")
+    p.set_defaults(run=to_peft)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO)
     args.run(args)

@@ -60,6 +60,14 @@ train = dict(
     # sharded within dp / hsdp_replicate_size ranks and replicated across the groups
     zero_optimization=dict(enabled=False, stage=1, hsdp_replicate_size=1),
 
+    # LoRA (PEFT's field names): adapters on the layers target_modules names (PEFT's names,
+    # e.g. ["q_proj", "v_proj"], or libai's: "query_key_value", "dense", ...), every other
+    # weight frozen but modules_to_save; off while target_modules is empty
+    lora=dict(
+        target_modules=[], r=8, lora_alpha=8.0, lora_dropout=0.0, use_rslora=False,
+        modules_to_save=[],
+    ),
+
     # Save a checkpoint every `period` iterations, keep the last `max_to_keep`
     checkpointer=dict(period=5000, max_to_keep=100),
 

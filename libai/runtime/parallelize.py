@@ -4,7 +4,8 @@ transform lives in its own module:
 0. tensor and sequence parallel: at construction -- libai's layers are built on the mesh as
    DTensors (``libai.layers``), so a model is tp-sharded when it exists;
 1. float8 matmuls (``train.amp.fp8``; :mod:`libai.layers.float8`), before anything copies or
-   traces the layers;
+   traces the layers; then LoRA adapters (``train.lora``; :mod:`libai.models.lora`), the
+   rest of the model frozen;
 2. the pipeline split (:mod:`libai.runtime.pipeline_split`, the schedule in
    :mod:`libai.runtime.pipeline_schedule`): the model pruned to this rank's stages, a copy
    per virtual stage;
@@ -35,6 +36,7 @@ import torch
 
 from libai import dist
 from libai.layers.float8 import check_fp8_layout, enable_float8_training, hardware_has_fp8
+from libai.models.lora import apply_lora
 from libai.runtime.amp import DynamicLossScaler
 from libai.runtime.master_weights import MasterWeights
 from libai.runtime.parallel import ModelRunner
@@ -95,6 +97,7 @@ def parallelize(
         )
     zero_stage = spec.zero_stage(util.layout)  # may raise
     _enable_fp8(model, spec, util)  # may raise
+    _apply_lora(model, spec)  # may raise
     runner = ModelRunner(
         model,
         num_microbatches=spec.num_accumulation_steps,
@@ -116,6 +119,27 @@ def parallelize(
         runner, zero_stage, hsdp_replicate_size=spec.zero_optimization.hsdp_replicate_size
     )
     return RunnerParts(runner, grad_scaler, zero_stage)
+
+
+def _apply_lora(model: torch.nn.Module, spec: RunSpec) -> None:
+    """``train.lora``: adapters on the named layers, the rest frozen (before the pipeline
+    split, so every stage's layers get theirs)."""
+    config = spec.lora.config()
+    if config is None:
+        return
+    adapted = apply_lora(model, config)
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in model.parameters())
+    logger.info(
+        "LoRA r=%d alpha=%g on %d layers (%s, ...): %d of %d parameters trainable (%.2f%%)",
+        config.r,
+        config.lora_alpha,
+        len(adapted),
+        adapted[0],
+        trainable,
+        total,
+        100 * trainable / max(total, 1),
+    )
 
 
 def _enable_fp8(model: torch.nn.Module, spec: RunSpec, util) -> None:

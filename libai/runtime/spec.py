@@ -27,6 +27,7 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 from libai import dist
 from libai.layers.checkpointing import resolve_mode
 from libai.layers.float8 import check_recipe
+from libai.models.lora import LoRAConfig
 from libai.runtime.amp import resolve_amp_dtype
 from libai.runtime.zero import resolve_zero_stage
 
@@ -36,8 +37,10 @@ __all__ = [
     "CheckpointerSpec",
     "DistSpec",
     "EvaluationSpec",
+    "LoRASpec",
     "RunSpec",
     "ZeroSpec",
+    "as_spec_lora",
     "resolve_compile",
 ]
 
@@ -162,6 +165,36 @@ class EvaluationSpec(_Freezable):
 
 
 @dataclass
+class LoRASpec(_Freezable):
+    """LoRA with PEFT's field names: adapters on the layers ``target_modules`` names (PEFT's
+    Hugging Face names or libai's), every other weight frozen but ``modules_to_save``; off
+    while ``target_modules`` is empty (see :mod:`libai.models.lora`)."""
+
+    target_modules: list[str] = field(default_factory=list)
+    r: int = 8
+    lora_alpha: float = 8.0
+    lora_dropout: float = 0.0
+    use_rslora: bool = False
+    modules_to_save: list[str] = field(default_factory=list)
+
+    def config(self):
+        """The :class:`~libai.models.lora.LoRAConfig` (None when off); a bad value raises
+        naming the key."""
+        if not self.target_modules:
+            return None
+        return LoRAConfig.of(
+            {
+                "target_modules": tuple(self.target_modules),
+                "r": self.r,
+                "lora_alpha": self.lora_alpha,
+                "lora_dropout": self.lora_dropout,
+                "use_rslora": self.use_rslora,
+                "modules_to_save": tuple(self.modules_to_save),
+            }
+        )
+
+
+@dataclass
 class DistSpec(_Freezable):
     """``train.dist``: the parallel layout, typed (the keys of
     :data:`libai.dist.DIST_CONFIG_KEYS`; a test keeps the two equal). The sizes are checked
@@ -209,6 +242,7 @@ class RunSpec(_Freezable):
     zero_optimization: ZeroSpec = field(default_factory=ZeroSpec)
     checkpointer: CheckpointerSpec = field(default_factory=CheckpointerSpec)
     evaluation: EvaluationSpec = field(default_factory=EvaluationSpec)
+    lora: LoRASpec = field(default_factory=LoRASpec)
     #: the parallel layout (a mapping of its keys is taken too, checked and typed)
     dist: DistSpec = field(default_factory=DistSpec)
 
@@ -341,3 +375,11 @@ def _without_door_keys(data: dict, door: dict) -> dict:
             value = _without_door_keys(value, door[key])
         out[key] = value
     return out
+
+
+def as_spec_lora(cfg):
+    """The LoRA settings of a loaded run config (its ``train.lora``), or None when off."""
+    lora = cfg.get("train", {}).get("lora") if hasattr(cfg, "get") else None
+    if not lora:
+        return None
+    return LoRASpec(**{k: v for k, v in dict(lora).items()}).config()

@@ -1,0 +1,73 @@
+"""configs/llama_lora_sft.py through tools/train_net.py on a Hugging Face base (tp2), then
+tools/convert_checkpoint.py: the adapters exported as a PEFT directory load with
+``peft.PeftModel.from_pretrained`` onto the untouched base and give the logits of the merged
+export (``to-hf --merge-lora``) loaded in transformers; the base weights did not move."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+import transformers
+from train_net_helpers import ROOT, read_metrics, run_train_net, train_env
+from zoo_data import build_sft_files
+
+peft = pytest.importorskip("peft")
+CONFIG = str(ROOT / "configs" / "llama_lora_sft.py")
+
+
+def test_lora_sft_exports_a_peft_adapter_and_a_merged_model(tmp_path):
+    (tmp_path / "data").mkdir()
+    tok_dir, data, vocab = build_sft_files(tmp_path / "data")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=64, vocab_size=vocab, max_position_embeddings=128,
+    )  # fmt: skip
+    transformers.LlamaForCausalLM(config).save_pretrained(tmp_path / "base")
+    out = tmp_path / "run"
+    overrides = [
+        f"tokenization.tokenizer.tokenizer_file={tok_dir}",
+        f"dataloader.train.dataset.0.data_path={data}",
+        "dataloader.train.dataset.0.max_seq_length=64",
+        "model._target_=libai.models.utils.load_huggingface",
+        f"+model.path={tmp_path / 'base'}",
+        "~model.cfg",
+        "tokenization.setup=False",
+        "train.train_epoch=0",
+        "train.train_iter=4",
+        "train.train_micro_batch_size=4",
+        "train.log_period=1",
+        "train.lora.lora_dropout=0.0",
+        "optim.lr=5e-2",
+        "train.dist.tensor_parallel_size=2",
+        f"train.output_dir={out}",
+    ]
+    proc = run_train_net(CONFIG, overrides, nproc=2, env=train_env())
+    log = proc.stdout + proc.stderr
+    assert "LoRA r=8 alpha=16 on 10 layers" in log, log[-3000:]
+    losses = [r["total_loss"] for _, r in sorted(read_metrics(out).items()) if "total_loss" in r]
+    assert len(losses) == 4 and losses[-1] < losses[0], losses
+
+    convert = [sys.executable, str(ROOT / "tools" / "convert_checkpoint.py")]
+    common = ["--checkpoint", str(out / "model_final"), "--config-file", str(out / "config.yaml")]
+    for command in (
+        ["to-peft", *common, "--output", str(tmp_path / "adapter"), "--base-model", "base"],
+        ["to-hf", "--merge-lora", *common, "--output", str(tmp_path / "merged")],
+    ):
+        subprocess.run([*convert, *command], check=True, capture_output=True, cwd=tmp_path)
+    refused = subprocess.run([*convert, "to-hf", *common, "--output", str(tmp_path / "x")],
+                             capture_output=True, text=True, cwd=tmp_path)  # fmt: skip
+    assert refused.returncode != 0 and "--merge-lora" in refused.stderr
+
+    x = torch.randint(0, vocab, (2, 11), generator=torch.Generator().manual_seed(0))
+    base = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "base").eval()
+    with torch.no_grad():
+        plain = base(x).logits
+        adapted = peft.PeftModel.from_pretrained(base, tmp_path / "adapter").eval()
+        with_adapter = adapted(x).logits
+        merged = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "merged").eval()
+        assert (with_adapter - plain).abs().max() > 1e-3  # training moved the adapters
+        torch.testing.assert_close(merged(x).logits, with_adapter, atol=1e-5, rtol=1e-5)
