@@ -24,6 +24,7 @@ from libai.runtime.spec import (
     AmpSpec,
     CheckpointerSpec,
     EvaluationSpec,
+    LoRASpec,
     RunSpec,
     ZeroSpec,
 )
@@ -152,6 +153,22 @@ def build_parser(prog: str = "libai-accelerate") -> argparse.ArgumentParser:
         "(default: the checkpoint's, router_aux_loss_coef when output_router_logits)",
     )
     g.add_argument("--pipeline-schedule", default="1F1B")
+    g = p.add_argument_group("LoRA (PEFT's settings; a zoo model's layers, the base frozen)")
+    g.add_argument("--lora-r", type=int, default=None, help="the rank; turns LoRA on")
+    g.add_argument("--lora-alpha", type=float, default=None, help="default: 2 x r")
+    g.add_argument("--lora-dropout", type=float, default=0.0)
+    g.add_argument(
+        "--lora-target-modules",
+        default=None,
+        help="comma-separated layer names, PEFT's (q_proj,v_proj) or libai's "
+        "(query_key_value,dense); default: q_proj,v_proj",
+    )
+    g.add_argument("--use-rslora", action="store_true", help="scale by alpha / sqrt(r)")
+    g.add_argument(
+        "--merge-lora",
+        action="store_true",
+        help="write the merged model at the end instead of the PEFT adapter directory",
+    )
     g.add_argument(
         "--device", choices=["cpu", "cuda"], default=None, help="default: cuda when available"
     )
@@ -316,6 +333,10 @@ def check_args(args: argparse.Namespace) -> argparse.Namespace:
             "tools/train_net.py or FleetX's Engine); the Hugging Face models this door trains "
             "run their own attention. Use --context-parallel-size 1"
         )
+    lora_flags = [f for f in ("lora_alpha", "lora_target_modules") if getattr(args, f) is not None]
+    if args.lora_r is None and (lora_flags or args.merge_lora or args.use_rslora):
+        named = lora_flags + [f for f in ("merge_lora", "use_rslora") if getattr(args, f)]
+        raise ValueError(f"--{named[0].replace('_', '-')} needs --lora-r (the rank turns LoRA on)")
     if args.moe_aux_loss_coeff is not None and args.moe_aux_loss_coeff < 0:
         raise ValueError(f"--moe-aux-loss-coeff must be >= 0, got {args.moe_aux_loss_coeff}")
     tp, pp, world = args.tensor_model_parallel_size, args.pipeline_model_parallel_size, world_size()
@@ -382,5 +403,20 @@ def train_namespace(args, *, train_iter: int, dist_cfg: dict) -> RunSpec:
                 eval_mode="max",
             ),
             dist=dist_cfg,
+            lora=lora_spec(args),
         )
+    )
+
+
+def lora_spec(args) -> LoRASpec:
+    """``train.lora`` of the ``--lora-*`` flags (off without ``--lora-r``)."""
+    if args.lora_r is None:
+        return LoRASpec()
+    targets = args.lora_target_modules or "q_proj,v_proj"
+    return LoRASpec(
+        target_modules=[t.strip() for t in targets.split(",") if t.strip()],
+        r=args.lora_r,
+        lora_alpha=args.lora_alpha if args.lora_alpha is not None else 2.0 * args.lora_r,
+        lora_dropout=args.lora_dropout,
+        use_rslora=args.use_rslora,
     )

@@ -184,9 +184,20 @@ def main(argv=None) -> int:
     runner_model = TaskFinetuner(engine, prepared, tokenizer, task.name == "pretraining", family)
     model = runner_model.train()
     out = os.path.join(args.save, "hf")
-    save_pretrained(model, out, tokenizer)
+    lora = engine.train_cfg.lora.config()
+    save_pretrained(
+        model,
+        out,
+        tokenizer,
+        lora=lora,
+        merge=args.merge_lora,
+        base=args.pretrained_model_name_or_path,
+    )
     if dist.is_main_process():
-        logger.info("Trained model written to %s (transformers' from_pretrained loads it)", out)
+        if lora is not None and not args.merge_lora:
+            logger.info("LoRA adapter written to %s (peft.PeftModel.from_pretrained loads it)", out)
+        else:
+            logger.info("Trained model written to %s (transformers' from_pretrained loads it)", out)
     return 0
 
 

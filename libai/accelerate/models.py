@@ -174,6 +174,12 @@ def build_model(
             f"--moe-aux-loss-coeff: {path} is not a Mixture-of-Experts model of the zoo "
             "(Mixtral, Qwen2-MoE); drop the flag"
         )
+    if getattr(args, "lora_r", None) is not None:
+        raise ValueError(
+            f"--lora-r: {path} ({model_type_of(path)}, task {task_name}) runs as transformers' "
+            "own module here; LoRA runs on the zoo's models (Llama, Qwen2, Qwen3, Mistral, "
+            "Mixtral, Qwen-MoE, GPT-2) for causal LM fine-tuning"
+        )
     import transformers
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -206,11 +212,27 @@ def set_moe_aux_loss_coeff(model: nn.Module, coeff: float) -> None:
             cfg["moe"] = {**dict(cfg["moe"]), "aux_loss_coeff": float(coeff)}
 
 
-def save_pretrained(model: nn.Module, path: str, tokenizer=None) -> None:
+def save_pretrained(
+    model: nn.Module, path: str, tokenizer=None, lora=None, merge=False, base=None
+) -> None:
     """Write ``model`` as a Hugging Face directory ``path`` (collective): a zoo model through
     its loader's export (which carries the source checkpoint's other settings), a transformers module with
     its full state dict (gathered from ZeRO-3 shards) by rank 0. The tokenizer's files go
-    along."""
+    along. A LoRA run (``lora``, its :class:`~libai.models.lora.LoRAConfig`) writes its PEFT
+    adapter directory (``base``: the base model's path it records), or with ``merge`` the
+    merged model."""
+    if lora is not None:
+        from libai.models.lora import merge_lora
+        from libai.models.lora_peft import save_peft_adapter
+
+        if merge:
+            merge_lora(model)
+        else:
+            save_peft_adapter(model, lora, path, base)
+            if tokenizer is not None and dist.is_main_process():
+                tokenizer.save_pretrained(path)
+            dist.synchronize()
+            return
     if isinstance(model, HFTaskModel):
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,

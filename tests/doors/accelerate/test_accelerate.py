@@ -340,3 +340,37 @@ def test_a_mixtral_fine_tunes_with_expert_parallel(accelerate_files, tmp_path):
     config = json.loads((tmp_path / "ep2" / "hf" / "config.json").read_text())
     assert config["router_aux_loss_coef"] == 0.02 and config["output_router_logits"]
     assert_export_is_the_trained_model("causal_lm", f["mixtral"], tmp_path / "ep2")
+
+
+def test_lora_fine_tunes_with_peft_flags_and_exports_the_adapter_or_the_merge(
+    accelerate_files, tmp_path
+):
+    """Rapidformer's black box with ``--lora-r 4 --lora-target-modules c_attn,c_proj``: the
+    run writes a PEFT adapter directory that ``peft`` loads onto the untouched GPT-2; the
+    same run with ``--merge-lora`` writes the merged model, with the same logits; LoRA
+    flags without ``--lora-r``, or on a model outside the zoo, are refused in one line."""
+    peft = pytest.importorskip("peft")
+    f = accelerate_files
+    lora = ["--lora-r", "4", "--lora-target-modules", "c_attn,c_proj", "--seed", "3"]
+    dist.setup_dist_util({})
+    assert cli.main(task_argv(f, "causal_lm", tmp_path / "adapter", *lora, steps=4)) == 0
+    assert (
+        cli.main(task_argv(f, "causal_lm", tmp_path / "merged", *lora, "--merge-lora", steps=4))
+        == 0
+    )
+    assert (tmp_path / "adapter" / "hf" / "adapter_config.json").is_file()
+    settings = json.loads((tmp_path / "adapter" / "hf" / "adapter_config.json").read_text())
+    assert settings["r"] == 4 and settings["lora_alpha"] == 8.0
+    assert sorted(settings["target_modules"]) == ["c_attn", "c_proj"]
+    x = torch.randint(0, 50, (2, 10), generator=torch.Generator().manual_seed(0))
+    base = transformers.AutoModelForCausalLM.from_pretrained(f["gpt2"]).eval()
+    with torch.no_grad():
+        plain = base(x).logits
+        adapted = peft.PeftModel.from_pretrained(base, tmp_path / "adapter" / "hf").eval()(x).logits
+        merged = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "merged" / "hf")
+        assert (adapted - plain).abs().max() > 1e-4  # the adapters trained
+        torch.testing.assert_close(merged.eval()(x).logits, adapted, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="--lora-alpha needs --lora-r"):
+        cli.main(task_argv(f, "causal_lm", tmp_path / "x", "--lora-alpha", "8"))
+    with pytest.raises(ValueError, match="LoRA runs on the zoo's models"):
+        cli.main(task_argv(f, "sequence_classification", tmp_path / "y", "--lora-r", "2"))
