@@ -120,6 +120,16 @@ DEFAULTS: dict[str, Any] = {
         "sharding": {"sharding_degree": 1, "sharding_stage": 1, "sharding_offload": False},
     },
     "Inference": {"model_dir": None},
+    # ours (PEFT's field names, train.lora): adapters on the named layers, the rest frozen;
+    # off while target_modules is empty
+    "Lora": {
+        "target_modules": [],
+        "r": 8,
+        "lora_alpha": 8.0,
+        "lora_dropout": 0.0,
+        "use_rslora": False,
+        "modules_to_save": [],
+    },
 }
 #: sections whose own keys are free (checked by the constructor they feed)
 OPEN_SECTIONS = ("Model", "Optimizer")

@@ -29,6 +29,7 @@ from libai.runtime.spec import (
     AmpSpec,
     CheckpointerSpec,
     EvaluationSpec,
+    LoRASpec,
     RunSpec,
     ZeroSpec,
 )
@@ -231,6 +232,8 @@ def train_namespace(
                 eval_mode="min",
             ),
             dist=dist_config(cfg),
+            # adapters in every mode: evaluation and export load a LoRA run's checkpoint
+            lora=LoRASpec(**OmegaConf.to_container(cfg.Lora)),
         )
     )
 

@@ -121,3 +121,31 @@ def test_context_parallel_evaluation_equals_one_process(sample_env, tmp_path):
     for i in evaluated:
         assert cp2[i]["eval_loss"] == pytest.approx(one[i]["eval_loss"], rel=1e-5, abs=1e-6)
         assert cp2[i]["total_loss"] == pytest.approx(one[i]["total_loss"], rel=1e-5, abs=1e-6)
+
+
+def test_a_lora_section_trains_as_train_lora_does(sample_env, tmp_path):
+    """FleetX's YAML with our ``Lora:`` section (PEFT's field names) and LiBai's
+    ``train.lora`` give the same per-step losses on tp2 (the same transform applied by the
+    one runtime), and differ from full fine-tuning."""
+    lora = "[c_attn,c_proj]"
+    nproc, launcher, yaml_layout, libai_layout = LAYOUTS["tp2"]
+    engine_out, trainer_out = tmp_path / "engine", tmp_path / "train_net"
+    run_train_net(
+        ROOT / "configs" / "gpt2_pretrain.py",
+        [*LIBAI, *libai_layout, f"train.output_dir={trainer_out}",
+         f"train.lora.target_modules={lora}", "train.lora.r=4"],
+        nproc=nproc,
+        env=sample_env,
+    )  # fmt: skip
+    script = ROOT / "projects" / "gpt" / f"pretrain_gpt_345M_{launcher}.sh"
+    overrides = [*YAML, *yaml_layout, f"Engine.save_load.output_dir={engine_out}",
+                 f"Lora.target_modules={lora}", "Lora.r=4"]  # fmt: skip
+    run_command(["bash", str(script)], overrides, nproc=nproc, env=sample_env)
+    a, b = read_metrics(engine_out), read_metrics(trainer_out)
+    assert sorted(a) == sorted(b) == list(range(STEPS))
+    for i in range(STEPS):
+        assert a[i]["total_loss"] == b[i]["total_loss"], (i, a[i], b[i])
+    full = tmp_path / "full"
+    run_command(["bash", str(script)], [*YAML, *yaml_layout,
+                f"Engine.save_load.output_dir={full}"], nproc=nproc, env=sample_env)  # fmt: skip
+    assert read_metrics(full)[STEPS - 1]["total_loss"] != a[STEPS - 1]["total_loss"]
