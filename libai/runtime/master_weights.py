@@ -7,7 +7,8 @@ fp32 copy of each (the *master weight*) that the optimizer updates:
 
 1. :meth:`MasterWeights.cast_model` casts every parameter to the low-precision dtype, except
    those of normalization layers (any module whose class name contains ``Norm``: their
-   parameters are small and their statistics need fp32, as Paddle's O2 keeps them);
+   parameters are small and their statistics need fp32, as Paddle's O2 keeps them) and LoRA
+   adapters (fp32 beside the low-precision frozen base, stepped directly);
 2. :meth:`MasterWeights.attach` makes an fp32 master of each cast parameter -- its exact fp32
    value at the cast, unless the parameter changed since (weights loaded), then from it --
    and swaps it into the optimizer's param groups (the optimizer state is fp32, keyed by the
@@ -99,6 +100,9 @@ class MasterWeights:
             if is_norm_module(module):
                 for p in module.parameters(recurse=False):
                     seen.add(id(p))  # a norm's parameter stays fp32 even if shared
+        for p in self.model.parameters():
+            if getattr(p, "libai_lora", False):
+                seen.add(id(p))  # LoRA adapters stay fp32: stepped as they are, no master
         for module in self.model.modules():
             if is_norm_module(module):
                 continue
@@ -106,7 +110,8 @@ class MasterWeights:
                 if id(p) in seen or not p.is_floating_point():
                     continue
                 seen.add(id(p))
-                self._fp32_start[id(p)] = p.detach().clone()
+                if p.requires_grad:  # a frozen weight (LoRA's base) gets no master
+                    self._fp32_start[id(p)] = p.detach().clone()
                 _cast_in_place(p, self.dtype)
                 cast += 1
         object.__setattr__(self.model, "libai_master_weights", self)

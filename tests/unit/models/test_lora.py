@@ -191,3 +191,31 @@ def test_bad_input_is_one_line(tmp_path):
     for n, p in fresh.named_parameters():
         if n in before:
             assert torch.equal(p, before[n])
+
+
+def test_o2_keeps_fp32_adapters_beside_a_low_precision_base(tmp_path):
+    """Mixed precision O2 casts the frozen base to bf16 and keeps the adapters in fp32: the
+    optimizer steps the adapters themselves (no master copies, none for the base either),
+    and the base does not move."""
+    from libai.runtime.master_weights import MasterWeights
+    from libai.runtime.parallel import ModelRunner
+
+    tiny_hf("llama", tmp_path / "base")
+    model = load_huggingface(str(tmp_path / "base"))
+    apply_lora(model, LoRAConfig(target_modules=("q_proj", "down_proj"), r=2))
+    randomize_ours(model)
+    runner = ModelRunner(model, amp_dtype=torch.bfloat16)
+    master = MasterWeights(runner.model, torch.bfloat16)
+    master.cast_model()
+    adapters = [p for p in model.parameters() if getattr(p, "libai_lora", False)]
+    base = model.model.layers["0"].mlp.dense_4h_to_h.weight
+    assert all(p.dtype == torch.float32 for p in adapters) and base.dtype == torch.bfloat16
+    optimizer = master.attach(
+        torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
+    )
+    assert master.pairs == [] and master._fp32_start == {}
+    before, adapter_before = base.detach().clone(), adapters[0].detach().clone()
+    runner.forward_backward({"input_ids": ids(), "labels": ids()})
+    runner.optimizer_step(optimizer)
+    assert torch.equal(base, before) and base.grad is None
+    assert not torch.equal(adapters[0], adapter_before)
