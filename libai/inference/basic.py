@@ -35,6 +35,8 @@ from libai import dist
 from libai.config import LazyConfig, instantiate, locate, try_get_key
 from libai.inference.stage_comm import StagePipe
 from libai.inference.tokenizer_loading import find_tokenizer_files, load_tokenizer
+from libai.models.lora import merge_lora
+from libai.models.lora_peft import load_peft_adapter
 from libai.models.utils import CheckpointReader, load_huggingface, read_hf_config
 from libai.runtime.pipeline_split import pipeline_inputs, pipeline_stage_kwargs, prune_to_stages
 from libai.runtime.run_config import model_num_layers
@@ -103,6 +105,8 @@ class BasePipeline(ABC):
             ``last_checkpoint`` is then followed). Unused by ``"random"``.
         mode: ``"libai"``, ``"huggingface"`` or ``"random"`` (random init, for tests/demos).
         device: ``"cpu"`` (gloo) or ``"cuda"`` (nccl).
+        lora_adapter: a PEFT adapter directory (``peft``'s, or one libai exported) applied to
+            the model and merged into its weights (each rank its shards).
         **kwargs: default call parameters (``top_k=3``, ...), checked by
             ``_parse_parameters``; a call's own parameters override them.
 
@@ -135,6 +139,7 @@ class BasePipeline(ABC):
         model_path: str | None = None,
         mode: str = "libai",
         device: str = "cpu",
+        lora_adapter: str | None = None,
         **kwargs,
     ):
         if mode not in MODES:
@@ -196,6 +201,9 @@ class BasePipeline(ABC):
             self.model = self.build_model(self.cfg)
             if mode == "libai":
                 self.load_checkpoint(self.model, self.model_path)
+        if lora_adapter is not None:  # a PEFT adapter directory, folded into the weights
+            load_peft_adapter(self.model, str(lora_adapter))
+            merge_lora(self.model)
         self.model.eval()
         logger.info(
             "%s ready (mode=%s, stage %d of %d)",

@@ -5,6 +5,7 @@ HTTP with the OpenAI API.
                 [--host 127.0.0.1] [--port 8000] [--max-num-seqs 64] [--max-model-len L]
                 [--block-size 16] [--num-blocks B] [--max-num-batched-tokens T]
                 [--dtype auto|float32|bfloat16|float16] [--device cpu|cuda]
+                [--lora-adapter ADAPTER_DIR]
 
 ``PATH`` is a Hugging Face directory (``config.json`` + weights + tokenizer) or a libai
 training output directory (``config.yaml`` + its checkpoints). With more than one rank the
@@ -43,6 +44,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--num-blocks", type=int, default=None, help="default: every sequence full")
     p.add_argument("--dtype", default="auto", choices=DTYPES)
+    p.add_argument(
+        "--lora-adapter", default=None, help="a PEFT adapter directory, merged into the model"
+    )
     p.add_argument("--device", default=None, choices=("cpu", "cuda"), help="default: cuda if any")
     p.add_argument("--log-level", default="info")
     args = p.parse_args(argv)
@@ -75,6 +79,7 @@ def load(args):
         tensor_parallel=args.tensor_parallel_size,
         pipeline_parallel=args.pipeline_parallel_size,
         device=device,
+        lora_adapter=args.lora_adapter,
     )
     dtype = args.dtype
     if dtype == "auto":

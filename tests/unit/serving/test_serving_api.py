@@ -264,3 +264,37 @@ def test_a_failing_request_fails_alone(served, monkeypatch):
     server.wait_idle()
     assert server.engine.allocator.num_free == server.engine.allocator.num_blocks
     assert client.completions.create(model=model_dir, prompt=PROMPT, max_tokens=2).choices
+
+
+def test_a_lora_adapter_is_served_merged(tmp_path):
+    """``--lora-adapter DIR`` (a PEFT directory made by ``peft``): the served greedy text
+    is that of transformers + PEFT on the same base and adapter."""
+    peft = pytest.importorskip("peft")
+    import torch
+    import transformers
+
+    dist.reset_dist_util()
+    model_dir = make_chat_llama_dir(tmp_path)
+    ref = Reference(model_dir)
+    adapted = peft.get_peft_model(
+        transformers.AutoModelForCausalLM.from_pretrained(model_dir),
+        peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"]),
+    )
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in adapted.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=g))
+    adapted.save_pretrained(tmp_path / "adapter")
+    ref.model = adapted.eval()
+    server = ThreadServer(model_dir, lora_adapter=tmp_path / "adapter")
+    try:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+        out = client.completions.create(model=model_dir, prompt=PROMPT, max_tokens=8, temperature=0)
+        want = ref.greedy(ref.tok(PROMPT)["input_ids"], 8)
+        assert out.choices[0].text == ref.text(want)
+        base = Reference(model_dir)
+        assert ref.text(want) != base.text(base.greedy(ref.tok(PROMPT)["input_ids"], 8))
+    finally:
+        server.close()
+        dist.reset_dist_util()
