@@ -50,7 +50,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.tiny:
         args.hidden, args.layers, args.vocab, args.batch, args.seq = 64, 2, 500, 2, 32
-        args.steps, args.repeats = 3, 1
+        args.warmup, args.steps, args.repeats = 5, 20, 3
     return args
 
 

@@ -98,8 +98,8 @@ class Linear(nn.Module):
         if self.lora is not None:
             out = self._forward(x)
             if self.skip_bias_add:
-                return out[0] + self.lora(x), out[1]
-            return out + self.lora(x)
+                return self.lora.add_to(out[0], x), out[1]
+            return self.lora.add_to(out, x)
         return self._forward(x)
 
     def _forward(self, x: torch.Tensor):

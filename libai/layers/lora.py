@@ -136,39 +136,64 @@ class LoRA(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x``: the base layer's input (this rank's share, as the base receives it) -> the
-        adapter's addition to the base output (the base output's layout)."""
+        adapter's addition to the base output (the base output's layout). The scaling is
+        applied to the rank-``r`` activations, not to the (wide) output."""
+        if self.segments is not None:
+            parts = self._segment_parts(x)
+            return self.qkv.assemble(parts, next(iter(parts.values())))
+        h = self._project(x, [self.lora_A])[0]
+        # [S(0), B] x [S(0), B]^T -> [S(0), S(-1)]  (row: [B, B]; data: [S(0), B])
+        return F.linear(h, local_value(self.lora_B).to(x.dtype))
+
+    def add_to(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """``out`` (the base's output for ``x``) plus the adapter's addition; a fused
+        projection's segments are added in place into their rows (no zero-filled segments,
+        no concatenation)."""
+        if self.segments is None:
+            return out + self(x)
+        qkv = self.qkv
+        rows = out.view(*out.shape[:-1], qkv.groups, qkv.g + 2, qkv.head_size)
+        spans = {"q": (0, qkv.g), "k": (qkv.g, qkv.g + 1), "v": (qkv.g + 1, qkv.g + 2)}
+        for name, part in self._segment_parts(x).items():
+            lo, hi = spans[name]
+            rows[..., lo:hi, :] += part.view(*rows.shape[:-2], hi - lo, qkv.head_size)
+        return out
+
+    def _segment_parts(self, x) -> dict[str, torch.Tensor]:
+        """Each segment's addition ``[..., width]`` (the segments' A in one matmul)."""
+        names = [self._a_name(s) for s in self.segments]
+        unique = list(dict.fromkeys(names))
+        hs = dict(zip(unique, self._project(x, [getattr(self, n) for n in unique])))
+        return {
+            s: F.linear(hs[a], local_value(getattr(self, f"lora_B_{s}")).to(x.dtype))
+            for s, a in zip(self.segments, names)
+        }
+
+    def _project(self, x, weights) -> list[torch.Tensor]:
+        """``scaling * x A^T`` for each A of ``weights`` (one matmul for all), in the layout
+        the B matmul takes."""
         if self.dropout is not None:
             x = self.dropout(x)
         tp_group = self._dist_util.tp_group
+        a = (
+            torch.cat([local_value(w) for w in weights])
+            if len(weights) > 1
+            else local_value(weights[0])
+        )
+        # [S(0), B] x [r, B]^T -> [S(0), B] (r wide; row: [S(0), S(-1)] x [r, S(1)]^T -> P)
+        h = F.linear(x, a.to(x.dtype)) * self.scaling
         if self.parallel == "row":
-            # [S(0), S(-1)] x [r, S(1)]^T -> [S(0), P] -> all-reduce (reduce-scatter under
-            # sequence parallel) -> [S(0), B] x [B, B]^T -> [S(0), B]
-            h = F.linear(x, local_value(self.lora_A).to(x.dtype))
-            h = (
-                reduce_scatter_to_sp(h, tp_group)
-                if self.sequence_parallel
-                else reduce_from_tp(h, tp_group)
-            )
-            return F.linear(h, local_value(self.lora_B).to(x.dtype)) * self.scaling
-        parts, projected = {}, {}
-        for name in self.segments or ("",):
-            a_name = self._a_name(name)
-            if a_name not in projected:
-                # [S(0), B] x [r, B]^T -> [S(0), B] (r wide); col: its gradient summed over tp
-                h = F.linear(x, local_value(getattr(self, a_name)).to(x.dtype))
-                if self.parallel == "col":
-                    if self.sequence_parallel:  # [S(0), S(1)] -> all-gather -> [S(0), B]
-                        h = gather_from_sp(h, tp_group)
-                    else:
-                        h = copy_to_tp(h, tp_group)
-                projected[a_name] = h
-            h = projected[a_name]
-            b = getattr(self, "lora_B" + (f"_{name}" if name else ""))
-            # [S(0), B] x [S(0), B]^T -> [S(0), S(-1)]  (data: [S(0), B])
-            parts[name] = F.linear(h, local_value(b).to(x.dtype)) * self.scaling
-        if self.segments is None:
-            return parts[""]
-        return self.qkv.assemble(parts, h)
+            # [S(0), P] -> all-reduce (reduce-scatter under sequence parallel) -> [S(0), B]
+            if self.sequence_parallel:
+                h = reduce_scatter_to_sp(h, tp_group)
+            else:
+                h = reduce_from_tp(h, tp_group)
+        elif self.parallel == "col":  # A's gradient summed over tp
+            if self.sequence_parallel:  # [S(0), S(1)] -> all-gather -> [S(0), B]
+                h = gather_from_sp(h, tp_group)
+            else:
+                h = copy_to_tp(h, tp_group)
+        return list(h.split(self.r, dim=-1)) if len(weights) > 1 else [h]
 
     @torch.no_grad()
     def delta_weight(self) -> dict[str, torch.Tensor]:
