@@ -35,11 +35,12 @@ from libai import dist
 from libai.config import LazyConfig, instantiate, locate, try_get_key
 from libai.inference.stage_comm import StagePipe
 from libai.inference.tokenizer_loading import find_tokenizer_files, load_tokenizer
-from libai.models.lora import merge_lora
+from libai.models.lora import apply_lora, merge_lora
 from libai.models.lora_peft import load_peft_adapter
 from libai.models.utils import CheckpointReader, load_huggingface, read_hf_config
 from libai.runtime.pipeline_split import pipeline_inputs, pipeline_stage_kwargs, prune_to_stages
 from libai.runtime.run_config import model_num_layers
+from libai.runtime.spec import as_spec_lora
 
 logger = logging.getLogger(__name__)
 
@@ -200,7 +201,12 @@ class BasePipeline(ABC):
             self.tokenizer = self.build_tokenizer(self.cfg)
             self.model = self.build_model(self.cfg)
             if mode == "libai":
+                lora = as_spec_lora(self.cfg)  # a LoRA run's checkpoint holds its adapters
+                if lora is not None:
+                    apply_lora(self.model, lora)
                 self.load_checkpoint(self.model, self.model_path)
+                if lora is not None:
+                    merge_lora(self.model)
         if lora_adapter is not None:  # a PEFT adapter directory, folded into the weights
             load_peft_adapter(self.model, str(lora_adapter))
             merge_lora(self.model)

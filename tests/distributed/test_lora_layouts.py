@@ -1,9 +1,11 @@
 """LoRA on every layout: a tiny Llama with adapters on q, v (segments of the fused
 projection), o_proj, gate_proj and down_proj trains on dp2, tp2 (with and without sequence
-parallel), pp2, tp2 x pp2, ZeRO-1 x dp2 and ZeRO-3 x dp2 exactly as on one process (losses,
-every gradient of the first step, clipping norms, parameters after three steps, merged
-weights); on every rank no base weight holds a gradient or optimizer state, and the
-gradient and optimizer-state bytes are the adapters' own."""
+parallel), pp2, tp2 x pp2, ZeRO-1 x dp2, ZeRO-3 x dp2 and dp2 with activation checkpointing
+exactly as on one process (losses, every gradient of the first step, clipping norms,
+parameters after three steps, merged weights); on every rank no base weight holds a
+gradient or optimizer state, and the gradient and optimizer-state bytes are the adapters'
+own; the PEFT adapter exported from tp2 and tp2 x pp2 equals the one-process export and
+loads back onto the layout."""
 
 from __future__ import annotations
 
@@ -23,26 +25,43 @@ CASES_2 = [
     {"name": "pp2", "dist": PP, "microbatches": 2},
     {"name": "dp2-zero1", "dist": {"data_parallel_size": 2}, "zero": 1},
     {"name": "dp2-zero3", "dist": {"data_parallel_size": 2}, "zero": 3},
+    # checkpointed blocks recompute the adapters' forward in backward
+    {
+        "name": "dp2-recompute",
+        "dist": {"data_parallel_size": 2},
+        "runner": {"activation_checkpointing": "full"},
+    },
 ]
 CASES_4 = [{"name": "tp2-pp2", "dist": {"tensor_parallel_size": 2, **PP}, "microbatches": 2}]
 
 
 @pytest.fixture(scope="module")
-def references(tmp_path_factory):
+def peft_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lora_peft")
+    return {name: str(root / name) for name in ("one", "tp2", "tp2-pp2")}
+
+
+@pytest.fixture(scope="module")
+def references(tmp_path_factory, peft_dirs):
     path = tmp_path_factory.mktemp("lora") / "references.pt"
-    torch.save({"one": lora_reference_run(), "mb2": lora_reference_run(microbatches=2)}, path)
+    one = lora_reference_run(peft_dir=peft_dirs["one"])
+    torch.save({"one": one, "mb2": lora_reference_run(microbatches=2)}, path)
     dist.reset_dist_util()
     return str(path)
 
 
-@pytest.fixture(scope="module")
-def two_ranks(references):
-    return torchrun_cases("lora_layouts.py", 2, references, CASES_2)
+def with_peft(cases, peft_dirs):
+    return [{**c, "peft_dir": peft_dirs[c["name"]]} if c["name"] in peft_dirs else c for c in cases]
 
 
 @pytest.fixture(scope="module")
-def four_ranks(references):
-    return torchrun_cases("lora_layouts.py", 4, references, CASES_4)
+def two_ranks(references, peft_dirs):
+    return torchrun_cases("lora_layouts.py", 2, references, with_peft(CASES_2, peft_dirs))
+
+
+@pytest.fixture(scope="module")
+def four_ranks(references, peft_dirs):
+    return torchrun_cases("lora_layouts.py", 4, references, with_peft(CASES_4, peft_dirs))
 
 
 def check(items, pipeline: bool):
@@ -65,6 +84,23 @@ def check(items, pipeline: bool):
             assert held["state_bytes"] == held["adapter_bytes"], (where, held)
         else:
             assert 0 < held["state_bytes"] < held["adapter_bytes"], (where, held)
+        if "peft_reload_diff" in item:  # exported and loaded back on this layout
+            assert item["peft_reloaded"] > 0 and item["peft_reload_diff"] == 0.0, where
+
+
+def test_peft_exports_from_tp2_and_tp2_pp2_equal_one_process(two_ranks, four_ranks, peft_dirs):
+    """The adapter directory written from tp2 and from tp2 x pp2 (stages gathered) holds the
+    one-process export's tensors and config."""
+    from safetensors.torch import load_file
+
+    want = load_file(f"{peft_dirs['one']}/adapter_model.safetensors")
+    config = open(f"{peft_dirs['one']}/adapter_config.json").read()
+    for name in ("tp2", "tp2-pp2"):
+        got = load_file(f"{peft_dirs[name]}/adapter_model.safetensors")
+        assert sorted(got) == sorted(want), name
+        for key, value in want.items():
+            assert (got[key] - value).abs().max() < GRAD_TOL, (name, key)
+        assert open(f"{peft_dirs[name]}/adapter_config.json").read() == config
 
 
 @pytest.mark.parametrize("case", [c["name"] for c in CASES_2])

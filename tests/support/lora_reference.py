@@ -57,10 +57,16 @@ def merged_weights(model) -> dict[str, torch.Tensor]:
     return lora_state(model)
 
 
-def lora_reference_run(microbatches: int = 1) -> dict:
+def lora_reference_run(microbatches: int = 1, peft_dir: str | None = None) -> dict:
+    """One process; with ``peft_dir`` the trained adapters are exported there as a PEFT
+    directory."""
     dist.setup_dist_util({})
     model = build_lora_llama()
     init = lora_state(model)
     out = train(ModelRunner(model, num_microbatches=microbatches), lora_batch, lora_state)
     out.pop("optimizer")
+    if peft_dir is not None:
+        from libai.models.lora_peft import save_peft_adapter
+
+        save_peft_adapter(model, LORA, peft_dir)
     return {"init": init, **out, "final": lora_state(model), "merged": merged_weights(model)}

@@ -1,7 +1,8 @@
 """configs/llama_lora_sft.py through tools/train_net.py on a Hugging Face base (tp2), then
 tools/convert_checkpoint.py: the adapters exported as a PEFT directory load with
 ``peft.PeftModel.from_pretrained`` onto the untouched base and give the logits of the merged
-export (``to-hf --merge-lora``) loaded in transformers; the base weights did not move."""
+export (``to-hf --merge-lora``) loaded in transformers; the base weights did not move; the
+inference pipeline on the run's config and checkpoint gives the same logits."""
 
 from __future__ import annotations
 
@@ -71,3 +72,16 @@ def test_lora_sft_exports_a_peft_adapter_and_a_merged_model(tmp_path):
         merged = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "merged").eval()
         assert (with_adapter - plain).abs().max() > 1e-3  # training moved the adapters
         torch.testing.assert_close(merged(x).logits, with_adapter, atol=1e-5, rtol=1e-5)
+
+    # the inference pipeline on the run's own config and checkpoint: adapters applied,
+    # loaded and merged (one process; the run was tp2)
+    from libai import dist
+    from libai.inference import TextGenerationPipeline
+
+    pipe = TextGenerationPipeline(
+        config_file=str(out / "config.yaml"), model_path=str(out), mode="libai"
+    )
+    with torch.no_grad():
+        ours = pipe.model(x)["logits"]
+    torch.testing.assert_close(ours.float(), with_adapter, atol=1e-5, rtol=1e-5)
+    dist.reset_dist_util()

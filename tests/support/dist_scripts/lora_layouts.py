@@ -31,7 +31,7 @@ def check_case(case: dict, refs: dict) -> dict:
     microbatches = case.get("microbatches", 1)
     ref = refs["mb2" if microbatches > 1 else "one"]
     model = build_lora_llama()
-    runner = ModelRunner(model, num_microbatches=microbatches)
+    runner = ModelRunner(model, num_microbatches=microbatches, **case.get("runner", {}))
     stage = case.get("zero")
     prepare_model(runner, stage)
     init_diff, init_name = max_diff(lora_state(model), ref["init"])
@@ -68,6 +68,7 @@ def check_case(case: dict, refs: dict) -> dict:
         "adapters_here": len(adapters),
     }
     final_diff, final_name = max_diff(lora_state(model), ref["final"])
+    peft = peft_round_trip(model, case) if case.get("peft_dir") else {}
     grad_diff, grad_name = max_diff(out["grads"], ref["grads"])
     merged_diff, merged_name = max_diff(merged_weights(model), ref["merged"])
     return {
@@ -85,7 +86,29 @@ def check_case(case: dict, refs: dict) -> dict:
         "merged_diff": merged_diff,
         "merged_worst": merged_name,
         "held": held,
+        **peft,
     }
+
+
+def peft_round_trip(model, case: dict) -> dict:
+    """The trained adapters exported from this layout as a PEFT directory (for the test to
+    compare with the one-process export), and loaded back onto a fresh model on this
+    layout: the same adapter values."""
+    from lora_reference import LORA
+
+    from libai.models.lora_peft import load_peft_adapter, save_peft_adapter
+
+    path = case["peft_dir"]
+    save_peft_adapter(model, LORA, path)
+    fresh = ModelRunner(build_lora_llama(), num_microbatches=case.get("microbatches", 1)).model
+    with torch.no_grad():
+        for p in fresh.parameters():  # forget the seeded adapters: only the file counts
+            if getattr(p, "libai_lora", False):
+                p.zero_()
+    load_peft_adapter(fresh, path)
+    got = {n: v for n, v in lora_state(fresh).items() if ".lora." in n}
+    want = {n: v for n, v in lora_state(model).items() if ".lora." in n}
+    return {"peft_reload_diff": max_diff(got, want)[0], "peft_reloaded": len(got)}
 
 
 if __name__ == "__main__":
