@@ -219,3 +219,29 @@ def test_o2_keeps_fp32_adapters_beside_a_low_precision_base(tmp_path):
     runner.optimizer_step(optimizer)
     assert torch.equal(base, before) and base.grad is None
     assert not torch.equal(adapters[0], adapter_before)
+
+
+def test_compiled_blocks_train_the_adapters_as_eager(tmp_path):
+    """``torch.compile`` of the blocks (the runner's compile switch) with adapters inside
+    them: the same losses and adapter values as eager after two steps."""
+    from libai.runtime.parallel import ModelRunner
+
+    tiny_hf("llama", tmp_path / "base")
+    models = []
+    for _ in range(2):
+        model = load_huggingface(str(tmp_path / "base"))
+        apply_lora(model, LoRAConfig(target_modules=("q_proj", "v_proj", "down_proj"), r=2))
+        randomize_ours(model)
+        models.append(model)
+    runners = [ModelRunner(models[0]), ModelRunner(models[1], compile=True)]
+    assert all(layer._compiled_call_impl is not None for layer in models[1].model.layers.values())
+    optimizers = [
+        torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=0.1) for m in models
+    ]
+    for step in range(2):
+        batch = {"input_ids": ids(), "labels": ids()}
+        losses = [r.train_step(batch, o) for r, o in zip(runners, optimizers)]
+        assert abs(losses[0] - losses[1]) < 1e-5, (step, losses)
+    for (name, a), b in zip(models[0].named_parameters(), models[1].parameters()):
+        if getattr(a, "libai_lora", False):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, msg=name)
