@@ -30,8 +30,6 @@ the model's ``moe_*_loss`` terms (:func:`collect_moe_losses`).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import difflib
 from dataclasses import dataclass, field
 
 import torch
@@ -62,6 +60,7 @@ from libai.layers.param import (
     local_value,
     mark_sequence_parallel,
 )
+from libai.utils.keys import dataclass_items
 
 
 @dataclass(frozen=True)
@@ -126,16 +125,7 @@ class MoEConfig:
         as a MoEConfig; an unknown key raises naming the closest valid one."""
         if value is None or isinstance(value, MoEConfig):
             return value
-        items = {str(k): v for k, v in dict(value).items()}
-        names = [f.name for f in dataclasses.fields(cls)]
-        unknown = [k for k in items if k not in names]
-        if unknown:
-            hints = [
-                f"{k!r}"
-                + "".join(f" (did you mean {c}?)" for c in difflib.get_close_matches(k, names, 1))
-                for k in unknown
-            ]
-            raise ValueError(f"unknown moe key(s) {', '.join(hints)}; valid keys: {names}")
+        items = dataclass_items(cls, value, "moe")
         if not items.get("num_experts"):
             return None
         if "dense_layers" in items:

@@ -18,8 +18,6 @@ other parameter (``requires_grad=False``: no gradient, no optimizer state), exce
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
 import re
 from dataclasses import dataclass, field
 
@@ -31,6 +29,7 @@ from libai.layers.attention import MultiheadAttention
 from libai.layers.linear import Linear
 from libai.layers.lora import LoRA, QKVLayout
 from libai.models.utils.weight_mapping import Copy, GroupedFuse
+from libai.utils.keys import dataclass_items
 
 SEGMENTS = ("q", "k", "v")
 
@@ -66,16 +65,7 @@ class LoRAConfig:
         an unknown key raises naming the closest valid one."""
         if value is None or isinstance(value, LoRAConfig):
             return value
-        items = {str(k): v for k, v in dict(value).items()}
-        names = [f.name for f in dataclasses.fields(cls)]
-        unknown = [k for k in items if k not in names]
-        if unknown:
-            hints = [
-                f"{k!r}"
-                + "".join(f" (did you mean {c}?)" for c in difflib.get_close_matches(k, names, 1))
-                for k in unknown
-            ]
-            raise ValueError(f"unknown lora key(s) {', '.join(hints)}; valid keys: {names}")
+        items = dataclass_items(cls, value, "lora")
         for key in ("target_modules", "modules_to_save"):
             if key in items and not isinstance(items[key], str):
                 items[key] = tuple(items[key] or ())
