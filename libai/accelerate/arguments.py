@@ -410,13 +410,14 @@ def train_namespace(args, *, train_iter: int, dist_cfg: dict) -> RunSpec:
 
 def lora_spec(args) -> LoRASpec:
     """``train.lora`` of the ``--lora-*`` flags (off without ``--lora-r``)."""
-    if args.lora_r is None:
+    r = getattr(args, "lora_r", None)  # (a namespace of another parser has no LoRA flags)
+    if r is None:
         return LoRASpec()
     targets = args.lora_target_modules or "q_proj,v_proj"
     return LoRASpec(
         target_modules=[t.strip() for t in targets.split(",") if t.strip()],
-        r=args.lora_r,
-        lora_alpha=args.lora_alpha if args.lora_alpha is not None else 2.0 * args.lora_r,
+        r=r,
+        lora_alpha=args.lora_alpha if args.lora_alpha is not None else 2.0 * r,
         lora_dropout=args.lora_dropout,
         use_rslora=args.use_rslora,
     )
