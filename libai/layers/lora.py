@@ -54,23 +54,6 @@ class QKVLayout:
     g: int
     head_size: int
 
-    def widths(self) -> dict[str, int]:
-        """Each segment's local width."""
-        d = self.head_size
-        return {"q": self.groups * self.g * d, "k": self.groups * d, "v": self.groups * d}
-
-    def assemble(self, parts: dict[str, torch.Tensor], like: torch.Tensor) -> torch.Tensor:
-        """Segment outputs ``[..., width]`` (absent segments are zero) -> the fused output
-        ``[..., groups * (g + 2) * d]``."""
-        lead, d = like.shape[:-1], self.head_size
-        pieces = []
-        for name, heads in (("q", self.g), ("k", 1), ("v", 1)):
-            part = parts.get(name)
-            if part is None:
-                part = like.new_zeros(*lead, self.groups * heads * d)
-            pieces.append(part.view(*lead, self.groups, heads * d))
-        return torch.cat(pieces, dim=-1).view(*lead, -1)
-
 
 class LoRA(nn.Module):
     """The adapter of one :class:`~libai.layers.linear.Linear` (``linear.lora``): the whole
@@ -139,8 +122,7 @@ class LoRA(nn.Module):
         adapter's addition to the base output (the base output's layout). The scaling is
         applied to the rank-``r`` activations, not to the (wide) output."""
         if self.segments is not None:
-            parts = self._segment_parts(x)
-            return self.qkv.assemble(parts, next(iter(parts.values())))
+            raise TypeError("a segment adapter adds into its base's output rows: use add_to")
         h = self._project(x, [self.lora_A])[0]
         # [S(0), B] x [S(0), B]^T -> [S(0), S(-1)]  (row: [B, B]; data: [S(0), B])
         return F.linear(h, local_value(self.lora_B).to(x.dtype))

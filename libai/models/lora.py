@@ -226,6 +226,7 @@ def apply_lora(model: nn.Module, config: LoRAConfig) -> list[str]:
             full_widths=full,
             shared_a=target.shared_a,
         )
+        linear.lora.train(linear.training)  # an eval model's adapters drop nothing
     saved = _modules_to_save(model, config.modules_to_save)
     for name, param in model.named_parameters():
         keep = getattr(param, "libai_lora", False) or any(name.startswith(m + ".") for m in saved)

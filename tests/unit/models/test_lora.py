@@ -248,3 +248,37 @@ def test_compiled_blocks_train_the_adapters_as_eager(tmp_path):
     for (name, a), b in zip(models[0].named_parameters(), models[1].parameters()):
         if getattr(a, "libai_lora", False):
             torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, msg=name)
+
+
+def test_fresh_adapters_start_as_peft_does_and_dropout_acts_in_training(tmp_path):
+    """PEFT's start: B zero (the model computes exactly the base), A Kaiming-uniform with
+    a = sqrt(5) (uniform in +-1/sqrt(fan_in)). ``lora_dropout`` drops the adapter's input in
+    training only."""
+    tiny_hf("llama", tmp_path / "base")
+    base = load_huggingface(str(tmp_path / "base")).eval()
+    model = load_huggingface(str(tmp_path / "base")).eval()
+    apply_lora(model, LoRAConfig(target_modules=tuple(LLAMA_TARGETS), r=4, lora_dropout=0.5))
+    torch.testing.assert_close(ours_logits(model, ids()), ours_logits(base, ids()), atol=0, rtol=0)
+    for name, p in model.named_parameters():
+        if ".lora_B" in name:
+            assert not p.any(), name
+        elif ".lora_A" in name:
+            bound = 1 / p.shape[1] ** 0.5
+            assert p.abs().max() <= bound, name
+            assert abs(p.std().item() - bound / 3**0.5) < 0.25 * bound, name
+    randomize_ours(model)
+    layer = model.model.layers["0"].mlp.dense_4h_to_h
+    x = torch.randn(2, 5, 48)
+    want = x @ layer.weight.T + layer.lora.scaling * (x @ layer.lora.lora_A.T) @ layer.lora.lora_B.T
+    torch.testing.assert_close(layer(x), want, atol=1e-6, rtol=1e-6)  # eval: no dropout
+    layer.train()
+    torch.manual_seed(0)
+    dropped = layer(x)
+    assert (dropped - want).abs().max() > 1e-3
+    torch.manual_seed(0)
+    mask = torch.nn.functional.dropout(torch.ones_like(x), 0.5, training=True)
+    kept = (
+        x @ layer.weight.T
+        + layer.lora.scaling * ((x * mask) @ layer.lora.lora_A.T) @ layer.lora.lora_B.T
+    )
+    torch.testing.assert_close(dropped, kept, atol=1e-5, rtol=1e-5)
