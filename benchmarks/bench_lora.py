@@ -27,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from harness import random_llama_dir
+
 ROOT = Path(__file__).resolve().parents[1]
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -55,22 +57,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def make_model_dir(args, directory: str) -> str:
-    import torch
-    import transformers
-
-    torch.manual_seed(0)
-    heads = max(args.hidden // 64, 2)
-    config = transformers.LlamaConfig(
-        vocab_size=args.vocab,
-        hidden_size=args.hidden,
-        intermediate_size=args.hidden * 8 // 3 // 16 * 16,
-        num_hidden_layers=args.layers,
-        num_attention_heads=heads,
-        num_key_value_heads=max(heads // 2, 1),
-        max_position_embeddings=args.seq,
-    )
-    transformers.LlamaForCausalLM(config).save_pretrained(directory)
-    return directory
+    return random_llama_dir(directory, args.hidden, args.layers, args.vocab, args.seq)
 
 
 def batch(args):

@@ -39,6 +39,7 @@ import time
 from pathlib import Path
 
 import torch
+from harness import random_llama_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -91,19 +92,8 @@ def build(args, directory: str):
 
     dtype = getattr(torch, args.dtype)
     if args.hf_dir is None:
-        torch.manual_seed(0)
-        heads = max(args.hidden // 64, 2)
-        config = transformers.LlamaConfig(
-            vocab_size=args.vocab,
-            hidden_size=args.hidden,
-            intermediate_size=args.hidden * 8 // 3 // 16 * 16,
-            num_hidden_layers=args.layers,
-            num_attention_heads=heads,
-            num_key_value_heads=max(heads // 2, 1),
-            max_position_embeddings=args.max_prompt + args.max_new + 16,
-        )
-        transformers.LlamaForCausalLM(config).save_pretrained(directory)
-        args.hf_dir = directory
+        positions = args.max_prompt + args.max_new + 16
+        args.hf_dir = random_llama_dir(directory, args.hidden, args.layers, args.vocab, positions)
     hf = transformers.AutoModelForCausalLM.from_pretrained(args.hf_dir, dtype=dtype)
     hf = hf.to(args.device).eval()
     dist.setup_dist_util({"device_type": args.device})

@@ -75,3 +75,25 @@ def block_pair_ratios(numerator: Contender, denominator: Contender, steps: int) 
         / statistics.median(denominator.wall[i : i + steps])
         for i in range(0, len(numerator.wall), steps)
     )
+
+
+def random_llama_dir(directory: str, hidden: int, layers: int, vocab: int, positions: int) -> str:
+    """A seeded random Llama (``hidden / 64`` heads, half as many kv heads, SwiGLU width
+    8/3 x hidden) saved to ``directory`` as a Hugging Face model, for a benchmark whose
+    contenders both load it."""
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    heads = max(hidden // 64, 2)
+    config = transformers.LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=hidden * 8 // 3 // 16 * 16,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=max(heads // 2, 1),
+        max_position_embeddings=positions,
+    )
+    transformers.LlamaForCausalLM(config).save_pretrained(directory)
+    return directory
