@@ -162,12 +162,12 @@ def resolve_targets(model: nn.Module, config: LoRAConfig) -> dict[str, tuple[Tar
             hit = True
             segs = chosen.setdefault(module, set())
             if set(target.hf) == set(SEGMENTS):  # separate q/k/v: the segments it names
-                one = Target(module, {})
+                fused = Target(module, {})  # the libai name alone
                 named = [
                     s
                     for s in SEGMENTS
-                    if _matches(pattern, Target(one.module, {s: target.hf[s]}), regex)
-                    and not _matches(pattern, one, regex)
+                    if _matches(pattern, Target(module, {s: target.hf[s]}), regex)
+                    and not _matches(pattern, fused, regex)
                 ]
                 segs.update(named or SEGMENTS)  # libai's fused name: all three
             else:

@@ -27,9 +27,9 @@ WEIGHTS_NAME = "adapter_model.safetensors"
 PREFIX = "base_model.model."
 
 
-def _pairs(model) -> dict[str, tuple]:
-    """PEFT tensor name -> (the libai parameter, how: None | "cat" of B segments)."""
-    targets = lora_targets(model)
+def _pairs(model, targets) -> dict[str, tuple]:
+    """PEFT tensor name -> (the libai parameter, how: None | "cat" of B segments);
+    ``targets``: :func:`lora_targets` of ``model``."""
     out = {}
     for module, layer in lora_layers(model).items():
         target, lora = targets[module], layer.lora
@@ -54,9 +54,8 @@ def _pairs(model) -> dict[str, tuple]:
     return out
 
 
-def _peft_target_names(model) -> list[str]:
+def _peft_target_names(model, targets) -> list[str]:
     names = set()
-    targets = lora_targets(model)
     for module, layer in lora_layers(model).items():
         hf = targets[module].hf
         keys = [""] if layer.lora.segments is None or layer.lora.shared_a else layer.lora.segments
@@ -64,11 +63,11 @@ def _peft_target_names(model) -> list[str]:
     return sorted(names)
 
 
-def peft_state_dict(model) -> dict[str, torch.Tensor]:
+def peft_state_dict(model, targets=None) -> dict[str, torch.Tensor]:
     """This rank's stage's adapters, whole, by PEFT name (collective over each layer's
     mesh: every rank calls it)."""
     out = {}
-    for name, (params, how) in _pairs(model).items():
+    for name, (params, how) in _pairs(model, targets or lora_targets(model)).items():
         fulls = [full_value(p).float().cpu() for p in params]
         out[name] = torch.cat(fulls) if how == "cat" else fulls[0]
     return out
@@ -84,12 +83,12 @@ def save_peft_adapter(
             "exporting lora.modules_to_save as a PEFT adapter is not supported yet; export "
             "the merged model instead"
         )
-    tensors = peft_state_dict(model)
+    targets = lora_targets(model)
+    tensors = peft_state_dict(model, targets)
     if dist.get_world_size() > 1:  # pipeline stages hold different layers
         parts = [None] * dist.get_world_size()
         torch_dist.all_gather_object(parts, tensors)
         tensors = {k: v for part in parts for k, v in part.items()}
-    targets = lora_targets(model)
     fan_in_fan_out = any(targets[m].transpose for m in lora_layers(model))
     settings = {
         "peft_type": "LORA",
@@ -99,7 +98,7 @@ def save_peft_adapter(
         "lora_alpha": config.lora_alpha,
         "lora_dropout": config.lora_dropout,
         "use_rslora": config.use_rslora,
-        "target_modules": _peft_target_names(model),
+        "target_modules": _peft_target_names(model, targets),
         "modules_to_save": None,
         "bias": "none",
         "fan_in_fan_out": fan_in_fan_out,
@@ -151,7 +150,7 @@ def load_peft_adapter(model, path: str) -> LoRAConfig:
     tensors = load_file(file)
     if not lora_layers(model):
         apply_lora(model, config)
-    pairs = _pairs(model)
+    pairs = _pairs(model, lora_targets(model))
     present = {k for k in tensors}
     stage = set(pairs)
     # under pp a stage holds some layers: the file's others belong to other stages

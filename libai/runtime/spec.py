@@ -382,4 +382,4 @@ def as_spec_lora(cfg):
     lora = cfg.get("train", {}).get("lora") if hasattr(cfg, "get") else None
     if not lora:
         return None
-    return LoRASpec(**{k: v for k, v in dict(lora).items()}).config()
+    return LoRASpec(**dict(lora)).config()

@@ -21,7 +21,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from libai.serving.async_engine import AsyncEngine, Failed, Stream
+from libai.serving.async_engine import AsyncEngine, Stream
 from libai.serving.chat import render_chat
 from libai.serving.protocol import ChatCompletionRequest, CompletionRequest
 from libai.serving.sampling import InvalidParameter
@@ -200,9 +200,7 @@ class _Front:
                 done = 0
                 while done < len(stream.seqs):
                     i, out = await _next(stream, request)
-                    if isinstance(out, Failed):
-                        raise APIError(500, f"generation failed: {out.error}", "server_error")
-                    if out.error is not None:
+                    if out.error is not None:  # a Failed notice or a failed sequence
                         raise APIError(500, f"generation failed: {out.error}", "server_error")
                     pieces[i].append(out)
                     done += out.finished

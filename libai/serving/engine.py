@@ -167,13 +167,13 @@ class LLMEngine:
     def _plan(self, batch) -> tuple[StepPlan, list[Sequence]]:
         ids, positions, starts, counts, tables, logits_at, sampled = [], [], [], [], [], [], []
         for seq, count in batch:
-            start = seq.num_computed
-            ids += seq.all_ids[start : start + count]
+            start, tokens = seq.num_computed, seq.all_ids
+            ids += tokens[start : start + count]
             positions += range(start, start + count)
             starts.append(start)
             counts.append(count)
             tables.append(list(seq.block_table))
-            if start + count == len(seq.all_ids):  # prompt (and outputs) all computed
+            if start + count == len(tokens):  # prompt (and outputs) all computed
                 logits_at.append(len(ids) - 1)
                 sampled.append(seq)
         return StepPlan(ids, positions, starts, counts, tables, logits_at), sampled
