@@ -132,6 +132,7 @@ def to_hf(args) -> None:
 
 
 def to_peft(args) -> None:
+    from libai.checkpoint.lora_base import weights_source
     from libai.models.lora_peft import save_peft_adapter
 
     model, lora = _load(args)
@@ -140,7 +141,11 @@ def to_peft(args) -> None:
             f"{args.config_file or 'no --config-file'}: not a LoRA run (train.lora.target_modules "
             "is empty); to-peft exports adapters"
         )
-    save_peft_adapter(model, lora, args.output, args.base_model)
+    source = weights_source(model)
+    base = args.base_model or (
+        source["path"] if source and source["kind"] == "huggingface" else None
+    )
+    save_peft_adapter(model, lora, args.output, base)
     if dist.is_main_process():
         print(f"wrote PEFT adapter directory {args.output}")
 
@@ -166,7 +171,12 @@ def main(argv=None) -> int:
     p.add_argument("--checkpoint", required=True, help="e.g. output/model_final")
     p.add_argument("--config-file", required=True, help="the run's config.yaml")
     p.add_argument("--output", required=True)
-    p.add_argument("--base-model", default=None, help="recorded as base_model_name_or_path")
+    p.add_argument(
+        "--base-model",
+        default=None,
+        help="recorded as base_model_name_or_path (default: the Hugging Face "
+        "directory the run's base was read from)",
+    )
     p.add_argument("--tp", type=int, default=1, help="tensor_parallel_size (under torchrun)")
     p.set_defaults(run=to_peft)
     args = parser.parse_args(argv)

@@ -102,6 +102,16 @@ from libai.checkpoint.files import (
     write_bytes_durable,
 )
 from libai.checkpoint.files import write_text_atomic as _write_text_atomic
+from libai.checkpoint.lora_base import (
+    CHECKPOINT,
+    describe,
+    fingerprint,
+    is_lora_model,
+    is_lora_name,
+    record_source,
+    trained_names,
+    weights_source,
+)
 from libai.checkpoint.manifest import MANIFEST, file_checksums, manifest_text
 from libai.checkpoint.messages import (
     get_missing_parameters_message,
@@ -129,6 +139,7 @@ __all__ = [
 
 RNG_KEY = "rng"
 _OPTIM_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
+_PARTIAL = StateDictOptions(strict=False)  # a LoRA run's adapters alone, or its base alone
 
 
 def read_checkpoint_metadata(path: str):
@@ -384,6 +395,10 @@ class Checkpointer:
         model = self.state_model
         tied = tied_weights(model)
         model_sd = get_model_state_dict(model)
+        lora_base = self._lora_base()
+        if lora_base is not None:  # the base is on disk already: the trained parameters only
+            trained = trained_names(self.model)
+            model_sd = {k: v for k, v in model_sd.items() if k in trained}
         optim_sds, empty = {}, {}
         for opt_name in self._sharded_names(self.checkpointables):
             optimizer = self._dcp_optimizer(opt_name)
@@ -409,6 +424,7 @@ class Checkpointer:
                 "sharded": sorted(optim_sds),
                 "optimizer_empty": empty,
                 "tied_weights": tied,
+                "lora_base": lora_base,
                 RNG_KEY: _rng_state(),
             }
             _data_bytes(state["extra"], "the extra data", final)
@@ -575,9 +591,13 @@ class Checkpointer:
             rank0, verified = check_checkpoint(path, dist.get_rank(), _world())
             same_layout = rank0["layout"] == _layout_signature()
             state = read_rank_file(path, dist.get_rank()) if same_layout else rank0
+            saved_keys = set(read_checkpoint_metadata(path).state_dict_metadata)
         except Exception as exc:
             error = exc
         _agree(error, f"reading checkpoint {path}")
+        lora_base = rank0.get("lora_base")
+        if lora_base is not None:
+            self._hold_lora_base(path, lora_base)  # may load a checkpoint base first
         logger.info("Loading checkpoint from %s", path)
         if not verified:
             logger.warning(
@@ -589,6 +609,10 @@ class Checkpointer:
         model = self.state_model
         tied = tied_weights(model)
         model_sd = get_model_state_dict(model)
+        weights_only = checkpointables is not None and not names
+        partial = self._partial_keys(path, lora_base, saved_keys, model_sd, weights_only)
+        if partial is not None:
+            model_sd = {k: v for k, v in model_sd.items() if k in partial}
         optim_sds = {}
         sharded = self._sharded_names(names)
         for opt_name in sharded:
@@ -617,7 +641,9 @@ class Checkpointer:
                 f"could not load checkpoint {path} into this model: {one_line(exc)}"
                 f"{fallback_hint(path) if not verified else ''}"
             ) from None
-        set_model_state_dict(model, model_sd)
+        set_model_state_dict(model, model_sd, options=_PARTIAL if partial is not None else None)
+        if lora_base is None and weights_only:  # the model's weights are now this file's
+            record_source(self.model, CHECKPOINT, path)
         if model is not self.model:  # O2: the loaded fp32 masters, rounded into the model
             self.model.libai_master_weights.after_load()
         for opt_name, osd in optim_sds.items():
@@ -649,6 +675,77 @@ class Checkpointer:
         if checkpointables is None and isinstance(rank0.get("run_id"), str):
             self.run_id = rank0["run_id"]  # a resume continues the saved run
         return dict(state["extra"])
+
+    # ---- LoRA runs: adapter-only checkpoints (libai.checkpoint.lora_base) ---------------------
+    def _identity(self) -> dict | None:
+        """The model's weight source with its hash (collective: rank 0 hashes), or None."""
+        source = weights_source(self.model)
+        if source is None:
+            return None
+        identity = error = None
+        if dist.get_rank() == 0:
+            try:
+                identity = {**source, "sha256": fingerprint(source)}
+            except Exception as exc:
+                error = CheckpointError(
+                    f"cannot read the weights this model was loaded from ({source['path']}) "
+                    f"to identify them: {one_line(exc)}"
+                )
+        _agree(error, "identifying the model's weights")
+        return _from_rank0(identity)
+
+    def _lora_base(self) -> dict | None:
+        """A LoRA run whose base was read from files saves its trained parameters alone with
+        this identity of the base; None saves the whole model (collective)."""
+        return self._identity() if is_lora_model(self.model) else None
+
+    def _hold_lora_base(self, path: str, base: dict) -> None:
+        """Make sure the model holds the base the adapters of checkpoint ``path`` were
+        trained on (collective): a libai checkpoint base is loaded from its path; any other
+        mismatch raises, naming both."""
+        current = self._identity()
+        held = current is not None and current["sha256"] == base["sha256"]
+        if not held and base["kind"] == CHECKPOINT and os.path.isdir(base["path"]):
+            logger.info("Loading the LoRA base of %s: checkpoint %s", path, base["path"])
+            self.load(base["path"], checkpointables=[])
+            current = self._identity()
+        if current is not None and current["sha256"] == base["sha256"]:
+            return
+        if current is not None and current["path"] == base["path"]:
+            raise CheckpointError(
+                f"checkpoint {path} holds LoRA adapters trained on {describe(base)}, but the "
+                f"weights there changed since (sha256 now {current['sha256'][:12]}): restore "
+                "them to load these adapters"
+            )
+        raise CheckpointError(
+            f"checkpoint {path} holds LoRA adapters trained on {describe(base)}, but this "
+            f"model holds {describe(current)}: build the model from {base['path']} "
+            "(model.path or train.load_weight) to load them"
+        )
+
+    def _partial_keys(self, path, lora_base, saved_keys, model_sd, weights_only: bool):
+        """The model keys to load when the checkpoint holds a part of a LoRA model (None: all):
+        the adapters of an adapter-only checkpoint, or the base of a LoRA model read from a
+        checkpoint saved without adapters (``train.load_weight`` of a base)."""
+        saved = {k[len(MODEL_KEY) + 1 :] for k in saved_keys if k.startswith(MODEL_KEY + ".")}
+        if lora_base is not None:
+            if not is_lora_model(self.model):
+                raise CheckpointError(
+                    f"checkpoint {path} holds LoRA adapters only: apply the run's LoRA "
+                    "settings (train.lora) to the model before loading it"
+                )
+            trained = trained_names(self.model)
+            missing = sorted(trained - saved)
+            if missing:
+                raise CheckpointError(
+                    f"checkpoint {path} has no {missing[0]} (and {len(missing) - 1} more): "
+                    "adapters of other train.lora settings (target_modules, modules_to_save)"
+                )
+            return trained
+        if weights_only and is_lora_model(self.model) and not any(map(is_lora_name, saved)):
+            logger.info("Loading the base weights of %s into the LoRA model", path)
+            return {k for k in model_sd if not is_lora_name(k)}
+        return None
 
     def resume_or_load(self, path: str | None, *, resume: bool = True) -> dict:
         """Resume from ``last_checkpoint`` if ``resume`` and it exists, else load weights.

@@ -198,6 +198,11 @@ def _qkv_of(model: nn.Module, module: str) -> tuple[QKVLayout, dict[str, int]]:
     return layout, full
 
 
+#: the model attribute holding the LoRA settings applied to it (set on the whole model, before
+#: any pipeline split, so every stage agrees that it is a LoRA model)
+LORA_ATTR = "libai_lora_config"
+
+
 def apply_lora(model: nn.Module, config: LoRAConfig) -> list[str]:
     """Attach ``config``'s adapters to ``model`` (in place) and freeze every other
     parameter but those of ``modules_to_save``; returns the adapted module names."""
@@ -231,6 +236,7 @@ def apply_lora(model: nn.Module, config: LoRAConfig) -> list[str]:
     for name, param in model.named_parameters():
         keep = getattr(param, "libai_lora", False) or any(name.startswith(m + ".") for m in saved)
         param.requires_grad_(keep)
+    model.__dict__[LORA_ATTR] = config
     return sorted(chosen)
 
 
@@ -276,6 +282,7 @@ def merge_lora(model: nn.Module) -> int:
             delta = torch.cat(pieces, dim=1).view(weight.shape[0], -1)
         _add_whole(weight, delta)
         layer.lora = None
+    model.__dict__.pop(LORA_ATTR, None)
     return len(layers)
 
 

@@ -21,6 +21,15 @@ SAFE_INDEX = "model.safetensors.index.json"
 BIN_WEIGHTS = "pytorch_model.bin"
 BIN_INDEX = "pytorch_model.bin.index.json"
 CONFIG = "config.json"
+#: the model attribute naming the files its weights were read from: ``{"kind", "path"}``
+#: (the identity of a LoRA run's base, :mod:`libai.checkpoint.lora_base`)
+WEIGHTS_SOURCE = "libai_weights_source"
+
+
+def record_weights_source(model, kind: str, path: str) -> None:
+    """Note that ``model``'s weights were read from ``path`` (``kind``: "huggingface" or
+    "checkpoint")."""
+    model.__dict__[WEIGHTS_SOURCE] = {"kind": kind, "path": os.path.abspath(path)}
 
 
 class CheckpointError(ValueError):

@@ -98,9 +98,11 @@ def test_the_files_of_a_save_and_its_rank_file(tmp_path):
         "sharded",
         "optimizer_empty",
         "tied_weights",
+        "lora_base",
         "rng",
     }
     assert state["rank"] == 0 and state["tied_weights"] == {} and state["extra"] == {"iteration": 3}
+    assert state["lora_base"] is None  # not a LoRA run: the whole model is saved
 
 
 @pytest.mark.parametrize("name", ["", "a/b", "x.tmp", "x.old"])

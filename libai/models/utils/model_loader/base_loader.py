@@ -24,7 +24,12 @@ from torch.distributed.tensor import DTensor, Shard
 
 from libai import dist
 from libai.layers.param import init_deferred, skip_init
-from libai.models.utils.hf_io import CheckpointError, CheckpointReader, read_hf_config
+from libai.models.utils.hf_io import (
+    CheckpointError,
+    CheckpointReader,
+    read_hf_config,
+    record_weights_source,
+)
 from libai.models.utils.weight_mapping import Rule, ShardSpec, expected_shapes
 
 logger = logging.getLogger(__name__)
@@ -122,6 +127,7 @@ class ModelLoaderHuggerFace:
         # what the export carries over that the libai config does not model (token ids,
         # label names, ...): see save_huggingface
         model.libai_hf_source_config = dict(hf_config)
+        record_weights_source(model, "huggingface", self.path)
         return model
 
     def _default_class(self, hf_config: dict) -> type:
