@@ -99,7 +99,7 @@ class Target:
 def lora_targets(model: nn.Module) -> dict[str, Target]:
     """The adaptable Linear layers of ``model`` by libai module name, with their Hugging
     Face names (from the model's weight mapping when it has one)."""
-    rules = _weight_rules(model)
+    rules = weight_rules(model)
     out: dict[str, Target] = {}
     for rule in rules:
         if not rule.libai_name.endswith(".weight"):
@@ -120,7 +120,8 @@ def lora_targets(model: nn.Module) -> dict[str, Target]:
     return {n: t for n, t in out.items() if isinstance(_get(model, n), Linear)}
 
 
-def _weight_rules(model: nn.Module) -> list:
+def weight_rules(model: nn.Module) -> list:
+    """The Hugging Face weight-mapping rules of ``model`` (empty for a model without one)."""
     from libai.models.utils import loader_for_model
     from libai.models.utils.hf_export import model_libai_cfg
     from libai.models.utils.model_loader.base_loader import libai_class
@@ -241,9 +242,22 @@ def apply_lora(model: nn.Module, config: LoRAConfig) -> list[str]:
 
 
 def _modules_to_save(model: nn.Module, names) -> list[str]:
+    """The libai modules ``names`` designate: libai module names, or Hugging Face ones (as
+    PEFT's ``modules_to_save``), each matching a whole name or its last components."""
+
+    def named(module: str, wanted: str) -> bool:
+        return module == wanted or module.endswith("." + wanted)
+
+    twins = {}  # Hugging Face module -> libai module, from the weight mapping
+    for rule in weight_rules(model) if names else ():
+        libai = rule.libai_name.rsplit(".", 1)[0]
+        for hf in rule.hf_names():
+            twins[hf.rsplit(".", 1)[0]] = libai
     out = []
     for wanted in names:
-        found = [n for n, _ in model.named_modules() if n == wanted or n.endswith("." + wanted)]
+        found = [n for n, _ in model.named_modules() if named(n, wanted)]
+        found += [libai for hf, libai in twins.items() if named(hf, wanted)]
+        found = sorted({n for n in found if _get(model, n) is not None})
         if not found:
             raise ValueError(f"lora.modules_to_save: {wanted!r} names no module of the model")
         out += found

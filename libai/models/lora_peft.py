@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 
 import torch
 import torch.distributed as torch_dist
@@ -19,8 +20,17 @@ from safetensors.torch import load_file, save_file
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from libai import dist
-from libai.models.lora import SEGMENTS, LoRAConfig, apply_lora, lora_layers, lora_targets
+from libai.models.lora import (
+    SEGMENTS,
+    LoRAConfig,
+    apply_lora,
+    lora_layers,
+    lora_targets,
+    weight_rules,
+)
 from libai.models.utils.hf_export import full_value
+from libai.models.utils.model_loader.base_loader import load_rule, logical_shape
+from libai.models.utils.weight_mapping import expected_shapes
 
 CONFIG_NAME = "adapter_config.json"
 WEIGHTS_NAME = "adapter_model.safetensors"
@@ -63,14 +73,45 @@ def _peft_target_names(model, targets) -> list[str]:
     return sorted(names)
 
 
+def _saved_modules(model) -> dict[str, tuple]:
+    """libai name -> (parameter, its weight-mapping rule) of each parameter of
+    ``modules_to_save`` (trained, not an adapter) on this rank's stage."""
+    trained = {
+        n: p
+        for n, p in model.named_parameters()
+        if p.requires_grad and not getattr(p, "libai_lora", False)
+    }
+    if not trained:
+        return {}
+    rules = {r.libai_name: r for r in weight_rules(model)}
+    out = {}
+    for name, param in trained.items():
+        if getattr(param, "libai_tied_copy", False):
+            continue  # saved once, under the tied group's canonical weight
+        if name not in rules:
+            raise ValueError(
+                f"{name} (lora.modules_to_save) has no Hugging Face counterpart, so it has no "
+                "PEFT name; save only modules of the model's Hugging Face architecture"
+            )
+        out[name] = (param, rules[name])
+    return out
+
+
 def peft_state_dict(model, targets=None) -> dict[str, torch.Tensor]:
-    """This rank's stage's adapters, whole, by PEFT name (collective over each layer's
-    mesh: every rank calls it)."""
+    """This rank's stage's adapters and ``modules_to_save`` weights, whole, by PEFT name
+    (collective over each layer's mesh: every rank calls it)."""
     out = {}
     for name, (params, how) in _pairs(model, targets or lora_targets(model)).items():
         fulls = [full_value(p).float().cpu() for p in params]
         out[name] = torch.cat(fulls) if how == "cat" else fulls[0]
+    for param, rule in _saved_modules(model).values():  # PEFT: the module's whole weights
+        for hf_name, t in rule.export(full_value(param)).items():
+            out[PREFIX + hf_name] = t.float().cpu()
     return out
+
+
+def _is_adapter(name: str) -> bool:
+    return ".lora_A." in name or ".lora_B." in name
 
 
 def save_peft_adapter(
@@ -78,11 +119,6 @@ def save_peft_adapter(
 ) -> None:
     """Write ``model``'s adapters to ``path`` as a PEFT adapter directory (collective:
     every rank calls it; rank 0 writes)."""
-    if config.modules_to_save:
-        raise ValueError(
-            "exporting lora.modules_to_save as a PEFT adapter is not supported yet; export "
-            "the merged model instead"
-        )
     targets = lora_targets(model)
     tensors = peft_state_dict(model, targets)
     if dist.get_world_size() > 1:  # pipeline stages hold different layers
@@ -99,7 +135,10 @@ def save_peft_adapter(
         "lora_dropout": config.lora_dropout,
         "use_rslora": config.use_rslora,
         "target_modules": _peft_target_names(model, targets),
-        "modules_to_save": None,
+        "modules_to_save": sorted(
+            {k[len(PREFIX) :].rsplit(".", 1)[0] for k in tensors if not _is_adapter(k)}
+        )
+        or None,
         "bias": "none",
         "fan_in_fan_out": fan_in_fan_out,
         "init_lora_weights": True,
@@ -125,7 +164,7 @@ def read_peft_config(path: str) -> LoRAConfig:
     if raw.get("peft_type", "LORA") != "LORA":
         raise ValueError(f"{path}: a {raw.get('peft_type')} adapter; only LoRA loads here")
     for key, default in (("use_dora", False), ("rank_pattern", {}), ("alpha_pattern", {}),
-                         ("layers_to_transform", None), ("modules_to_save", None)):  # fmt: skip
+                         ("layers_to_transform", None)):  # fmt: skip
         if raw.get(key) not in (default, None, {}, False):
             raise ValueError(f"{path}: PEFT's {key}={raw[key]!r} is not supported here")
     targets = raw["target_modules"]
@@ -135,6 +174,7 @@ def read_peft_config(path: str) -> LoRAConfig:
         lora_alpha=float(raw["lora_alpha"]),
         lora_dropout=float(raw.get("lora_dropout", 0.0)),
         use_rslora=bool(raw.get("use_rslora", False)),
+        modules_to_save=tuple(raw.get("modules_to_save") or ()),
     )
 
 
@@ -148,10 +188,13 @@ def load_peft_adapter(model, path: str) -> LoRAConfig:
     if not os.path.isfile(file):
         raise FileNotFoundError(f"{path}: no {WEIGHTS_NAME}")
     tensors = load_file(file)
+    # PEFT matches modules_to_save by name suffix: the file's tensors say which it saved
+    saved_names = {k[len(PREFIX) :].rsplit(".", 1)[0] for k in tensors if not _is_adapter(k)}
+    config = replace(config, modules_to_save=tuple(sorted(saved_names)))
     if not lora_layers(model):
         apply_lora(model, config)
     pairs = _pairs(model, lora_targets(model))
-    present = {k for k in tensors}
+    present = {k for k in tensors if _is_adapter(k)}
     stage = set(pairs)
     # under pp a stage holds some layers: the file's others belong to other stages
     missing = sorted(stage - present)
@@ -171,10 +214,51 @@ def load_peft_adapter(model, path: str) -> LoRAConfig:
                     f"needs {tuple(p.shape)} (an adapter for another base model?)"
                 )
             plan.append((p, piece))
+    saved = _TensorReader(
+        {k[len(PREFIX) :]: v for k, v in tensors.items() if not _is_adapter(k)}, file
+    )
+    modules = _saved_modules(model)
+    wanted = {h for _, rule in modules.values() for h in rule.hf_names()}
+    unused = sorted(set(saved.tensors) - wanted)
+    whole = dist.get_dist_util().layout.pipeline_parallel_size == 1  # else: stages' parts
+    if unused and whole:
+        raise ValueError(
+            f"{path}: {unused[0]} (and {len(unused) - 1} more) fits no trained module of "
+            "this model: an adapter for another base model, or load it before other adapters"
+        )
+    for param, rule in modules.values():
+        for hf_name, shape in expected_shapes(rule, logical_shape(param)).items():
+            if hf_name not in saved.tensors or saved.shape(hf_name) != tuple(shape):
+                found = saved.shape(hf_name) if hf_name in saved.tensors else None
+                raise ValueError(
+                    f"{path}: modules_to_save needs {hf_name} of shape {tuple(shape)}, the "
+                    f"adapter has {found} (an adapter for another base model?)"
+                )
     for p, piece in plan:
         value = piece.to(p.dtype)
         if isinstance(p, DTensor):
             p.copy_(distribute_tensor(value.to(p.device), p.device_mesh, p.placements))
         else:
             p.copy_(value)
+    for name, (param, rule) in modules.items():
+        load_rule(param, name, rule, saved)
     return config
+
+
+class _TensorReader:
+    """Tensors by Hugging Face name, read as the weight-mapping rules read a checkpoint."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor], path: str):
+        self.tensors, self.path = tensors, path
+
+    def read(self, name: str, dim: int | None = None, start: int = 0, stop: int | None = None):
+        t = self.tensors[name]
+        if dim is not None:
+            t = t.narrow(dim, start, (t.shape[dim] if stop is None else stop) - start)
+        return t.clone()
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self.tensors[name].shape)
+
+    def dtype(self, name: str) -> torch.dtype:
+        return self.tensors[name].dtype

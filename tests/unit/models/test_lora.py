@@ -13,6 +13,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 import transformers
@@ -121,6 +123,67 @@ def test_peft_adapters_load_here_and_ours_load_in_peft(tmp_path, kind, targets, 
     for name, value in merged_theirs.state_dict().items():
         if name in exported:
             torch.testing.assert_close(exported[name], value, atol=1e-6, rtol=0)
+
+
+def randomize_trained(model, seed=4):
+    """Random values in every trained parameter (adapters and modules_to_save)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                p.add_(torch.randn(p.shape, generator=g) * 0.3)
+
+
+def test_modules_to_save_train_whole_and_travel_in_peft_adapters(tmp_path):
+    """PEFT's ``modules_to_save`` (by Hugging Face name or libai's): those modules train
+    whole; the export carries their weights as PEFT does (``peft.PeftModel`` gives our
+    logits), and a PEFT adapter with modules_to_save loads here with PEFT's logits."""
+    hf = tiny_hf("llama", tmp_path / "base")
+    x = ids()
+    ours = load_huggingface(str(tmp_path / "base")).eval()
+    settings = LoRAConfig(
+        target_modules=("q_proj", "v_proj"), r=4, modules_to_save=("lm_head", "o_proj")
+    )
+    apply_lora(ours, settings)
+    trained = {n for n, p in ours.named_parameters() if p.requires_grad}
+    dense = {f"model.layers.{i}.self_attention.dense.weight" for i in range(2)}  # HF o_proj
+    assert {"lm_head.weight", *dense} <= trained
+    assert not any("embed" in n or "dense_h_to_4h" in n for n in trained)
+    randomize_trained(ours)
+    save_peft_adapter(ours, settings, str(tmp_path / "ours"))
+    written = json.loads((tmp_path / "ours" / "adapter_config.json").read_text())
+    assert written["modules_to_save"] == [
+        "lm_head", "model.layers.0.self_attn.o_proj", "model.layers.1.self_attn.o_proj",
+    ]  # fmt: skip
+    base = type(hf).from_pretrained(tmp_path / "base").eval()
+    loaded = peft.PeftModel.from_pretrained(base, tmp_path / "ours").eval()
+    mine = ours_logits(ours, x)
+    assert (mine - hf(x).logits).abs().max() > 1e-2  # the saved modules changed the output
+    torch.testing.assert_close(loaded(x).logits.float(), mine, atol=1e-5, rtol=1e-5)
+
+    # PEFT's own: suffix "norm" saves every norm (PEFT matches names by suffix)
+    hf = tiny_hf("llama", tmp_path / "base2")
+    theirs = peft.get_peft_model(
+        hf, peft.LoraConfig(r=4, target_modules=["q_proj"], modules_to_save=["lm_head", "norm"])
+    ).eval()
+    g = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for name, p in theirs.named_parameters():
+            if "lora_" in name or "modules_to_save" in name:
+                p.add_(torch.randn(p.shape, generator=g) * 0.3)
+    theirs.save_pretrained(tmp_path / "theirs")
+    fresh = load_huggingface(str(tmp_path / "base2")).eval()
+    config = load_peft_adapter(fresh, str(tmp_path / "theirs"))
+    assert "model.layers.1.input_layernorm" in config.modules_to_save
+    torch.testing.assert_close(
+        ours_logits(fresh, x), theirs(x).logits.float(), atol=1e-5, rtol=1e-5
+    )
+
+    # an adapter whose saved module does not fit this model: one line, nothing loaded
+    other = load_huggingface(str(tmp_path / "base2")).eval()
+    apply_lora(other, LoRAConfig(target_modules=("q_proj",), r=4))  # lm_head stays frozen
+    with pytest.raises(ValueError, match=r"lm_head.weight .*fits no trained module"):
+        load_peft_adapter(other, str(tmp_path / "theirs"))
 
 
 def test_forward_is_base_plus_scaled_low_rank_product(tmp_path):

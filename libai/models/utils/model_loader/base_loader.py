@@ -242,6 +242,22 @@ class _PrefixedReader:
         return self.reader.dtype(self._name(name))
 
 
+@torch.no_grad()
+def load_rule(param: torch.Tensor, name: str, rule: Rule, reader) -> None:
+    """Copy this rank's shard of ``rule``'s tensors in ``reader`` (``read`` / ``shape`` /
+    ``dtype`` by Hugging Face name) into ``param`` (``name``); a meta parameter (another
+    pipeline stage's layer) is skipped."""
+    if param.is_meta:
+        return
+    local = param.to_local() if isinstance(param, DTensor) else param
+    value = rule.load(reader, tuple(param.shape), logical_shape(param), _shard_spec(param))
+    if tuple(value.shape) != tuple(local.shape):
+        raise RuntimeError(
+            f"{name}: loaded shard {list(value.shape)} vs parameter {list(local.shape)}"
+        )
+    local.copy_(value)
+
+
 def load_weights(
     model: nn.Module,
     reader: CheckpointReader,
@@ -294,16 +310,6 @@ def load_weights(
         for name in fresh:
             if not params[name].is_meta and hasattr(params[name], "libai_deferred_init"):
                 init_deferred(params[name])
-    with torch.no_grad():
-        for name, rule in by_name.items():
-            p = params[name]
-            if p.is_meta:  # another pipeline stage's layer
-                continue
-            local = p.to_local() if isinstance(p, DTensor) else p
-            value = rule.load(prefixed, tuple(p.shape), logical_shape(p), _shard_spec(p))
-            if tuple(value.shape) != tuple(local.shape):
-                raise RuntimeError(
-                    f"{name}: loaded shard {list(value.shape)} vs parameter {list(local.shape)}"
-                )
-            local.copy_(value)
+    for name, rule in by_name.items():
+        load_rule(params[name], name, rule, prefixed)
     logger.info("loaded %d tensors from %s", len(used), reader.path)
