@@ -642,7 +642,7 @@ class Checkpointer:
                 f"{fallback_hint(path) if not verified else ''}"
             ) from None
         set_model_state_dict(model, model_sd, options=_PARTIAL if partial is not None else None)
-        if lora_base is None and weights_only:  # the model's weights are now this file's
+        if lora_base is None and weights_only and verified:  # the weights are this file's
             record_source(self.model, CHECKPOINT, path)
         if model is not self.model:  # O2: the loaded fp32 masters, rounded into the model
             self.model.libai_master_weights.after_load()

@@ -8,8 +8,9 @@ checkpoint checks the model's base against that identity; a libai-checkpoint bas
 does not hold yet is loaded first, from its path. A base that came from no file (random
 initialization) is saved whole, as any model is.
 
-The hash covers the weights only: a Hugging Face directory's weight files (and their index),
-a libai checkpoint's manifest (which holds the SHA-256 of each of its files).
+The hash covers the weights only: a Hugging Face directory's weight files, a libai
+checkpoint's manifest (which holds a checksum of each of its files; a checkpoint without one,
+saved by an older libai, is not recorded as a source, so such a base is saved whole).
 """
 
 from __future__ import annotations
@@ -50,14 +51,9 @@ def is_lora_name(name: str) -> bool:
 
 
 def _weight_files(source: dict) -> list[str]:
-    path = source["path"]
     if source["kind"] == HUGGINGFACE:
-        reader = CheckpointReader(path)
-        index = [f for f in os.listdir(path) if f.endswith(".index.json")]
-        return sorted(set(reader.weight_map.values()) | set(index))
-    if os.path.isfile(os.path.join(path, MANIFEST)):
-        return [MANIFEST]
-    return sorted(f for f in os.listdir(path) if os.path.isfile(os.path.join(path, f)))
+        return sorted(set(CheckpointReader(source["path"]).weight_map.values()))
+    return [MANIFEST]  # a checkpoint recorded as a source was verified against it
 
 
 def fingerprint(source: dict) -> str:

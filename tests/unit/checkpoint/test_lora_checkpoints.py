@@ -114,6 +114,11 @@ def test_adapters_of_another_base_are_refused(tmp_path):
     assert f"this model holds the huggingface weights at {tmp_path / 'other'}" in message
     assert all(torch.equal(v, before[k]) for k, v in values(other).items())  # untouched
 
+    built = libai_llama(4)  # weights from no file
+    apply_lora(built, LoRAConfig(target_modules=("q_proj", "v_proj", "down_proj"), r=4))
+    with pytest.raises(CheckpointError, match="this model holds weights read from no file"):
+        Checkpointer(built).load(ckpt, checkpointables=[])
+
     plain = load_huggingface(str(base))  # no adapters applied
     with pytest.raises(CheckpointError, match=r"LoRA adapters only: apply the run's LoRA"):
         Checkpointer(plain).load(ckpt, checkpointables=[])
@@ -153,8 +158,12 @@ def test_a_libai_checkpoint_base_loads_into_a_lora_model_and_back(tmp_path):
     Checkpointer(model, str(tmp_path / "lora")).save("model_0")
     ckpt = tmp_path / "lora" / "model_0"
     identity = read_rank_file(str(ckpt), 0)["lora_base"]
-    assert identity["kind"] == "checkpoint"
-    assert identity["path"] == os.path.abspath(base_ckpt)
+    digest = hashlib.sha256(b"manifest.json\0" + (base_ckpt / "manifest.json").read_bytes())
+    assert identity == {
+        "kind": "checkpoint",
+        "path": os.path.abspath(base_ckpt),
+        "sha256": digest.hexdigest(),  # the manifest holds a checksum of every file
+    }
     assert saved_model_keys(ckpt) == {n for n, p in model.named_parameters() if p.requires_grad}
 
     again = fresh(8)
