@@ -19,6 +19,7 @@ setup(
         "omegaconf>=2.3",
         "cloudpickle",  # LazyConfig.save: configs YAML cannot hold (LiBai, detectron2)
         "hydra-core>=1.3",
+        "black",  # LazyConfig.to_py formats its text with black, as LiBai does
         "safetensors",
         "xxhash",  # checkpoint manifests: a checksum of every file, verified before loading
         "tokenizers",

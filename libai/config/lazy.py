@@ -33,6 +33,7 @@ from typing import Any
 
 import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf, SCMode
+from omegaconf.errors import ValidationError
 
 from libai.config.instantiate import constructor_arguments, target_to_string
 from libai.config.oneflow_names import MAPPED_PACKAGES, config_module
@@ -57,9 +58,10 @@ def _new_config(content: Any) -> DictConfig | ListConfig:
 class LazyCall:
     """Record a call instead of making it: ``LazyCall(f)(x=1)`` is a config node for ``f(x=1)``.
 
-    The node is a ``DictConfig`` with ``_target_`` set to ``f``'s dotted import path (kept as
-    the object itself when it has none, e.g. a class defined inside a function) plus the
-    keyword arguments. ``target`` may also be given as a dotted path string, so a config can
+    The node is a ``DictConfig`` with ``_target_`` set to ``f`` itself (as in LiBai and
+    detectron2; a dataclass type as its dotted import path) plus the keyword arguments;
+    :meth:`LazyConfig.save` writes callables as their dotted import paths, so a config loaded
+    from YAML holds the strings. ``target`` may also be given as a dotted path string, so a config can
     name something without importing it: ``LazyCall("libai.evaluation.PPLEvaluator")()``, or
     as another lazy node, whose result is what gets called:
     ``LazyCall(LazyCall(make_loss)(kind="ce"))(logits=...)``. Classes, functions, dataclasses
@@ -82,16 +84,22 @@ class LazyCall:
 
     def __call__(self, **kwargs: Any) -> DictConfig:
         target = self._target
-        if callable(target) and not isinstance(target, (str, Mapping, DictConfig)):
+        if dataclasses.is_dataclass(target) and isinstance(target, type):
+            # omegaconf would turn a dataclass *type* into a config of its fields: its path
             name = target_to_string(target)
-            if name is None and dataclasses.is_dataclass(target):
-                # omegaconf would turn a dataclass *type* into a config of its fields
+            if name is None:
                 raise TypeError(
                     f"the dataclass {target.__qualname__} has no import path, so a config cannot "
                     "hold it as a target; define it at module level"
                 )
-            target = name or target
-        return _new_config({"_target_": target, **kwargs})
+            target = name
+        try:
+            return _new_config({"_target_": target, **kwargs})
+        except ValidationError:  # a type omegaconf cannot hold as a value (``dict``): its path
+            name = target_to_string(target) if not isinstance(target, str) else None
+            if name is None:
+                raise
+            return _new_config({"_target_": name, **kwargs})
 
 
 def try_get_key(cfg: Any, *keys: str, default: Any = None) -> Any:
@@ -405,16 +413,23 @@ class LazyConfig:
         return apply_overrides(cfg, overrides)
 
     @staticmethod
-    def to_py(cfg: Any, prefix: str = "cfg.") -> str:
-        """``cfg`` as Python source that executes back to an equal config.
+    def to_py(cfg: Any, prefix: str = "cfg.", *, runnable: bool = False) -> str:
+        """``cfg`` as Python-like text: by default LiBai's format, for reading (one
+        ``cfg.a.b = value`` line per leaf, lazy nodes as calls of their targets' dotted
+        paths, interpolations resolved, formatted by black; :mod:`libai.config.readable_py`).
 
-        With ``prefix="cfg."`` (the default) the text creates ``cfg`` and assigns every
-        top-level key (``cfg.optim = L("torch.optim.AdamW")(lr=0.0001)``); with ``prefix=""``
-        it is a config file that :meth:`load` reads back. Long calls wrap one argument per
-        line. Callable targets come out as their dotted paths (as :meth:`save` writes them);
-        a value with no source form (a lambda, a tensor) raises a ``ValueError`` naming its
-        key. See :mod:`libai.config.to_py`.
+        With ``runnable=True``: Python source that executes back to an equal config. With
+        ``prefix="cfg."`` that text creates ``cfg`` and assigns every top-level key
+        (``cfg.optim = L("torch.optim.AdamW")(lr=0.0001)``); with ``prefix=""`` it is a config
+        file that :meth:`load` reads back. Long calls wrap one argument per line. Callable
+        targets come out as their dotted paths (as :meth:`save` writes them); a value with no
+        source form (a lambda, a tensor) raises a ``ValueError`` naming its key. See
+        :mod:`libai.config.to_py`.
         """
+        if not runnable:
+            from libai.config.readable_py import config_to_readable_py
+
+            return config_to_readable_py(cfg, prefix)
         from libai.config.to_py import config_to_py
 
         return config_to_py(cfg, prefix)

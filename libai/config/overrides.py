@@ -23,9 +23,12 @@ A changed value must fit the type of the value it replaces (:func:`check_overrid
   an int ``0`` takes any number, as Python configs write ``0`` for ``0.0`` (LiBai's
   ``warmup_ratio=0``);
 - float: an int or a float (stored as a float); bool: ``true`` / ``false`` only;
-- str: any value; a number or bool is kept as the text typed (``output_dir=2024`` is ``"2024"``),
-  and a list is accepted too (``data_prefix=[0.3,a,0.7,b]`` blends datasets);
+- str: any value, stored as Hydra types it, as LiBai stores it (``lazyobj.x=123`` over a str
+  is the int ``123``; quote it for the string: ``output_dir='2024'``); a list too
+  (``data_prefix=[0.3,a,0.7,b]`` blends datasets);
 - list (or tuple): a list;
+- a quoted value is a string for any key, as in LiBai (``dir1b_dict.a="123"`` over an int
+  stores ``"123"``); unquoted, ``abc`` for an int key still fails;
 - ``null`` fits every key, and a key that is ``None`` takes any value; an interpolation
   (``${...}``) is checked as the value it resolves to (not checked if it does not resolve);
   mappings (``LazyCall`` nodes too), ``+added`` keys and values that are interpolations are
@@ -193,6 +196,11 @@ def _is_interpolation_text(value: Any) -> bool:
     return isinstance(value, str) and "${" in value
 
 
+def _quoted(text: str) -> bool:
+    """Whether an override's value was typed in quotes (``key="123"``, ``key='a b'``)."""
+    return len(text) >= 2 and text[0] == text[-1] and text[0] in "'\""
+
+
 def _converted(expected: type | tuple, value: Any) -> Any:
     """``value`` as a value of ``expected`` (not ``str``), or ``_MISSING`` if it does not fit."""
     if isinstance(value, bool) or expected is bool:
@@ -208,14 +216,14 @@ def check_override_type(key: str, expected: type | tuple | None, value: Any, tex
     """The value to store for override ``key=text``, which Hydra parsed as ``value``, where
     the config's current value has type ``expected`` (``None``: anything goes).
 
-    The rules are in the module doc. ``text`` is the value as typed: a str key keeps it for
-    a number or a bool, and the error quotes it. Raises :class:`OverrideTypeError`
+    The rules are in the module doc. ``text`` is the value as typed: quoted, the value is a
+    string for any key; the error quotes it. Raises :class:`OverrideTypeError`
     (``train.train_iter expects an int, got 'abc'``).
     """
     if expected is None or value is None or _is_interpolation_text(value):
         return value
-    if expected is str:
-        return text if isinstance(value, (bool, int, float)) else value
+    if expected is str or (isinstance(value, str) and _quoted(text)):
+        return value  # LiBai's way: Hydra's type of the value typed; quotes make a string
     converted = _converted(expected, value)
     if converted is _MISSING:
         raise OverrideTypeError(f"{key} expects {_TYPE_NAMES[expected]}, got {text!r}")

@@ -10,6 +10,10 @@ import pytest
 import torch
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+import libai
+import libai.evaluation
+import libai.optim
+import libai.scheduler
 from libai.config import (
     ConfigKeyError,
     LazyCall,
@@ -40,13 +44,18 @@ def make(**kwargs):
 # ----------------------------------------------------------------------------- LazyCall
 
 
-def test_lazycall_stores_dotted_target_and_kwargs():
+def test_lazycall_stores_the_target_and_kwargs_and_saves_its_dotted_path(tmp_path):
     node = LazyCall(torch.nn.Linear)(in_features=2, out_features=3)
     assert isinstance(node, DictConfig)
-    assert node._target_ == "torch.nn.Linear"  # shortest importable path
+    assert node._target_ is torch.nn.Linear  # the callable, as LiBai's LazyCall keeps it
     assert node.in_features == 2 and node.out_features == 3
-    assert LazyCall(torch.optim.AdamW)()._target_ == "torch.optim.AdamW"
     assert LazyCall("libai.evaluation.PPLEvaluator")()._target_ == "libai.evaluation.PPLEvaluator"
+    assert LazyCall(dict)(a=1)._target_ == "builtins.dict"  # omegaconf cannot hold the type
+    cfg = OmegaConf.create({"m": node, "o": LazyCall(torch.optim.AdamW)()})
+    LazyConfig.save(cfg, tmp_path / "c.yaml")
+    saved = LazyConfig.load(tmp_path / "c.yaml")
+    assert saved.m._target_ == "torch.nn.Linear"  # shortest importable path
+    assert saved.o._target_ == "torch.optim.AdamW"
 
 
 def test_lazycall_keeps_unimportable_target_as_object():
@@ -254,14 +263,14 @@ def test_packaged_configs_have_libai_shape():
         "hsdp_replicate_size": 1,
     }
     assert set(train.checkpointer) == {"period", "max_to_keep"}
-    assert train.evaluation.evaluator._target_ == "libai.evaluation.PPLEvaluator"
+    assert train.evaluation.evaluator._target_ == "libai.evaluation.PPLEvaluator"  # named
     assert {"enabled", "eval_period", "eval_iter", "evaluator"} <= set(train.evaluation)
-    assert train.scheduler._target_ == "libai.scheduler.WarmupCosineLR"
+    assert train.scheduler._target_ is libai.scheduler.WarmupCosineLR
     assert dict(train.dist) == DIST_CONFIG_KEYS  # same keys and defaults as the mesh code
 
     optim = get_config("common/optim.py").optim
-    assert optim._target_ == "torch.optim.AdamW"
-    assert optim.params._target_ == "libai.optim.get_default_optimizer_params"
+    assert optim._target_ is torch.optim.AdamW
+    assert optim.params._target_ is libai.optim.get_default_optimizer_params
     assert optim.lr == 1e-4 and optim.weight_decay == 0.01 and list(optim.betas) == [0.9, 0.999]
 
     graph = get_config("common/models/graph.py").graph
@@ -274,7 +283,7 @@ def test_packaged_configs_have_libai_shape():
 
 def test_gpt_model_config_instantiates_and_overrides_change_the_model():
     root = get_config("common/models/gpt.py")
-    assert root.model._target_ == "libai.models.GPTForPreTraining"
+    assert root.model._target_ is libai.models.GPTForPreTraining
     assert root.model.cfg.hidden_layers == 12 and root.model.cfg.vocab_size == 50257
     LazyConfig.apply_overrides(
         root,
@@ -333,8 +342,9 @@ def test_yaml_round_trip_is_equal(tmp_path):
     LazyConfig.save(cfg, tmp_path / "config.yaml")
     loaded = LazyConfig.load(tmp_path / "config.yaml")
     expected = _full_config()
-    expected.extra.nested.callable_target._target_ = f"{make.__module__}.make"
-    assert loaded == expected
+    LazyConfig.save(expected, tmp_path / "expected.yaml")  # callables become dotted paths
+    assert loaded == LazyConfig.load(tmp_path / "expected.yaml")
+    assert loaded.extra.nested.callable_target._target_ == f"{make.__module__}.make"
     assert loaded.extra.seed == cfg.train.seed  # interpolation kept, still resolves
     assert OmegaConf.to_container(loaded.extra, resolve=False)["seed"] == "${train.seed}"
     # the loaded config is usable: save again gives the same text; objects instantiate

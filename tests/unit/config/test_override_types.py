@@ -113,9 +113,10 @@ ACCEPTED = [
     ("lr", "3e-4", 3e-4),
     ("amp", "false", False),
     ("amp", "True", True),
-    ("out", "2024", "2024"),  # a str key keeps the text typed
-    ("out", "1e3", "1e3"),
-    ("out", "true", "true"),
+    ("out", "2024", 2024),  # a str key takes Hydra's value, as LiBai stores it
+    ("out", "1e3", 1000.0),
+    ("out", "true", True),
+    ("out", "'2024'", "2024"),  # quoted: the string
     ("out", "'runs/my run'", "runs/my run"),  # Hydra's quoting
     ("out", "'a,b'", "a,b"),
     ("out", "other", "other"),
@@ -128,7 +129,8 @@ ACCEPTED = [
     ("unset", "abc", "abc"),  # a None key takes anything
     ("unset", "3", 3),
     ("alias", "7", 7),  # an interpolation is checked as the int it resolves to
-    ("text", "5", "5"),  # ... or as the str
+    ("text", "5", 5),  # ... or as the str (which takes any value)
+    ("iters", "'10'", "10"),  # quoted: the user asked for a string (LiBai stores it)
     ("broken", "abc", "abc"),  # unresolvable: not checked
     ("lr", "${.iters}", 10),  # a new interpolation is not checked (it resolves later)
     ("node", "abc", "abc"),  # mappings are not checked
@@ -149,7 +151,6 @@ REJECTED = [
     ("iters", "2.5", "an int"),
     ("iters", "true", "an int"),  # a bool is not an int
     ("iters", "[1]", "an int"),
-    ("iters", "'10'", "an int"),  # quoted: the user asked for a string
     ("zero", "abc", "a number"),
     ("zero", "false", "a number"),
     ("lr", "abc", "a float"),
@@ -201,7 +202,8 @@ def test_a_tuple_takes_a_list(tmp_path):
 def test_check_override_type_is_the_shared_rule():
     assert check_override_type("k", int, 1000.0, "1e3") == 1000
     assert check_override_type("k", None, "abc", "abc") == "abc"
-    assert check_override_type("k", str, 2.5, "2.50") == "2.50"
+    assert check_override_type("k", str, 2.5, "2.50") == 2.5  # Hydra's value, as LiBai's
+    assert check_override_type("k", int, "2.50", "'2.50'") == "2.50"  # quoted: a string
     with pytest.raises(OverrideTypeError, match=r"^a\.b expects an int, got 'abc'$"):
         check_override_type("a.b", int, "abc", "abc")
     # the CLI reports it in one line (run_cli's input errors)
@@ -213,7 +215,7 @@ def test_the_real_configs_of_both_doors():
     with pytest.raises(OverrideTypeError) as info:
         LazyConfig.apply_overrides(cfg, ["train.train_iter=abc"])
     assert str(info.value) == "train.train_iter expects an int, got 'abc'"
-    LazyConfig.apply_overrides(cfg, ["train.warmup_ratio=0.01", "train.output_dir=2024"])
+    LazyConfig.apply_overrides(cfg, ["train.warmup_ratio=0.01", "train.output_dir='2024'"])
     assert cfg.train.warmup_ratio == 0.01 and cfg.train.output_dir == "2024"
     with pytest.raises(OverrideTypeError) as info:
         load_yaml_config(GPT_YAML, ["Engine.max_steps=abc"])
