@@ -37,17 +37,20 @@ from __future__ import annotations
 
 import copy
 import difflib
+import logging
 import os
 from typing import Any
 
 import yaml
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from libai.config.overrides import apply_overrides
 from libai.config.resolve import BatchNames, batch_sizes
 from libai.fleetx.fleetx_keys import OPEN_SECTIONS as FLEETX_OPEN_SECTIONS
 from libai.fleetx.fleetx_keys import SCHEMA as FLEETX_SCHEMA
 from libai.fleetx.fleetx_keys import SPLIT_KEYS, literal_values
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "DEFAULTS",
@@ -198,9 +201,12 @@ def _with_defaults(data: dict) -> dict:
 def _unknown(key: str, known, where: str) -> YAMLConfigError:
     close = difflib.get_close_matches(key, list(known), n=3, cutoff=0.5)
     hint = f"; did you mean {' or '.join(f'{where}.{c}' for c in close)}?" if close else ""
-    return YAMLConfigError(
+    error = YAMLConfigError(
         f"unknown config key {where}.{key}{hint} (known: {', '.join(sorted(known))})"
     )
+    error.key = key if where == "<top level>" else f"{where}.{key}"
+    error.hint = hint
+    return error
 
 
 def check_keys(cfg: Any, allowed: Any, where: str) -> None:
@@ -247,13 +253,56 @@ def load_yaml_config(path: str | os.PathLike, overrides=()) -> DictConfig:
     ``DictConfig``."""
     data = _with_defaults(_read(os.fspath(path), ()))
     cfg = OmegaConf.create(data, flags={"allow_objects": True})
-    apply_overrides(cfg, list(overrides))
+    overrides, added = _new_fields(cfg, list(overrides))
+    apply_overrides(cfg, overrides)
     # a deleted key (``~Key``) is back at its default
     cfg = OmegaConf.create(
         _with_defaults(OmegaConf.to_container(cfg, resolve=False)), flags={"allow_objects": True}
     )
-    _check(cfg)
-    return cfg
+    while True:
+        try:
+            _check(cfg)
+            return cfg
+        except YAMLConfigError as error:  # an -o new field nothing reads: named, dropped
+            key = getattr(error, "key", None)
+            if key is None or not any(a == key or a.startswith(key + ".") for a in added):
+                raise
+            logger.warning(
+                "FleetX key %s=%s (set by -o) has no effect here: no part of this door reads it%s",
+                key,
+                OmegaConf.select(cfg, key),
+                error.hint,
+            )
+            parent, _, leaf = key.rpartition(".")
+            del (OmegaConf.select(cfg, parent) if parent else cfg)[leaf]
+
+
+def _new_fields(cfg: DictConfig, overrides: list[str]) -> tuple[list[str], list[str]]:
+    """FleetX's ``-o`` adds a key the config does not have ("A new field (...) detected!",
+    Paddle's override): such overrides become Hydra's ``+key=value``. Returns the overrides
+    and the keys they add."""
+    out, added = [], []
+    for line in overrides:
+        key = line.partition("=")[0].strip()
+        if "=" in line and key[:1] not in "+~" and OmegaConf.select(cfg, key) is None:
+            if not _exists(cfg, key):
+                logger.warning("A new field (%s) detected!", key)
+                added.append(key)
+                line = "+" + line.lstrip()
+        out.append(line)
+    return out, added
+
+
+def _exists(cfg: DictConfig, key: str) -> bool:
+    node = cfg
+    for part in key.split("."):
+        if isinstance(node, ListConfig) and part.isdigit() and int(part) < len(node):
+            node = node._get_node(int(part))
+        elif isinstance(node, DictConfig) and part in node:
+            node = node._get_node(part)
+        else:
+            return False
+    return True
 
 
 # ---- derived values ---------------------------------------------------------------------------

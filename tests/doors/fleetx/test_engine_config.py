@@ -3,6 +3,7 @@ input failing early with a message that names the key and the fix."""
 
 from __future__ import annotations
 
+import logging
 import textwrap
 
 import pytest
@@ -60,11 +61,21 @@ def test_base_inheritance_merges_and_inherited_false_replaces(tmp_path):
         load_yaml_config(tmp_path / "c.yaml")
 
 
-def test_overrides_change_add_and_name_the_closest_key(tmp_path):
+def test_overrides_change_add_and_name_the_closest_key(tmp_path, caplog):
     cfg = load_yaml_config(SIMPLE_NET, ["Engine.max_steps=3", "+Model.extra=1"])
     assert cfg.Engine.max_steps == 3 and cfg.Model.extra == 1
-    with pytest.raises(KeyError, match=r"no key 'Engine.max_step'.*Engine.max_steps"):
-        load_yaml_config(SIMPLE_NET, ["Engine.max_step=3"])
+    # FleetX's -o of a key the config lacks adds it ("A new field ... detected!", Paddle's
+    # override); one that nothing here reads is named, with the closest key, and dropped
+    default_steps = load_yaml_config(SIMPLE_NET).Engine.max_steps
+    with caplog.at_level(logging.WARNING, logger="libai.fleetx.yaml_config"):
+        cfg = load_yaml_config(SIMPLE_NET, ["Engine.max_step=3", "Model.new_knob=2"])
+    assert "A new field (Engine.max_step) detected!" in caplog.text
+    assert (
+        "FleetX key Engine.max_step=3 (set by -o) has no effect here: no part of this door "
+        "reads it; did you mean Engine.max_steps or" in caplog.text
+    )
+    assert "max_step" not in cfg.Engine and cfg.Engine.max_steps == default_steps
+    assert cfg.Model.new_knob == 2  # Model is an open section: the module's own keys
     bad = write(
         tmp_path / "bad.yaml", "_base_: " + str(SIMPLE_NET) + "\nEngine: {logging_frequency: 2}\n"
     )
