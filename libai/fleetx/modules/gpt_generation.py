@@ -77,23 +77,39 @@ class OnnxGenerator:
     ``model_with_past.onnx``) in onnxruntime: ``generator(batch)`` returns
     ``{"output_ids": [rows, new tokens]}``, as the eager module's ``predict_step``."""
 
-    def __init__(self, model_dir: str, config: GenerationConfig):
+    def __init__(self, model_dir: str, config: GenerationConfig, max_positions=None):
         from libai.fleetx.export import find_onnx
         from libai.onnx_export.ort_generation import OrtStepper
 
         self.path = find_onnx(model_dir)
         self.stepper, self.config = OrtStepper(self.path), config
+        self.max_positions = max_positions
 
     def __call__(self, batch) -> dict:
-        return {"output_ids": generate_new_tokens(self.stepper, batch, self.config)}
+        ids = generate_new_tokens(self.stepper, batch, self.config, self.max_positions)
+        return {"output_ids": ids}
 
 
-def generate_new_tokens(stepper, batch, config: GenerationConfig) -> torch.Tensor:
+def check_lengths(prompt: int, config: GenerationConfig, max_positions, prompt_key: str):
+    """A prompt of ``prompt`` tokens plus ``max_dec_len`` new ones must fit the model's
+    positions: else one line naming the three keys (before any graph or model runs)."""
+    if max_positions is None or prompt + config.max_new_tokens <= int(max_positions):
+        return
+    raise ValueError(
+        f"{prompt_key} ({prompt}) + Generation.max_dec_len ({config.max_new_tokens}) = "
+        f"{prompt + config.max_new_tokens} tokens, more than Model.max_position_embeddings "
+        f"({max_positions}): shorten the prompt or lower Generation.max_dec_len"
+    )
+
+
+def generate_new_tokens(stepper, batch, config: GenerationConfig, max_positions=None):
     """The tokens generated after each prompt of ``batch`` (``input_ids``, optional
-    ``attention_mask`` for left padding)."""
+    ``attention_mask`` for left padding); ``max_positions``: the model's position limit,
+    checked against the prompt plus the new tokens first."""
     from libai.inference.generation import generate
 
     input_ids = torch.as_tensor(batch["input_ids"])
+    check_lengths(input_ids.shape[1], config, max_positions, "the prompt length")
     mask = batch.get("attention_mask")
     mask = None if mask is None else torch.as_tensor(mask)
     sequences = generate(stepper, input_ids, mask, config)
@@ -118,20 +134,27 @@ class GPTGenerationModule(GPTModule):
         self.generation_cfgs = generation_config(
             configs.get("Generation"), self.tokenizer.eos_token_id, int(configs.Global.seed)
         )
+        self.max_positions = OmegaConf.select(configs, "Model.max_position_embeddings")
+        prompt = OmegaConf.select(configs, "Data.Test.dataset.max_seq_len")
+        if prompt is not None:  # the inference prompts: refused before any model is built
+            key = "Data.Test.dataset.max_seq_len"
+            check_lengths(int(prompt), self.generation_cfgs, self.max_positions, key)
         return configs
 
     def predict_step(self, batch):
         from libai.inference.generation.stepper import ModelStepper
 
         return {
-            "output_ids": generate_new_tokens(ModelStepper(self.model), batch, self.generation_cfgs)
+            "output_ids": generate_new_tokens(
+                ModelStepper(self.model), batch, self.generation_cfgs, self.max_positions
+            )
         }
 
     def predict_step_end(self, outputs):
         return self._with_texts(outputs)
 
     def onnx_predictor(self, model_dir: str):
-        return OnnxGenerator(model_dir, self.generation_cfgs)
+        return OnnxGenerator(model_dir, self.generation_cfgs, self.max_positions)
 
     def inference_end(self, outputs):
         return self._with_texts(outputs)

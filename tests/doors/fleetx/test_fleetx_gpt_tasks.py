@@ -213,6 +213,41 @@ def test_generation_export_then_inference_from_fleetx_yamls(files, tmp_path, sam
     torch.testing.assert_close(torch.from_numpy(logits), reference, atol=1e-5, rtol=1e-4)
 
 
+def test_inference_longer_than_the_positions_is_one_line_naming_the_keys(files, tmp_path):
+    """FleetX's shipped inference pair (Data.Test.dataset.max_seq_len 1024 + max_dec_len 200)
+    on a model of fewer positions: one line naming the three keys, before any model is
+    built; a prompt given directly is checked the same way before generation starts."""
+    yaml = GPT_CONFIGS / "inference_gpt_345M_single_card.yaml"
+    common = [*TINY, *files["tok"], files["pretrained"], f"Engine.save_load.output_dir={tmp_path}"]
+    cfg = load_yaml_config(yaml, [*common, "Inference.model_dir=null"])
+    with pytest.raises(ValueError) as err:
+        make_engine(cfg, mode="inference")
+    assert str(err.value) == (
+        "Data.Test.dataset.max_seq_len (1024) + Generation.max_dec_len (200) = 1224 tokens, "
+        "more than Model.max_position_embeddings (64): shorten the prompt or lower "
+        "Generation.max_dec_len"
+    )
+    data = fleetx_corpus(tmp_path / "data", num_docs=300)
+    fits = [
+        "Inference.model_dir=null",
+        f"Data.Test.dataset.input_dir={data}",
+        "Data.Test.dataset.max_seq_len=8",
+        "Data.Test.dataset.split=[1,1,8]",
+        "Generation.max_dec_len=56",
+    ]
+    engine = make_engine(load_yaml_config(yaml, [*common, *fits]), mode="inference")
+    with pytest.raises(
+        ValueError,
+        match=r"^the prompt length \(9\) \+ Generation.max_dec_len "
+        r"\(56\) = 65 tokens, more than Model.max_position_embeddings \(64\)",
+    ):
+        engine.inference({"input_ids": torch.zeros(1, 9, dtype=torch.long)})
+    assert (
+        engine.inference({"input_ids": torch.zeros(1, 8, dtype=torch.long)})["output_ids"].shape[1]
+        <= 56
+    )
+
+
 def test_gpt_eval_of_an_empty_file_scores_nothing(files, tmp_path):
     """WikiText perplexity of a file with no tokens: no targets, so the average loss, both
     perplexities and the token ratio are NaN (nothing to divide), not exp(20)."""
