@@ -9,11 +9,13 @@ loads back onto the layout."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from gpt_reference import GRAD_TOL
 from launch import torchrun_cases
-from lora_reference import lora_reference_run
+from lora_reference import LORA_SAVED, lora_reference_run
 
 from libai import dist
 
@@ -31,6 +33,8 @@ CASES_2 = [
         "dist": {"data_parallel_size": 2},
         "runner": {"activation_checkpointing": "full"},
     },
+    # modules_to_save: the vocab-parallel LM head trained whole beside the adapters
+    {"name": "tp2-saved", "dist": {"tensor_parallel_size": 2}, "lora": "saved"},
 ]
 CASES_4 = [{"name": "tp2-pp2", "dist": {"tensor_parallel_size": 2, **PP}, "microbatches": 2}]
 
@@ -38,14 +42,15 @@ CASES_4 = [{"name": "tp2-pp2", "dist": {"tensor_parallel_size": 2, **PP}, "micro
 @pytest.fixture(scope="module")
 def peft_dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("lora_peft")
-    return {name: str(root / name) for name in ("one", "tp2", "tp2-pp2")}
+    return {name: str(root / name) for name in ("one", "tp2", "tp2-pp2", "saved", "tp2-saved")}
 
 
 @pytest.fixture(scope="module")
 def references(tmp_path_factory, peft_dirs):
     path = tmp_path_factory.mktemp("lora") / "references.pt"
     one = lora_reference_run(peft_dir=peft_dirs["one"])
-    torch.save({"one": one, "mb2": lora_reference_run(microbatches=2)}, path)
+    saved = lora_reference_run(peft_dir=peft_dirs["saved"], config=LORA_SAVED)
+    torch.save({"one": one, "mb2": lora_reference_run(microbatches=2), "saved": saved}, path)
     dist.reset_dist_util()
     return str(path)
 
@@ -93,14 +98,20 @@ def test_peft_exports_from_tp2_and_tp2_pp2_equal_one_process(two_ranks, four_ran
     one-process export's tensors and config."""
     from safetensors.torch import load_file
 
-    want = load_file(f"{peft_dirs['one']}/adapter_model.safetensors")
-    config = open(f"{peft_dirs['one']}/adapter_config.json").read()
-    for name in ("tp2", "tp2-pp2"):
+    for reference, name in (("one", "tp2"), ("one", "tp2-pp2"), ("saved", "tp2-saved")):
+        want = load_file(f"{peft_dirs[reference]}/adapter_model.safetensors")
+        config = open(f"{peft_dirs[reference]}/adapter_config.json").read()
         got = load_file(f"{peft_dirs[name]}/adapter_model.safetensors")
         assert sorted(got) == sorted(want), name
         for key, value in want.items():
             assert (got[key] - value).abs().max() < GRAD_TOL, (name, key)
         assert open(f"{peft_dirs[name]}/adapter_config.json").read() == config
+    # the LM head's whole trained weight travels as PEFT writes modules_to_save
+    saved = load_file(f"{peft_dirs['tp2-saved']}/adapter_model.safetensors")
+    assert "base_model.model.lm_head.weight" in saved
+    assert json.load(open(f"{peft_dirs['tp2-saved']}/adapter_config.json"))["modules_to_save"] == [
+        "lm_head"
+    ]
 
 
 @pytest.mark.parametrize("case", [c["name"] for c in CASES_2])

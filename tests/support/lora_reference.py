@@ -3,6 +3,8 @@ layout tests (tests/distributed/test_lora_layouts.py)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from gpt_reference import SEED
 from moe_reference import TINY_MOE_LLAMA, moe_batch, train
@@ -19,16 +21,19 @@ from libai.runtime.parallel import ModelRunner
 LORA = LoRAConfig(
     target_modules=("q_proj", "v_proj", "o_proj", "gate_proj", "down_proj"), r=4, lora_alpha=8
 )
+#: the same adapters, and the (vocab-parallel) LM head trained whole (PEFT's modules_to_save)
+LORA_SAVED = dataclasses.replace(LORA, modules_to_save=("lm_head",))
+CONFIGS = {"adapters": LORA, "saved": LORA_SAVED}
 lora_batch = moe_batch
 
 
 @torch.no_grad()
-def build_lora_llama() -> LlamaForCausalLM:
+def build_lora_llama(config: LoRAConfig = LORA) -> LlamaForCausalLM:
     """The base, its adapters attached, and every adapter weight set to a seeded value
     (B is zero at PEFT's start, which would leave A's first gradients zero)."""
     torch.manual_seed(SEED)
     model = LlamaForCausalLM(**TINY_MOE_LLAMA)
-    apply_lora(model, LORA)
+    apply_lora(model, config)
     for i, (_, p) in enumerate(sorted(model.named_parameters(), key=lambda item: item[0])):
         if not getattr(p, "libai_lora", False):
             continue
@@ -57,16 +62,18 @@ def merged_weights(model) -> dict[str, torch.Tensor]:
     return lora_state(model)
 
 
-def lora_reference_run(microbatches: int = 1, peft_dir: str | None = None) -> dict:
+def lora_reference_run(
+    microbatches: int = 1, peft_dir: str | None = None, config: LoRAConfig = LORA
+) -> dict:
     """One process; with ``peft_dir`` the trained adapters are exported there as a PEFT
     directory."""
     dist.setup_dist_util({})
-    model = build_lora_llama()
+    model = build_lora_llama(config)
     init = lora_state(model)
     out = train(ModelRunner(model, num_microbatches=microbatches), lora_batch, lora_state)
     out.pop("optimizer")
     if peft_dir is not None:
         from libai.models.lora_peft import save_peft_adapter
 
-        save_peft_adapter(model, LORA, peft_dir)
+        save_peft_adapter(model, config, peft_dir)
     return {"init": init, **out, "final": lora_state(model), "merged": merged_weights(model)}

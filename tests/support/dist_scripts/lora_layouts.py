@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from common import run_cases
 from gpt_reference import max_diff
-from lora_reference import build_lora_llama, lora_batch, lora_state, merged_weights
+from lora_reference import CONFIGS, build_lora_llama, lora_batch, lora_state, merged_weights
 from moe_reference import make_optimizer, train
 
 from libai import dist
@@ -29,8 +29,9 @@ def check_case(case: dict, refs: dict) -> dict:
     util = dist.setup_dist_util(case["dist"])
     dp = util.layout.data_parallel_size
     microbatches = case.get("microbatches", 1)
-    ref = refs["mb2" if microbatches > 1 else "one"]
-    model = build_lora_llama()
+    kind = case.get("lora", "adapters")
+    ref = refs["saved" if kind == "saved" else "mb2" if microbatches > 1 else "one"]
+    model = build_lora_llama(CONFIGS[kind])
     runner = ModelRunner(model, num_microbatches=microbatches, **case.get("runner", {}))
     stage = case.get("zero")
     prepare_model(runner, stage)
@@ -48,7 +49,7 @@ def check_case(case: dict, refs: dict) -> dict:
         optimizer = shard_optimizer(runner, optimizer, stage)
     out = train(runner, local_batch, lora_state, optimizer)
     params = dict(model.named_parameters())
-    adapters = {n for n, p in params.items() if getattr(p, "libai_lora", False)}
+    adapters = {n for n, p in params.items() if p.requires_grad}  # and modules_to_save
     state_bytes = sum(
         _bytes(v)
         for p in optimizer.state
@@ -94,20 +95,21 @@ def peft_round_trip(model, case: dict) -> dict:
     """The trained adapters exported from this layout as a PEFT directory (for the test to
     compare with the one-process export), and loaded back onto a fresh model on this
     layout: the same adapter values."""
-    from lora_reference import LORA
-
     from libai.models.lora_peft import load_peft_adapter, save_peft_adapter
 
+    config = CONFIGS[case.get("lora", "adapters")]
     path = case["peft_dir"]
-    save_peft_adapter(model, LORA, path)
-    fresh = ModelRunner(build_lora_llama(), num_microbatches=case.get("microbatches", 1)).model
+    save_peft_adapter(model, config, path)
+    fresh = build_lora_llama(config)
+    fresh = ModelRunner(fresh, num_microbatches=case.get("microbatches", 1)).model
+    trained = {n for n, p in fresh.named_parameters() if p.requires_grad}
     with torch.no_grad():
-        for p in fresh.parameters():  # forget the seeded adapters: only the file counts
-            if getattr(p, "libai_lora", False):
+        for p in fresh.parameters():  # forget the seeded values: only the file counts
+            if p.requires_grad:
                 p.zero_()
     load_peft_adapter(fresh, path)
-    got = {n: v for n, v in lora_state(fresh).items() if ".lora." in n}
-    want = {n: v for n, v in lora_state(model).items() if ".lora." in n}
+    got = {n: v for n, v in lora_state(fresh).items() if n in trained}
+    want = {n: v for n, v in lora_state(model).items() if n in trained}
     return {"peft_reload_diff": max_diff(got, want)[0], "peft_reloaded": len(got)}
 
 
