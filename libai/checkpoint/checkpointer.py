@@ -610,7 +610,12 @@ class Checkpointer:
         tied = tied_weights(model)
         model_sd = get_model_state_dict(model)
         weights_only = checkpointables is not None and not names
-        partial = self._partial_keys(path, lora_base, saved_keys, model_sd, weights_only)
+        error = partial = None
+        try:  # a pipeline stage may miss adapters the others hold: every rank stops
+            partial = self._partial_keys(path, lora_base, saved_keys, model_sd, weights_only)
+        except CheckpointError as exc:
+            error = exc
+        _agree(error, f"loading checkpoint {path}")
         if partial is not None:
             model_sd = {k: v for k, v in model_sd.items() if k in partial}
         optim_sds = {}
