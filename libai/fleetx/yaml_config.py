@@ -253,8 +253,11 @@ def load_yaml_config(path: str | os.PathLike, overrides=()) -> DictConfig:
     ``DictConfig``."""
     data = _with_defaults(_read(os.fspath(path), ()))
     cfg = OmegaConf.create(data, flags={"allow_objects": True})
-    overrides, added = _new_fields(cfg, list(overrides))
-    apply_overrides(cfg, overrides)
+    added = []
+    for line in overrides:  # one at a time: a key an earlier override added exists
+        line, new = _fleetx_override(cfg, line)
+        added += new
+        apply_overrides(cfg, [line])
     # a deleted key (``~Key``) is back at its default
     cfg = OmegaConf.create(
         _with_defaults(OmegaConf.to_container(cfg, resolve=False)), flags={"allow_objects": True}
@@ -277,20 +280,15 @@ def load_yaml_config(path: str | os.PathLike, overrides=()) -> DictConfig:
             del (OmegaConf.select(cfg, parent) if parent else cfg)[leaf]
 
 
-def _new_fields(cfg: DictConfig, overrides: list[str]) -> tuple[list[str], list[str]]:
+def _fleetx_override(cfg: DictConfig, line: str) -> tuple[str, list[str]]:
     """FleetX's ``-o`` adds a key the config does not have ("A new field (...) detected!",
-    Paddle's override): such overrides become Hydra's ``+key=value``. Returns the overrides
-    and the keys they add."""
-    out, added = [], []
-    for line in overrides:
-        key = line.partition("=")[0].strip()
-        if "=" in line and key[:1] not in "+~" and OmegaConf.select(cfg, key) is None:
-            if not _exists(cfg, key):
-                logger.warning("A new field (%s) detected!", key)
-                added.append(key)
-                line = "+" + line.lstrip()
-        out.append(line)
-    return out, added
+    Paddle's override): such an override becomes Hydra's ``+key=value``. Returns the
+    override and the key it adds (if it adds one)."""
+    key = line.partition("=")[0].strip()
+    if "=" not in line or key[:1] in "+~" or _exists(cfg, key):
+        return line, []
+    logger.warning("A new field (%s) detected!", key)
+    return "+" + line.lstrip(), [key]
 
 
 def _exists(cfg: DictConfig, key: str) -> bool:

@@ -76,6 +76,10 @@ def test_overrides_change_add_and_name_the_closest_key(tmp_path, caplog):
     )
     assert "max_step" not in cfg.Engine and cfg.Engine.max_steps == default_steps
     assert cfg.Model.new_knob == 2  # Model is an open section: the module's own keys
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="libai.fleetx.yaml_config"):
+        cfg = load_yaml_config(SIMPLE_NET, ["+Model.knob=1", "Model.knob=2"])  # in order
+    assert cfg.Model.knob == 2 and "new field" not in caplog.text
     bad = write(
         tmp_path / "bad.yaml", "_base_: " + str(SIMPLE_NET) + "\nEngine: {logging_frequency: 2}\n"
     )
