@@ -220,7 +220,7 @@ def load_peft_adapter(model, path: str) -> LoRAConfig:
     modules = _saved_modules(model)
     wanted = {h for _, rule in modules.values() for h in rule.hf_names()}
     unused = sorted(set(saved.tensors) - wanted)
-    whole = dist.get_dist_util().layout.pipeline_parallel_size == 1  # else: stages' parts
+    whole = dist.mesh_of(model).layout.pipeline_parallel_size == 1  # else: stages' parts
     if unused and whole:
         raise ValueError(
             f"{path}: {unused[0]} (and {len(unused) - 1} more) fits no trained module of "

@@ -223,8 +223,8 @@ def test_flowvision_names_in_a_config_file(tmp_path):
         "model['loss'] = SoftTargetCrossEntropy()\n"
     )
     loaded = LazyConfig.load(str(cfg))
-    assert loaded.aug._target_ == "libai.data.transforms.Resize"
-    assert loaded.mix._target_ == "libai.data.Mixup"
+    assert loaded.aug._target_ is Resize  # the callables themselves, as LiBai's LazyCall
+    assert loaded.mix._target_ is Mixup
     assert isinstance(loaded.model.loss, SoftTargetCrossEntropy)
     assert loaded.model.mode == InterpolationMode.BILINEAR
     assert list(loaded.model.mean) == [0.485, 0.456, 0.406]
