@@ -108,7 +108,6 @@ from libai.checkpoint.lora_base import (
     fingerprint,
     is_lora_model,
     is_lora_name,
-    record_source,
     trained_names,
     weights_source,
 )
@@ -125,6 +124,7 @@ from libai.checkpoint.safe_load import (
     torch_load_data,
 )
 from libai.checkpoint.view import MODEL_KEY, build_view, tied_weights
+from libai.models.utils.hf_io import record_weights_source
 
 logger = logging.getLogger(__name__)
 
@@ -591,7 +591,6 @@ class Checkpointer:
             rank0, verified = check_checkpoint(path, dist.get_rank(), _world())
             same_layout = rank0["layout"] == _layout_signature()
             state = read_rank_file(path, dist.get_rank()) if same_layout else rank0
-            saved_keys = set(read_checkpoint_metadata(path).state_dict_metadata)
         except Exception as exc:
             error = exc
         _agree(error, f"reading checkpoint {path}")
@@ -612,7 +611,7 @@ class Checkpointer:
         weights_only = checkpointables is not None and not names
         error = partial = None
         try:  # a pipeline stage may miss adapters the others hold: every rank stops
-            partial = self._partial_keys(path, lora_base, saved_keys, model_sd, weights_only)
+            partial = self._partial_keys(path, lora_base, model_sd, weights_only)
         except CheckpointError as exc:
             error = exc
         _agree(error, f"loading checkpoint {path}")
@@ -648,7 +647,7 @@ class Checkpointer:
             ) from None
         set_model_state_dict(model, model_sd, options=_PARTIAL if partial is not None else None)
         if lora_base is None and weights_only and verified:  # the weights are this file's
-            record_source(self.model, CHECKPOINT, path)
+            record_weights_source(self.model, CHECKPOINT, path)
         if model is not self.model:  # O2: the loaded fp32 masters, rounded into the model
             self.model.libai_master_weights.after_load()
         for opt_name, osd in optim_sds.items():
@@ -728,17 +727,20 @@ class Checkpointer:
             "(model.path or train.load_weight) to load them"
         )
 
-    def _partial_keys(self, path, lora_base, saved_keys, model_sd, weights_only: bool):
+    def _partial_keys(self, path, lora_base, model_sd, weights_only: bool):
         """The model keys to load when the checkpoint holds a part of a LoRA model (None: all):
         the adapters of an adapter-only checkpoint, or the base of a LoRA model read from a
         checkpoint saved without adapters (``train.load_weight`` of a base)."""
-        saved = {k[len(MODEL_KEY) + 1 :] for k in saved_keys if k.startswith(MODEL_KEY + ".")}
-        if lora_base is not None:
-            if not is_lora_model(self.model):
+        if not is_lora_model(self.model):
+            if lora_base is not None:
                 raise CheckpointError(
                     f"checkpoint {path} holds LoRA adapters only: apply the run's LoRA "
                     "settings (train.lora) to the model before loading it"
                 )
+            return None
+        keys = read_checkpoint_metadata(path).state_dict_metadata  # only LoRA models read it
+        saved = {k[len(MODEL_KEY) + 1 :] for k in keys if k.startswith(MODEL_KEY + ".")}
+        if lora_base is not None:
             trained = trained_names(self.model)
             missing = sorted(trained - saved)
             if missing:
@@ -747,7 +749,7 @@ class Checkpointer:
                     "adapters of other train.lora settings (target_modules, modules_to_save)"
                 )
             return trained
-        if weights_only and is_lora_model(self.model) and not any(map(is_lora_name, saved)):
+        if weights_only and not any(map(is_lora_name, saved)):
             logger.info("Loading the base weights of %s into the LoRA model", path)
             return {k for k in model_sd if not is_lora_name(k)}
         return None

@@ -22,14 +22,11 @@ from torch import nn
 
 from libai.checkpoint.manifest import MANIFEST
 from libai.models.lora import LORA_ATTR
-from libai.models.utils.hf_io import WEIGHTS_SOURCE, CheckpointReader, record_weights_source
+from libai.models.utils.hf_io import WEIGHTS_SOURCE, CheckpointReader
 
 HUGGINGFACE, CHECKPOINT = "huggingface", "checkpoint"
 
 _hashes: dict[tuple, str] = {}  # (path, files with sizes and mtimes) -> SHA-256
-
-
-record_source = record_weights_source
 
 
 def weights_source(model: nn.Module) -> dict | None:

@@ -103,6 +103,12 @@ def _lookup(cfg: Any, key: str) -> tuple[Any, Any]:
     raise AssertionError("unreachable")
 
 
+def has_key(cfg: Any, key: str) -> bool:
+    """Whether dotted ``key`` exists in ``cfg`` (a ``None`` value counts; nothing is
+    resolved). Raises ``ConfigKeyError`` for a path through a value or an interpolation."""
+    return _lookup(cfg, key)[1] is not _MISSING
+
+
 def _step(node: Any, index: Any, key: str, path: list[str]) -> Any:
     """The child ``index`` of container ``node`` that ``_lookup`` walks into: a config node as
     it is, a plain value resolved. A path cannot run through an interpolation (``a: ${d}``):

@@ -69,10 +69,8 @@ def config_to_readable_py(cfg: Any, prefix: str = "cfg.") -> str:
         except Exception:  # an interpolation that does not resolve: shown as written
             cfg = OmegaConf.to_container(cfg, resolve=False)
     text = "\n".join(_lines(cfg, prefix) if isinstance(cfg, Mapping) else [_value(cfg)]) + "\n"
-    try:
-        import black
-    except ImportError:  # pragma: no cover - black is a dependency
-        return text
+    import black  # a dependency, as in LiBai; imported here: only printing needs it
+
     try:
         return black.format_str(text, mode=black.Mode())
     except black.InvalidInput:  # not Python (a key that is not a name): as built

@@ -42,9 +42,9 @@ import os
 from typing import Any
 
 import yaml
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
-from libai.config.overrides import apply_overrides
+from libai.config.overrides import apply_overrides, has_key
 from libai.config.resolve import BatchNames, batch_sizes
 from libai.fleetx.fleetx_keys import OPEN_SECTIONS as FLEETX_OPEN_SECTIONS
 from libai.fleetx.fleetx_keys import SCHEMA as FLEETX_SCHEMA
@@ -285,22 +285,10 @@ def _fleetx_override(cfg: DictConfig, line: str) -> tuple[str, list[str]]:
     Paddle's override): such an override becomes Hydra's ``+key=value``. Returns the
     override and the key it adds (if it adds one)."""
     key = line.partition("=")[0].strip()
-    if "=" not in line or key[:1] in "+~" or _exists(cfg, key):
+    if "=" not in line or key[:1] in "+~" or has_key(cfg, key):
         return line, []
     logger.warning("A new field (%s) detected!", key)
     return "+" + line.lstrip(), [key]
-
-
-def _exists(cfg: DictConfig, key: str) -> bool:
-    node = cfg
-    for part in key.split("."):
-        if isinstance(node, ListConfig) and part.isdigit() and int(part) < len(node):
-            node = node._get_node(int(part))
-        elif isinstance(node, DictConfig) and part in node:
-            node = node._get_node(part)
-        else:
-            return False
-    return True
 
 
 # ---- derived values ---------------------------------------------------------------------------

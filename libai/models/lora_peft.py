@@ -114,6 +114,16 @@ def _is_adapter(name: str) -> bool:
     return ".lora_A." in name or ".lora_B." in name
 
 
+def _module_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The ``modules_to_save`` weights of a PEFT state dict, by Hugging Face name."""
+    return {k[len(PREFIX) :]: v for k, v in tensors.items() if not _is_adapter(k)}
+
+
+def _module_names(hf_names) -> list[str]:
+    """The Hugging Face modules those weights belong to (PEFT's ``modules_to_save``)."""
+    return sorted({name.rsplit(".", 1)[0] for name in hf_names})
+
+
 def save_peft_adapter(
     model, config: LoRAConfig, path: str, base_model_name_or_path: str | None = None
 ) -> None:
@@ -135,10 +145,7 @@ def save_peft_adapter(
         "lora_dropout": config.lora_dropout,
         "use_rslora": config.use_rslora,
         "target_modules": _peft_target_names(model, targets),
-        "modules_to_save": sorted(
-            {k[len(PREFIX) :].rsplit(".", 1)[0] for k in tensors if not _is_adapter(k)}
-        )
-        or None,
+        "modules_to_save": _module_names(_module_tensors(tensors)) or None,
         "bias": "none",
         "fan_in_fan_out": fan_in_fan_out,
         "init_lora_weights": True,
@@ -189,8 +196,8 @@ def load_peft_adapter(model, path: str) -> LoRAConfig:
         raise FileNotFoundError(f"{path}: no {WEIGHTS_NAME}")
     tensors = load_file(file)
     # PEFT matches modules_to_save by name suffix: the file's tensors say which it saved
-    saved_names = {k[len(PREFIX) :].rsplit(".", 1)[0] for k in tensors if not _is_adapter(k)}
-    config = replace(config, modules_to_save=tuple(sorted(saved_names)))
+    saved = _TensorReader(_module_tensors(tensors), file)
+    config = replace(config, modules_to_save=tuple(_module_names(saved.tensors)))
     if not lora_layers(model):
         apply_lora(model, config)
     pairs = _pairs(model, lora_targets(model))
@@ -214,9 +221,6 @@ def load_peft_adapter(model, path: str) -> LoRAConfig:
                     f"needs {tuple(p.shape)} (an adapter for another base model?)"
                 )
             plan.append((p, piece))
-    saved = _TensorReader(
-        {k[len(PREFIX) :]: v for k, v in tensors.items() if not _is_adapter(k)}, file
-    )
     modules = _saved_modules(model)
     wanted = {h for _, rule in modules.values() for h in rule.hf_names()}
     unused = sorted(set(saved.tensors) - wanted)
