@@ -37,6 +37,8 @@ from omegaconf.errors import ValidationError
 
 from libai.config.instantiate import constructor_arguments, target_to_string
 from libai.config.oneflow_names import MAPPED_PACKAGES, config_module
+from libai.oneflow_api import imports as oneflow_imports
+from libai.oneflow_api.imports import oneflow_import
 
 __all__ = ["LazyCall", "LazyConfig", "try_get_key"]
 
@@ -169,6 +171,9 @@ def _patch_import():
     def new_import(name, globals=None, locals=None, fromlist=(), level=0):
         package = (globals or {}).get("__package__") or ""
         in_config = package.startswith(_CFG_PACKAGE_NAME)
+        project = oneflow_import(name, globals, fromlist, level)
+        if project is not None:  # LiBai project code's `import oneflow`: its runtime API
+            return project
         if in_config and level == 0 and name.partition(".")[0] in MAPPED_PACKAGES:
             # LiBai's `import oneflow as flow`: OneFlow's names mapped onto torch
             return config_module(name if fromlist else name.partition(".")[0])
@@ -189,6 +194,8 @@ def _patch_import():
             yield
         finally:
             builtins.__import__ = old_import
+            if oneflow_imports.served:  # project modules may import oneflow lazily later
+                oneflow_imports.install_project_imports()
 
 
 def _absolute_config_file(name: str) -> str | None:

@@ -1,0 +1,53 @@
+"""Which imports get OneFlow's API: ``import oneflow`` made by LiBai project code.
+
+Project code is a module whose ``__name__`` starts with ``projects.`` (LiBai's layout: a
+checkout's root on ``sys.path``, its configs importing ``projects.<name>.<module>``). While
+:meth:`~libai.config.LazyConfig.load` runs, its import hook asks :func:`oneflow_import`;
+once project code has been served, :func:`install_project_imports` keeps answering for it
+(a project module may import lazily, inside a function, after its config loaded). Every
+other import, ``import oneflow`` from any other module included, goes to Python's own
+machinery untouched.
+"""
+
+from __future__ import annotations
+
+import builtins
+import types
+
+__all__ = ["install_project_imports", "is_project_code", "oneflow_import", "served"]
+
+#: whether project code has imported ``oneflow`` in this process (then
+#: :func:`install_project_imports` is due once the config loader's own hook is gone)
+served = False
+
+
+def is_project_code(globals_: dict | None) -> bool:
+    """Whether the importing module is LiBai project code (``projects.*``)."""
+    return str((globals_ or {}).get("__name__") or "").startswith("projects.")
+
+
+def oneflow_import(name: str, globals_, fromlist, level: int) -> types.ModuleType | None:
+    """The module ``import name`` gives project code when it is OneFlow's, else ``None``."""
+    if level != 0 or name.partition(".")[0] != "oneflow" or not is_project_code(globals_):
+        return None
+    from libai.oneflow_api import project_module
+
+    global served
+    served = True
+    return project_module(name if fromlist else "oneflow", fromlist)
+
+
+def install_project_imports() -> None:
+    """Answer project code's ``import oneflow`` from now on (idempotent)."""
+    current = builtins.__import__
+    if getattr(current, "_libai_oneflow_projects", False):
+        return
+
+    def project_import(name, globals=None, locals=None, fromlist=(), level=0):
+        module = oneflow_import(name, globals, fromlist, level)
+        if module is not None:
+            return module
+        return current(name, globals, locals, fromlist, level)
+
+    project_import._libai_oneflow_projects = True
+    builtins.__import__ = project_import
