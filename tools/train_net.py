@@ -31,6 +31,31 @@ def _import_roots() -> None:
         while root in sys.path:
             sys.path.remove(root)
         sys.path.insert(0, root)
+    _user_projects_first(os.path.join(os.getcwd(), "projects"), os.path.join(repo_root, "projects"))
+
+
+def _user_projects_first(user: str, ours: str) -> None:
+    """A project under the working directory written without an ``__init__.py`` (LiBai's
+    are) is still the one ``projects.<name>`` imports when ours has the same name: Python
+    prefers a regular package (ours) to a namespace portion wherever they stand on the path,
+    so the user's is registered as ``projects.<name>`` by its directory, before any import."""
+    if not os.path.isdir(user) or os.path.realpath(user) == os.path.realpath(ours):
+        return
+    import importlib.machinery
+    import importlib.util
+
+    import projects  # the namespace package over both directories
+
+    for name in sorted(os.listdir(user)):
+        path = os.path.join(user, name)
+        if f"projects.{name}" in sys.modules or not os.path.isdir(os.path.join(ours, name)):
+            continue
+        if os.path.isdir(path) and not os.path.exists(os.path.join(path, "__init__.py")):
+            spec = importlib.machinery.ModuleSpec(f"projects.{name}", None, is_package=True)
+            spec.submodule_search_locations = [path]
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[spec.name] = module
+            setattr(projects, name, module)
 
 
 def main(args) -> int:

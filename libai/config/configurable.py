@@ -8,10 +8,15 @@ import inspect
 import logging
 from collections.abc import Mapping
 
+from omegaconf import DictConfig
+
 logger = logging.getLogger(__name__)
 
 
-def _kwargs_from_cfg(init_func, cfg: Mapping, owner_cls: type) -> dict:
+def _kwargs_from_cfg(init_func, cfg: Mapping, owner_cls: type, passed_down: bool = False) -> dict:
+    """``init_func``'s keyword arguments from ``cfg``. An unknown key is an error, unless
+    the config was ``passed_down`` (``Model(cfg)``, LiBai's style for a project model that
+    hands its whole config to the encoder it wraps: the keys it adds are the wrapper's)."""
     owner = owner_cls.__name__
     params = inspect.signature(init_func).parameters
     names = [n for n in params if n not in ("self", "cfg")]
@@ -24,6 +29,9 @@ def _kwargs_from_cfg(init_func, cfg: Mapping, owner_cls: type) -> dict:
             continue
         if key in no_effect:
             ignored.append(f"model.cfg.{key} ({no_effect[key]})")
+            continue
+        if passed_down:
+            ignored.append(f"model.cfg.{key} (not one of {owner}'s arguments)")
             continue
         close = difflib.get_close_matches(str(key), names, n=3)
         hint = f" Did you mean {', '.join(close)}?" if close else ""
@@ -49,7 +57,8 @@ def _resolved_arguments(init_func, instance, args, kwargs) -> dict:
 
 
 def configurable(init_func):
-    """Decorate ``__init__`` so ``Model(cfg=cfg)`` equals ``Model(**cfg)`` (LiBai's style).
+    """Decorate ``__init__`` so ``Model(cfg=cfg)`` and ``Model(cfg)`` equal ``Model(**cfg)``
+    (LiBai's style: a mapping as the only positional argument is the config).
 
     Unknown keys in ``cfg`` raise a ``ValueError`` naming the closest valid ones (keys the
     class lists in ``libai_no_effect_keys``, LiBai's, are dropped with a log line); explicit
@@ -59,8 +68,11 @@ def configurable(init_func):
 
     @functools.wraps(init_func)
     def wrapped(self, *args, cfg: Mapping | None = None, **kwargs):
+        passed_down = cfg is None and len(args) == 1 and isinstance(args[0], (Mapping, DictConfig))
+        if passed_down:
+            cfg, args = args[0], ()
         if cfg is not None:
-            merged = _kwargs_from_cfg(init_func, cfg, type(self))
+            merged = _kwargs_from_cfg(init_func, cfg, type(self), passed_down)
             merged.update(kwargs)
             kwargs = merged
         out = init_func(self, *args, **kwargs)

@@ -128,6 +128,22 @@ def _child(path: str, key: Any) -> str:
     return f"{path}.{key}" if path else str(key)
 
 
+class AttrDict(dict):
+    """A config mapping without ``_target_``, built: a ``dict`` whose keys also read as
+    attributes (``cfg.num_classes``), as the ``DictConfig`` LiBai's instantiate hands over."""
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(f"config has no key {name!r}; keys: {sorted(self)}") from None
+
+    def __setattr__(self, name: str, value) -> None:
+        self[name] = value
+
+
 def _is_structured(cfg: Any) -> bool:
     """A config node omegaconf made from a dataclass instance (typed, "structured")."""
     return isinstance(cfg, DictConfig) and dataclasses.is_dataclass(OmegaConf.get_type(cfg))
@@ -158,7 +174,7 @@ def _instantiate(cfg: Any, path: str, overrides: Mapping[str, Any] | None = None
     if not isinstance(cfg, (Mapping, DictConfig)):
         return cfg
     if "_target_" not in cfg:
-        return {k: _instantiate(v, _child(path, k)) for k, v in cfg.items()}
+        return AttrDict({k: _instantiate(v, _child(path, k)) for k, v in cfg.items()})
 
     overrides = dict(overrides or {})
     recursive = overrides.pop("_recursive_", None)

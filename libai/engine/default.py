@@ -10,6 +10,7 @@ import copy
 import inspect
 import logging
 import os
+from collections.abc import Mapping
 
 from omegaconf import ListConfig
 
@@ -361,7 +362,9 @@ class DefaultTrainer(TrainerBase):
         evaluator.reset()
 
         def process(index, batch, loss, logits):
-            if predictions and logits is not None:
+            if predictions and isinstance(logits, Mapping):  # a LiBai project model's outputs
+                evaluator.process(batch, {"lm_loss": loss, **logits})
+            elif predictions and logits is not None:
                 evaluator.process(batch, {"lm_loss": loss, "logits": logits})
             elif not predictions:
                 evaluator.process(batch, {"lm_loss": loss})

@@ -12,6 +12,7 @@ from libai.layers.collectives import (
     gather_from_sp,
     reduce_from_tp,
     reduce_scatter_to_sp,
+    scatter_to_tp,
 )
 from libai.layers.float8 import Float8Matmul, float8_linear
 from libai.layers.param import (
@@ -95,6 +96,8 @@ class Linear(nn.Module):
         self.lora = None
 
     def forward(self, x: torch.Tensor):
+        if self.parallel == "row" and not self.sequence_parallel:
+            x = self._split_whole_input(x)
         if self.lora is not None:
             out = self._forward(x)
             if self.skip_bias_add:
@@ -138,6 +141,15 @@ class Linear(nn.Module):
         if self.float8 is None:
             return F.linear(x, weight, bias)
         return float8_linear(x, weight, bias, self.float8)
+
+    def _split_whole_input(self, x: torch.Tensor) -> torch.Tensor:
+        """A row-parallel Linear given the whole input (LiBai's row-parallel heads on a
+        pooled output, which OneFlow's boxing splits): this rank's share of it."""
+        local = self.in_features // self._dist_util.tensor_parallel_size
+        if x.shape[-1] != self.in_features or local == self.in_features:
+            return x
+        # [S(0), B] -> [S(0), S(-1)]  (all-gather dx backward)
+        return scatter_to_tp(x, self._dist_util.tp_group)
 
     def _raise_row_input(self, given: int, local: int):
         tp = self.in_features // local

@@ -163,9 +163,42 @@ class BertLMHead(nn.Module):
         return self.lm_logits(self.layernorm(self.act(self.dense(hidden_states))))
 
 
+class EncoderOutput(tuple):
+    """What :class:`BertModel` returns: LiBai's ``(encoder_output, pooled_output)`` pair
+    (``pooled_output`` None without a pooler), also read by name as transformers does:
+    ``out["last_hidden_state"]``, ``out["pooler_output"]`` (present names only), ``keys()``,
+    ``items()``, ``in``."""
+
+    NAMES = ("last_hidden_state", "pooler_output")
+
+    def __new__(cls, hidden, pooled=None):
+        return super().__new__(cls, (hidden, pooled))
+
+    def __getitem__(self, key):
+        if isinstance(key, str):
+            value = dict(self.items()).get(key)
+            if value is None:
+                raise KeyError(key)
+            return value
+        return super().__getitem__(key)
+
+    def __contains__(self, key):
+        return key in self.keys() if isinstance(key, str) else super().__contains__(key)
+
+    def keys(self):
+        return [name for name, value in zip(self.NAMES, self) if value is not None]
+
+    def items(self):
+        return [(name, value) for name, value in zip(self.NAMES, self) if value is not None]
+
+    def get(self, key, default=None):
+        return self[key] if key in self.keys() else default
+
+
 class BertModel(nn.Module):
-    """The BERT encoder; ``forward`` returns ``{"last_hidden_state", "pooler_output"}``
-    (``pooler_output`` only with ``add_pooling_layer``).
+    """The BERT encoder; ``forward`` returns an :class:`EncoderOutput`: LiBai's
+    ``(encoder_output, pooled_output)``, also ``out["last_hidden_state"]`` /
+    ``out["pooler_output"]`` (the latter only with ``add_pooling_layer``).
 
     ``attn_mask_type="causal"`` makes the self-attention causal (transformers'
     ``is_decoder=True`` without cross-attention, used by ``RobertaForCausalLM``).
@@ -267,10 +300,7 @@ class BertModel(nn.Module):
         tokentype_ids: ``[batch, seq]`` segment ids (zeros when omitted).
         """
         hidden = self.stage_forward(input_ids, attention_mask, tokentype_ids)
-        out = {"last_hidden_state": hidden}
-        if self.pooler is not None:
-            out["pooler_output"] = self.pooler(hidden)
-        return out
+        return EncoderOutput(hidden, None if self.pooler is None else self.pooler(hidden))
 
 
 class BertPipelineMixin:

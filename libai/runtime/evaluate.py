@@ -124,7 +124,7 @@ def evaluate(
             if predictions:
                 logits = runner.predict(batch)
                 loss = None
-                if logits is not None:
+                if logits is not None and not isinstance(logits, Mapping):
                     loss = model.pipeline_loss(logits, pipeline_target(model, batch)).float()
             elif own_step:
                 with runner.autocast():

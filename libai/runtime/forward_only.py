@@ -37,7 +37,9 @@ def eval_loss(runner, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
 def predict(runner, batch: Mapping[str, torch.Tensor]) -> torch.Tensor | None:
     """The last stage's ``pipeline_forward`` output for ``batch`` (``None`` on the ranks of
     other stages); without pp ``model.pipeline_forward(*inputs)`` on every rank (under
-    ZeRO-3 inside FSDP2's root hooks, which gather the parameters outside the blocks)."""
+    ZeRO-3 inside FSDP2's root hooks, which gather the parameters outside the blocks). A
+    model without ``pipeline_forward`` (LiBai's project models: their eval-mode ``forward``
+    returns the outputs by name, e.g. ``{"prediction_scores": ...}``) gives that mapping."""
     if runner.util.cp_group is not None:
         raise ValueError(
             "predicting outputs (an evaluator's logits) under context parallel is not "
@@ -46,6 +48,9 @@ def predict(runner, batch: Mapping[str, torch.Tensor]) -> torch.Tensor | None:
     if runner.pipeline:
         return runner.stage_schedule.predict(batch)
     model = runner.model
+    if not hasattr(model, "pipeline_forward"):
+        with runner.autocast():
+            return model(**batch)
     forward = fsdp_forward_method(model, "pipeline_forward")
     with runner.autocast():
         return forward(*pipeline_inputs(model, batch), **pipeline_stage_kwargs(model, batch))

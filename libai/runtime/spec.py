@@ -74,6 +74,8 @@ NO_EFFECT_KEYS = {
     # LiBai's swin / vit ImageNet configs set it; LiBai's trainer reads only
     # train.evaluation.eval_period, so it does nothing there either
     "eval_period": "LiBai reads train.evaluation.eval_period; set that one",
+    # LiBai's QQP project sets it; LiBai reads only the evaluator's own topk
+    "topk": "LiBai reads train.evaluation.evaluator.topk; set that one",
 }
 
 

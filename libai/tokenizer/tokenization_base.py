@@ -283,6 +283,26 @@ class BaseTokenizer:
         return self._token_id(self.mask_token)
 
     @property
+    def start_token(self) -> str | None:
+        """LiBai's name for the token that starts a sentence: the bos token, else the cls
+        token (``None`` when neither is set, or when they are set and differ)."""
+        return _one_of(self.bos_token, self.cls_token)
+
+    @property
+    def end_token(self) -> str | None:
+        """LiBai's name for the token that ends a sentence: the eos token, else the sep
+        token (``None`` when neither is set, or when they are set and differ)."""
+        return _one_of(self.eos_token, self.sep_token)
+
+    @property
+    def start_token_id(self) -> int | None:
+        return self._token_id(self.start_token)
+
+    @property
+    def end_token_id(self) -> int | None:
+        return self._token_id(self.end_token)
+
+    @property
     def eod_token(self) -> str | None:
         """End-of-document token: the eos token (``None`` if the model has none)."""
         return self.eos_token
@@ -343,3 +363,11 @@ class BaseTokenizer:
 
 # LiBai's projects import their base class from this module
 from libai.tokenizer.tokenization_pretrained import PreTrainedTokenizer  # noqa: E402, F401
+
+
+def _one_of(first: str | None, second: str | None) -> str | None:
+    """The token two roles share: either one that is set, ``None`` if they conflict."""
+    if first is not None and second is not None and first != second:
+        logger.warning("start/end token: %r and %r conflict; using neither", first, second)
+        return None
+    return first if first is not None else second

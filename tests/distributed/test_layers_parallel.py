@@ -16,7 +16,7 @@ EXPECTED_CHECKS = {
     "Linear[data,bias=True,skip_bias_add=False]",
     "Linear[col,bias=True,skip_bias_add=True]",
     "Linear[row,bias=False,skip_bias_add=False]",
-    "Linear[row,full-input-error]",
+    "Linear[row,whole-input]",
     "VocabEmbedding[99->100]",
     "Embedding",
     "LayerNorm",

@@ -328,23 +328,32 @@ def check_linear(results: dict) -> None:
 
                 compare(name, layer, run, ref, {"x": x}, results)
 
-    # a row layer given the full (unsplit) input: a named error, not a matmul shape error
-    row = Linear(n_in, n_out, parallel="row", layer_idx=0)
+    # a row layer given the whole input (LiBai's row-parallel heads on a pooled output, which
+    # OneFlow's boxing splits): it takes its share; output and every gradient, the input's
+    # whole gradient included, equal the one-process Linear
+    row = build("Linear[row,whole-input]", lambda: Linear(n_in, n_out, parallel="row"))
+    compare(
+        "Linear[row,whole-input]",
+        row,
+        lambda layer, x: layer(x),
+        lambda P, x: ref_linear(P, "", x, bias=True),
+        {"x": x},
+        results,
+    )
+    # an input of neither size: a named error, not a matmul shape error
     try:
-        row(x)
+        row(x[..., : n_in - 2])
     except ValueError as exc:
         for part in (
-            "Linear(parallel='row', in_features=16, out_features=24, layer_idx=0)",
+            f"Linear(parallel='row', in_features={n_in}, out_features={n_out}, layer_idx=0)",
             f"this rank's share of in_features, {n_in // tp} (= {n_in} / tp {tp})",
-            f"got {n_in} (the full, unsplit input)",
+            f"got {n_in - 2};",
             "pair it with a column-parallel Linear (parallel='col')",
-            "scatter_to_tp",
         ):
             if part not in str(exc):
                 raise AssertionError(f"row Linear's error lacks {part!r}: {exc}") from exc
     else:
-        raise AssertionError("a row-parallel Linear took a full input without an error")
-    results["Linear[row,full-input-error]"] = 0.0
+        raise AssertionError("a row-parallel Linear took an input of the wrong size")
 
 
 def check_embeddings(results: dict) -> None:

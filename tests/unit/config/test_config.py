@@ -87,7 +87,13 @@ def test_instantiate_recursive_dicts_and_lists():
     assert isinstance(out["layer"], torch.nn.Linear) and out["layer"].bias is None
     assert isinstance(out["layers"], list) and isinstance(out["layers"][0], torch.nn.Linear)
     assert out["layers"][1] == 5
-    assert type(out["plain"]) is dict and type(out["plain"]["inner"]) is dict
+    assert isinstance(out["plain"], dict) and isinstance(out["plain"]["inner"], dict)
+    # read by attribute too, as the DictConfig LiBai's instantiate hands over
+    assert out["plain"].inner.b == [1, 2] and out["plain"].a == 1
+    with pytest.raises(
+        AttributeError, match="config has no key 'c'; keys: \\['a', 'inner', 'lazy'\\]"
+    ):
+        out["plain"].c  # noqa: B018
     assert out["plain"]["inner"]["b"] == [1, 2] and type(out["plain"]["inner"]["b"]) is list
     assert out["plain"]["lazy"] == {"z": 1}
     assert out["tup"] == [1, 2]  # omegaconf stores tuples as lists

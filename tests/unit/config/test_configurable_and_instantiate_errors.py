@@ -91,6 +91,20 @@ def test_no_effect_keys_are_dropped_with_a_log_line(caplog):
         Quiet(cfg={"b": 1})
 
 
+def test_a_config_passed_down_positionally_leaves_the_wrappers_keys(caplog):
+    """LiBai's project models hand their whole config to the encoder they wrap
+    (``BertModel(cfg)``): the keys the wrapper added are named once and left; the same key
+    given as ``cfg=`` (a config's own model node) is still an error."""
+    with caplog.at_level(logging.INFO, logger="libai.config.configurable"):
+        toy = Toy(OmegaConf.create({"a": 7, "hidden": 9, "num_classes": 2}))
+    assert toy.got == (7, 2, (), 9, 4, 5, 6)
+    assert "model.cfg.num_classes (not one of Toy's arguments)" in caplog.text
+    assert Toy({"a": 1}).libai_cfg["a"] == 1
+    with pytest.raises(ValueError, match="unknown config key model.cfg.num_classes"):
+        Toy(cfg={"a": 7, "num_classes": 2})
+    assert Toy(5).got[0] == 5  # a positional value that is no mapping is the argument
+
+
 # ----------------------------------------------------------------------------- instantiate
 
 

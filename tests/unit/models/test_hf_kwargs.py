@@ -30,7 +30,7 @@ def ids_and_mask(seed=0):
 
 def assert_same(a, b):
     assert a.keys() == b.keys()
-    for key in a:
+    for key in a.keys():  # (BertModel's output is LiBai's tuple: iterating gives tensors)
         assert torch.equal(a[key], b[key]), key
 
 
@@ -73,7 +73,8 @@ def test_bert_takes_tokenizer_names(tmp_path, hf_class):
     # the token types reach the model: other types, other output
     with torch.no_grad():
         other = model(**{**hf_batch, "token_type_ids": torch.zeros_like(ids)})
-    assert not torch.equal(other[next(iter(other))], got[next(iter(got))])
+    first = next(iter(got.keys()))
+    assert not torch.equal(other[first], got[first])
     with pytest.raises(TypeError, match="both 'token_type_ids'.*and 'tokentype_ids'"):
         model(**hf_batch, tokentype_ids=types)
 

@@ -443,3 +443,16 @@ def test_files_are_read_as_utf8_in_an_ascii_locale(roberta_files, qwen_dir, tmp_
         "gpt2": hf_bpe.encode(text, add_special_tokens=False),
     }
     assert got["eos_token"] == eos
+
+
+def test_libai_start_and_end_tokens(bert_dirs, gpt2_files):
+    """LiBai's names: the start token is bos, else cls; the end token eos, else sep (what
+    its projects frame sentence pairs with); two that differ give neither."""
+    bert = BertTokenizer(vocab_file=str(bert_dirs[True] / "vocab.txt"))
+    assert (bert.start_token, bert.end_token) == ("[CLS]", "[SEP]")
+    assert (bert.start_token_id, bert.end_token_id) == (bert.cls_token_id, bert.sep_token_id)
+    gpt2 = GPT2Tokenizer(*gpt2_files, bos_token="<|endoftext|>", eos_token="<|endoftext|>")
+    assert gpt2.start_token == gpt2.end_token == "<|endoftext|>"
+    both = BertTokenizer(vocab_file=str(bert_dirs[True] / "vocab.txt"), bos_token="[PAD]")
+    assert both.start_token is None and both.start_token_id is None
+    assert both.end_token == "[SEP]"
