@@ -37,6 +37,9 @@ setup(
         "accelerate": ["transformers", "datasets"],
         # libai-serve: the OpenAI-compatible server (libai/serving)
         "serve": ["fastapi>=0.110", "uvicorn>=0.29", "jinja2>=3.1"],
+        # LiBai's own projects (QQP, text_classification) through libai.oneflow_api: their
+        # tokenizer's and dataset's imports
+        "libai-projects": ["six", "filelock", "jieba"],
         # train.amp.fp8: torchao's float8 training (libai/layers/float8.py)
         "fp8": ["torchao>=0.14"],
         # transformers: the reference models of the parity tests and the benchmarks' baseline;
@@ -57,6 +60,8 @@ setup(
             "openai>=1.0",
             "httpx",
             "peft",  # the LoRA tests' reference: PEFT adapters in and out
+            "six",  # LiBai's QQP project (its BERT tokenizer), run by the door tests
+            "filelock",  # LiBai's text_classification project (its dataset cache lock)
         ],
     },
     entry_points={

@@ -55,18 +55,21 @@ def run_train_net(
     timeout: int = 300,
     extra_args=(),
     launcher: str = "fork",
+    cwd=ROOT,
 ) -> subprocess.CompletedProcess:
     """``train_net.py --config-file config *extra_args *opts`` on ``nproc`` processes, in
     ``env`` (default :func:`train_env`) with a per-session PORT; with ``check`` a non-zero exit
     fails with the tail of the output. ``launcher``: ``"fork"`` (forked ranks, where the
     environment allows; the ranks' merged log is both ``stdout`` and ``stderr``) or
-    ``"train.sh"`` (the users' launcher)."""
+    ``"train.sh"`` (the users' launcher). ``cwd``: the working directory (a LiBai checkout's
+    root for its projects)."""
     config = str(config)
     env = {**(train_env() if env is None else env), "PORT": str(free_port())}
     argv = [str(TRAIN_NET), "--config-file", config, *extra_args, *opts]
-    proc = run_forked(argv, nproc=nproc, env=env, timeout=timeout) if launcher == "fork" else None
+    forked = launcher == "fork"
+    proc = run_forked(argv, nproc=nproc, env=env, timeout=timeout, cwd=cwd) if forked else None
     if proc is None:
-        proc = _launch(argv, nproc, env, timeout)
+        proc = _launch(argv, nproc, env, timeout, cwd)
     if check:
         assert proc.returncode == 0, (
             f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
@@ -74,28 +77,31 @@ def run_train_net(
     return proc
 
 
-def run_forked(argv, *, nproc=1, env=None, timeout=300):
+def run_forked(argv, *, nproc=1, env=None, timeout=300, cwd=ROOT):
     """``argv`` (a script and its arguments) on ``nproc`` ranks forked from the session's
-    preloaded server, from the repository root, meeting on ``env["PORT"]`` (default: a free
-    port); ``None`` when the environment does not allow forking (then launch it yourself).
-    The ranks' merged log is both ``stdout`` and ``stderr``."""
+    preloaded server, in ``cwd`` (the repository root by default), meeting on
+    ``env["PORT"]`` (default: a free port); ``None`` when the environment does not allow
+    forking (then launch it yourself). The ranks' merged log is both ``stdout`` and
+    ``stderr``."""
     env = dict(train_env() if env is None else env)
     if not forked_ranks.usable(env):
         return None
     env.setdefault("PORT", str(free_port()))
-    proc = forked_ranks.run(argv, nproc, env, timeout, int(env["PORT"]), cwd=str(ROOT))
+    proc = forked_ranks.run(argv, nproc, env, timeout, int(env["PORT"]), cwd=str(cwd))
     log = proc.stdout + proc.stderr  # the ranks' stdout and stderr, then how the job ended
     return subprocess.CompletedProcess(proc.args, proc.returncode, log, log)
 
 
-def _launch(argv: list, nproc: int, env: dict, timeout: int) -> subprocess.CompletedProcess:
+def _launch(
+    argv: list, nproc: int, env: dict, timeout: int, cwd=ROOT
+) -> subprocess.CompletedProcess:
     """``python tools/train_net.py ...`` (one process) or ``tools/train.sh`` (torchrun)."""
     config, rest = argv[2], argv[3:]
     if nproc == 1:
         cmd = [sys.executable, str(TRAIN_NET), "--config-file", config, *rest]
     else:
         cmd = ["bash", str(TRAIN_SH), str(TRAIN_NET), config, str(nproc), *rest]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
 
 
 def read_metrics(out_dir) -> dict[int, dict]:
