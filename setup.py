@@ -37,9 +37,9 @@ setup(
         "accelerate": ["transformers", "datasets"],
         # libai-serve: the OpenAI-compatible server (libai/serving)
         "serve": ["fastapi>=0.110", "uvicorn>=0.29", "jinja2>=3.1"],
-        # LiBai's own projects (QQP, text_classification) through libai.oneflow_api: their
-        # tokenizer's and dataset's imports
-        "libai-projects": ["six", "filelock", "jieba"],
+        # LiBai's own projects (QQP, text_classification, SimCSE) through libai.oneflow_api:
+        # their tokenizers', datasets' and evaluator's imports
+        "libai-projects": ["six", "filelock", "jieba", "jsonlines", "scipy"],
         # train.amp.fp8: torchao's float8 training (libai/layers/float8.py)
         "fp8": ["torchao>=0.14"],
         # transformers: the reference models of the parity tests and the benchmarks' baseline;
@@ -62,6 +62,8 @@ setup(
             "peft",  # the LoRA tests' reference: PEFT adapters in and out
             "six",  # LiBai's QQP project (its BERT tokenizer), run by the door tests
             "filelock",  # LiBai's text_classification project (its dataset cache lock)
+            "jsonlines",  # LiBai's SimCSE project (its SNLI reader)
+            "scipy",  # LiBai's SimCSE project (its evaluator's Spearman correlation)
         ],
     },
     entry_points={

@@ -358,7 +358,11 @@ class DefaultTrainer(TrainerBase):
             }
         loader = loader if loader is not None else self.valid_loader
         evaluator = self.build_evaluator(self.cfg)
-        predictions = bool(getattr(evaluator, "needs_predictions", False))
+        # a LiBai project model (no pipeline_forward) gives its evaluator its outputs, as
+        # LiBai's trainer does; libai's models give logits to the evaluators that need them
+        predictions = bool(getattr(evaluator, "needs_predictions", False)) or not hasattr(
+            self.runner.model, "pipeline_forward"
+        )
         evaluator.reset()
 
         def process(index, batch, loss, logits):

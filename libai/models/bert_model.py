@@ -195,6 +195,15 @@ class EncoderOutput(tuple):
         return self[key] if key in self.keys() else default
 
 
+class EncoderLayers(nn.ModuleDict):
+    """The encoder's layers keyed by layer index (a pipeline stage holds only its own, the
+    names stay); iterating gives the layers in order, as LiBai's ``ModuleList`` does
+    (``for layer in model.encoders``)."""
+
+    def __iter__(self):
+        return iter(self.values())
+
+
 class BertModel(nn.Module):
     """The BERT encoder; ``forward`` returns an :class:`EncoderOutput`: LiBai's
     ``(encoder_output, pooled_output)``, also ``out["last_hidden_state"]`` /
@@ -255,8 +264,8 @@ class BertModel(nn.Module):
             pad_token_id,
             layernorm=not self.libai_layout,
         )
-        # a ModuleDict keyed by layer index: a pipeline stage drops the others, names stay
-        self.encoders = nn.ModuleDict(
+        # keyed by layer index: a pipeline stage drops the others, names stay
+        self.encoders = EncoderLayers(
             {
                 str(i): TransformerLayer(
                     hidden_size,
@@ -281,11 +290,18 @@ class BertModel(nn.Module):
         )
         self.pooler = BertPooler(hidden_size, init_method) if add_pooling_layer else None
 
+    @staticmethod
+    def extended_attn_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+        """LiBai's name: the ``[batch, seq]`` padding mask (1 for tokens) as the layers take
+        it, ``[batch, 1, 1, seq]`` bool over the keys. (LiBai's also masks padded query rows;
+        their outputs are padding either way.)"""
+        return attention_mask.bool()[:, None, None, :]
+
     def stage_forward(self, x, attention_mask=None, tokentype_ids=None):
         """This pipeline stage's part: embeddings (token ids in, on the first stage) and the
         encoder layers it holds; returns hidden states ``[S(0), B]``."""
         hidden = x if self.embeddings is None else self.embeddings(x, tokentype_ids)
-        mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
+        mask = None if attention_mask is None else self.extended_attn_mask(attention_mask)
         for layer in self.encoders.values():
             hidden = layer(hidden, attention_mask=mask)
         if self.final_layernorm is not None:  # LiBai's layout, on the last stage

@@ -121,6 +121,8 @@ TOP_LEVEL = {
     "to_global": to_global,
     "to_consistent": to_global,
     "_C": types.SimpleNamespace(**FUSED_OPS),
+    # OneFlow's matmul takes transpose_a / transpose_b / alpha (LiBai's Llama attention)
+    "matmul": FUSED_OPS["matmul"],
     "F": torch.nn.functional,
 }
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import time
 
 from libai import dist
@@ -122,6 +123,9 @@ class EvalHook(HookBase):
             self._do_eval()
 
 
+_TEST_SET = re.compile(r"test(\d+)/(.+)")
+
+
 class BestCheckpointer(HookBase):
     """Saves ``model_best`` whenever ``val_metric`` improves (``mode`` "min" or "max")."""
 
@@ -147,6 +151,14 @@ class BestCheckpointer(HookBase):
         if history is None:  # metric names match case-insensitively ("acc@1" names "Acc@1")
             wanted = self._metric.lower()
             history = next((h for k, h in histories.items() if k.lower() == wanted), None)
+        if history is None:  # several test sets report test{i}/<metric>: the last set's, as
+            # LiBai's test() keeps (its results of one dataset class overwrite the earlier)
+            sets = {
+                int(m[1]): h
+                for k, h in histories.items()
+                if (m := _TEST_SET.match(k.lower())) and m[2] == self._metric.lower()
+            }
+            history = sets[max(sets)] if sets else None
         if history is None or len(history) == 0:
             logger.warning("BestCheckpointer: metric %s not found; nothing saved", self._metric)
             return

@@ -5,9 +5,9 @@ Their config files load through LazyConfig as in a LiBai checkout -- ``from
 configs.common.optim import optim`` (LiBai's config tree, itself ``import oneflow``) loads as a
 config file -- and so do the project's own modules, OneFlow code (``import oneflow as flow``,
 ``from oneflow.utils.data import Dataset``, ``flow.sbp``, ``.to_global``) given OneFlow's API
-on torch (``libai.oneflow_api``); QQP and text_classification train in
-test_libai_projects_run.py. SimCSE needs a package not installed here (jsonlines): the test
-pins that import. Every ``libai`` name the project files import exists here.
+on torch (``libai.oneflow_api``); QQP, text_classification and SimCSE's supervised config
+train in test_libai_projects_run.py. Every ``libai`` name the project files import exists
+here.
 """
 
 from __future__ import annotations
@@ -25,13 +25,12 @@ from train_net_helpers import ROOT
 LIBAI_CHECKOUT = ROOT / "tests" / "fixtures" / "libai"
 PROJECTS = LIBAI_CHECKOUT / "projects"
 
-#: config -> (the project file whose import fails, the missing module); None: it loads
-BLOCKED = {
-    "QQP/configs/config_qqp.py": None,
-    "text_classification/configs/config.py": None,
-    "SimCSE/config/config_simcse_sup.py": ("SimCSE/dataset/dataset.py", "jsonlines"),
-    "SimCSE/config/config_simcse_unsup.py": ("SimCSE/dataset/dataset.py", "jsonlines"),
-}
+CONFIGS = [
+    "QQP/configs/config_qqp.py",
+    "text_classification/configs/config.py",
+    "SimCSE/config/config_simcse_sup.py",
+    "SimCSE/config/config_simcse_unsup.py",
+]
 #: libai names the project files import that libai does not have: none (the last one,
 #: tokenization_base.PreTrainedTokenizer, is LiBai's slow tokenizer base class, now here)
 MISSING_LIBAI_NAMES: set[tuple[str, str]] = set()
@@ -59,7 +58,7 @@ def loaded(tmp_path_factory):
     (path / "libai").symlink_to(ROOT / "libai")  # not the clone's own configs/ and projects/
     env = {**os.environ, "PYTHONPATH": f"{LIBAI_CHECKOUT}{os.pathsep}{path}"}
     proc = subprocess.run(
-        [sys.executable, "-c", _LOAD, *BLOCKED],
+        [sys.executable, "-c", _LOAD, *CONFIGS],
         cwd=LIBAI_CHECKOUT,
         env=env,
         capture_output=True,
@@ -70,24 +69,11 @@ def loaded(tmp_path_factory):
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("config", list(BLOCKED))
+@pytest.mark.parametrize("config", CONFIGS)
 def test_config_loads_with_the_projects_own_oneflow_code(loaded, config):
     """LiBai's own config files imported with ``from configs.common...`` load, oneflow
-    mapped inside them and inside the project modules they import; SimCSE's stops at its
-    dataset's ``import jsonlines``."""
-    failure = loaded[config]
-    if BLOCKED[config] is None:
-        assert failure is None, failure
-        return
-    assert failure is not None, f"{config} loads now: extend this test to instantiate it"
-    missing, frames = failure
-    project_file, module = BLOCKED[config]
-    assert missing == module
-    # the config's imports before this one (configs.common.optim & co., which import
-    # oneflow themselves) went through; this is the project's own file
-    # (the frames after it are the import hooks': the config loader's and the projects')
-    own = [f for f in frames if not f.endswith(("config/lazy.py", "oneflow_api/imports.py"))]
-    assert own[-1].endswith(f"projects/{project_file}"), frames
+    mapped inside them and inside the project modules they import."""
+    assert loaded[config] is None, f"{config} stops at an import: {loaded[config]}"
 
 
 def _libai_imports():

@@ -20,6 +20,7 @@ at its first evaluation the same way), so the tests give the evaluator back.
 
 from __future__ import annotations
 
+import inspect
 import json
 import random
 import re
@@ -38,6 +39,7 @@ from libai.tokenizer import BertTokenizer
 LIBAI_CHECKOUT = ROOT / "tests" / "fixtures" / "libai"
 TEXT_CLS = "projects/text_classification/configs/config.py"
 QQP = "projects/QQP/configs/config_qqp.py"
+SIMCSE = "projects/SimCSE/config/config_simcse_sup.py"
 WORDS = "the quick brown fox jumps over a lazy dog while model training reads data".split()
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS, "##s", "中", "国", "人"]
 SEQ = 32
@@ -49,10 +51,6 @@ TINY = [
     f"model.cfg.max_position_embeddings={SEQ}",
     "model.cfg.hidden_dropout_prob=0.0",
     "model.cfg.attention_probs_dropout_prob=0.0",
-    "dataloader.train.num_workers=0",
-    "dataloader.test.0.num_workers=0",
-    f"dataloader.train.dataset.0.max_seq_length={SEQ}",
-    f"dataloader.test.0.dataset.max_seq_length={SEQ}",
     "train.log_period=1",
     "graph.enabled=False",
     "train.amp.enabled=False",
@@ -93,6 +91,18 @@ def data(tmp_path_factory):
             f.write("id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate\n")
             for i, (a, b, label) in enumerate(pairs):
                 f.write(f"{i}\t{2 * i}\t{2 * i + 1}\t{a}\t{b}\t{label}\n")
+    # SimCSE: SNLI triples (jsonlines) to train, CNSD-STS pairs scored 0-5 to evaluate
+    words = lambda: " ".join(rng.choices(chinese, k=rng.randint(3, 9)))  # noqa: E731
+    splits[SIMCSE] = {"train": [(words(), words(), words()) for _ in range(16)]}
+    with open(root / "snli.jsonl", "w", encoding="utf-8") as f:
+        for origin, entailment, contradiction in splits[SIMCSE]["train"]:
+            line = {"origin": origin, "entailment": entailment, "contradiction": contradiction}
+            f.write(json.dumps(line, ensure_ascii=False) + "\n")
+    for split in ("test", "dev"):
+        splits[SIMCSE][split] = [(words(), words(), rng.randint(0, 5)) for _ in range(8)]
+        with open(root / f"sts-{split}.txt", "w", encoding="utf-8") as f:
+            for i, (a, b, score) in enumerate(splits[SIMCSE][split]):
+                f.write(f"{i}||{a}||{b}||{score}\n")
     return {"root": root, "pairs": splits}
 
 
@@ -107,6 +117,18 @@ def data_overrides(project: str, data) -> list[str]:
             f"dataloader.test.0.dataset.data_dir={root / 'afqmc'}",
             "+train.evaluation.evaluator={_target_:libai.evaluation.ClsEvaluator,topk:[1]}",
         ]
+    if project == SIMCSE:  # (no pretrained BERT file: the run starts from its own init)
+        return [
+            f"tokenization.tokenizer.vocab_file={vocab}",
+            f"dataloader.train.dataset.0.tokenizer.vocab_file={vocab}",
+            f"dataloader.train.dataset.0.path={root / 'snli.jsonl'}",
+            "dataloader.train.dataset.0.max_len=16",
+            *(f"dataloader.test.{i}.dataset.tokenizer.vocab_file={vocab}" for i in (0, 1)),
+            f"dataloader.test.0.dataset.path={root / 'sts-test.txt'}",
+            f"dataloader.test.1.dataset.path={root / 'sts-dev.txt'}",
+            "model.cfg.pretrained_model_weight=null",
+            "train.dist.data_parallel_size=1",
+        ]
     return [
         f"tokenization.tokenizer.vocab_file={vocab}",
         f"dataloader.train.dataset.0.data_paths=[{root / 'train.tsv'}]",
@@ -115,9 +137,19 @@ def data_overrides(project: str, data) -> list[str]:
 
 
 def run_project(project: str, data, out, opts, nproc: int = 1) -> str:
+    sizes = (
+        []
+        if project == SIMCSE
+        else [  # (SimCSE's data: 16 tokens; its loaders' defaults)
+            "dataloader.train.num_workers=0",
+            "dataloader.test.0.num_workers=0",
+            f"dataloader.train.dataset.0.max_seq_length={SEQ}",
+            f"dataloader.test.0.dataset.max_seq_length={SEQ}",
+        ]
+    )
     proc = run_train_net(
         project,
-        [*data_overrides(project, data), *TINY, *opts, f"train.output_dir={out}"],
+        [*data_overrides(project, data), *TINY, *sizes, *opts, f"train.output_dir={out}"],
         nproc=nproc,
         cwd=LIBAI_CHECKOUT,
     )
@@ -257,3 +289,90 @@ def test_text_classification_on_two_processes_equals_one(
         meta = read_checkpoint_metadata(str(out / "model_final"))
         chunks = meta.state_dict_metadata["model.classifier.weight"].chunks
         assert sorted(tuple(c.sizes) for c in chunks) == [(2, 16), (2, 16)]
+
+
+# ---- SimCSE (supervised): its contrastive loss and Spearman against the formulas ---------------
+
+
+def simcse_reference(out):
+    """The run's weights in libai's ``BertModel`` (LiBai's post-LN layout, as the config
+    says) and a torch ``Linear`` + tanh: ``ids, mask -> ([CLS] state, its MLP output)``."""
+    dcp_to_torch_save(out / "model_final", out / "weights.pt")
+    state = torch.load(out / "weights.pt", weights_only=True)
+    cfg = dict(LazyConfig.load(str(out / "config.yaml")).model.cfg)
+    keys = set(inspect.signature(BertModel.__init__).parameters)
+    cfg = {k: v for k, v in cfg.items() if k in keys}
+    cfg["vocab_size"] = state["model.bert.embeddings.vocab_embeddings.weight"].shape[0]
+    bert = BertModel(cfg=cfg).eval()
+    prefix = "model.bert."
+    bert.load_state_dict({k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)})
+    dense = torch.nn.Linear(cfg["hidden_size"], cfg["hidden_size"])
+    dense.load_state_dict(
+        {"weight": state["model.mlp.dense.weight"], "bias": state["model.mlp.dense.bias"]}
+    )
+
+    @torch.no_grad()
+    def embed(ids, mask):
+        cls = bert(ids, mask)[0][:, 0]
+        return cls, torch.tanh(dense(cls))
+
+    return embed
+
+
+def _ids(sentences, tokenizer, max_len):
+    rows = [
+        [tokenizer.cls_token_id, *tokenizer.encode(s, add_special_tokens=False)][: max_len - 1]
+        for s in sentences
+    ]
+    rows = [r + [tokenizer.sep_token_id] for r in rows]
+    ids = torch.tensor([r + [tokenizer.pad_token_id] * (max_len - len(r)) for r in rows])
+    mask = torch.tensor([[1] * len(r) + [0] * (max_len - len(r)) for r in rows])
+    return ids, mask
+
+
+def test_simcse_loss_and_spearman_equal_the_formulas(data, tmp_path):
+    """One iteration over all 16 triples at lr 0: the logged loss is supervised SimCSE's
+    (Gao et al. 2021): each origin's positive is its entailment and each entailment's its
+    origin, every other sentence of the batch (contradictions included) a negative, cosine
+    similarity / 0.05; each test set's Spearman correlation is scipy's on the reference's
+    cosine similarities of the two sentences' [CLS] states."""
+    from scipy.stats import spearmanr
+
+    out = tmp_path / "run"
+    log = run_project(
+        SIMCSE,
+        data,
+        out,
+        [
+            "model.cfg.max_position_embeddings=64",  # its test sets are padded to 64
+            "train.train_micro_batch_size=16",
+            "train.test_micro_batch_size=4",
+            "train.train_iter=1",
+            "train.train_epoch=0",
+            "optim.lr=0.0",
+            "train.evaluation.eval_period=1",
+        ],
+    )
+    got = losses(out)
+    assert list(got) == [0]
+    tokenizer = BertTokenizer(vocab_file=str(data["root"] / "vocab.txt"))
+    embed = simcse_reference(out)
+    triples = data["pairs"][SIMCSE]["train"]
+    flat = [sentence for triple in triples for sentence in triple]  # o0 e0 c0 o1 e1 c1 ...
+    _, z = embed(*_ids(flat, tokenizer, 16))
+    z = F.normalize(z, dim=-1)
+    sim = (z @ z.T - torch.eye(len(flat)) * 1e12) / 0.05
+    anchors = torch.tensor([i for i in range(len(flat)) if i % 3 != 2])
+    positives = torch.where(anchors % 3 == 0, anchors + 1, anchors - 1)
+    want = F.cross_entropy(sim[anchors], positives).item()
+    assert got[0] == pytest.approx(want, rel=1e-5)
+
+    reported = [float(v) for v in re.findall(r"'Spearman': (?:np\.float64\()?([-0-9.e]+)", log)]
+    wanted = []
+    for split in ("test", "dev"):
+        pairs = data["pairs"][SIMCSE][split]
+        a, _ = embed(*_ids([p[0] for p in pairs], tokenizer, 64))
+        b, _ = embed(*_ids([p[1] for p in pairs], tokenizer, 64))
+        cos = F.cosine_similarity(a, b, dim=-1)
+        wanted.append(spearmanr(cos.numpy(), [p[2] for p in pairs]).correlation)
+    assert reported[-2:] == pytest.approx(wanted, abs=1e-6)
