@@ -16,5 +16,10 @@ NPROC=$3
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 # shellcheck source=tools/rendezvous.sh
 source "$(dirname "$0")/rendezvous.sh"
+# a LiBai project's own entry script (projects/<name>/...): OneFlow's API for its code
+RUN=("$FILE")
+case "/$FILE" in
+  */projects/*) RUN=("$(dirname "$0")/../libai/oneflow_api/run.py" "$FILE") ;;
+esac
 exec python3 -m torch.distributed.run --nproc_per_node "$NPROC" "${RENDEZVOUS[@]}" \
-  "$FILE" --config-file "$CONFIG" "${@:4}"
+  "${RUN[@]}" --config-file "$CONFIG" "${@:4}"

@@ -60,7 +60,9 @@ def configurable(init_func):
     """Decorate ``__init__`` so ``Model(cfg=cfg)`` and ``Model(cfg)`` equal ``Model(**cfg)``
     (LiBai's style: a mapping as the only positional argument is the config).
 
-    Unknown keys in ``cfg`` raise a ``ValueError`` naming the closest valid ones (keys the
+    A class with a ``from_config(cls, cfg)`` classmethod (LiBai's protocol, which its
+    projects' models use) gets its arguments from it. Otherwise unknown keys in ``cfg``
+    raise a ``ValueError`` naming the closest valid ones (keys the
     class lists in ``libai_no_effect_keys``, LiBai's, are dropped with a log line); explicit
     keyword arguments override values from ``cfg``. The resolved hyper-parameters (defaults
     included) are kept in ``instance.libai_cfg`` (used to export a Hugging Face config).
@@ -71,7 +73,11 @@ def configurable(init_func):
         passed_down = cfg is None and len(args) == 1 and isinstance(args[0], (Mapping, DictConfig))
         if passed_down:
             cfg, args = args[0], ()
-        if cfg is not None:
+        from_config = getattr(type(self), "from_config", None)
+        if cfg is not None and inspect.ismethod(from_config):
+            # LiBai's protocol: the class picks its arguments from the config itself
+            kwargs = {**from_config(cfg), **kwargs}
+        elif cfg is not None:
             merged = _kwargs_from_cfg(init_func, cfg, type(self), passed_down)
             merged.update(kwargs)
             kwargs = merged

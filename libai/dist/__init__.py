@@ -548,6 +548,16 @@ def get_hidden_sbp() -> list[Placement]:
     return get_nd_sbp([split(0), broadcast])
 
 
+def convert_to_distributed_default_setting(tensor: torch.Tensor) -> torch.Tensor:
+    """LiBai's ``module._apply(dist.convert_to_distributed_default_setting)``: a tensor a
+    project created outside the parallel layers, made global on the default placement
+    (broadcast). Here: a plain tensor moved to this rank's device (each rank holds it whole);
+    a DTensor (a parallel layer's) stays as it is."""
+    if isinstance(tensor, DTensor):
+        return tensor
+    return tensor.to(get_dist_util().device)
+
+
 def get_rank() -> int:
     return torch_dist.get_rank() if torch_dist.is_initialized() else 0
 

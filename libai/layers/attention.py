@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import functools
 
 import torch
@@ -32,6 +33,14 @@ def _divisible(name: str, value: int, tp: int) -> None:
             f"{name}={value} is not divisible by tensor_parallel_size={tp}; choose a "
             f"tensor_parallel_size that divides {name}."
         )
+
+
+class AttnMaskType(enum.Enum):
+    """LiBai's names of the two masks (``attn_mask_type=AttnMaskType.causal``); the layers
+    here take either these or the strings ``"padding"`` / ``"causal"``."""
+
+    padding = 1
+    causal = 2
 
 
 class MultiheadAttention(nn.Module):
@@ -91,6 +100,8 @@ class MultiheadAttention(nn.Module):
                 "cross-attention does not support sequence parallel (train.dist."
                 "sequence_parallel=True): its keys/values come from the encoder's full sequence"
             )
+        if isinstance(attn_mask_type, AttnMaskType):
+            attn_mask_type = attn_mask_type.name
         if attn_mask_type not in ("padding", "causal"):
             raise ValueError(
                 f"attn_mask_type must be 'padding' or 'causal', got {attn_mask_type!r}"

@@ -57,6 +57,7 @@ class VocabEmbedding(nn.Module):
         layer_idx: int = 0,
         sequence_parallel: bool = False,
         padding_idx: int | None = None,
+        amp_enabled: bool = False,  # LiBai's graph-mode fp16 marker: autocast does it here
     ):
         super().__init__()
         if padding_idx is not None and not 0 <= padding_idx < num_embeddings:
@@ -120,6 +121,7 @@ class Embedding(nn.Module):
         *,
         layer_idx: int = 0,
         sequence_parallel: bool = False,
+        amp_enabled: bool = False,  # LiBai's graph-mode fp16 marker: autocast does it here
     ):
         super().__init__()
         self.num_embeddings, self.embedding_dim, self.layer_idx = (

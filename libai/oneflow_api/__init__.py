@@ -123,13 +123,16 @@ TOP_LEVEL = {
     "_C": types.SimpleNamespace(**FUSED_OPS),
     # OneFlow's matmul takes transpose_a / transpose_b / alpha (LiBai's Llama attention)
     "matmul": FUSED_OPS["matmul"],
-    "F": torch.nn.functional,
 }
 
 #: ``oneflow.<sub>`` -> the torch module it maps onto, with overriding names (rule 2)
 SUBMODULES = {
-    "nn": ("torch.nn", {}),
-    "nn.functional": ("torch.nn.functional", {}),
+    # cross entropy: OneFlow's mean over the global batch (libai.oneflow_api.losses)
+    "nn": ("torch.nn", {"CrossEntropyLoss": "libai.oneflow_api.losses.CrossEntropyLoss"}),
+    "nn.functional": (
+        "torch.nn.functional",
+        {"cross_entropy": "libai.oneflow_api.losses.cross_entropy"},
+    ),
     "nn.init": ("torch.nn.init", {}),
     "optim": (
         "torch.optim",

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from libai.oneflow_api.global_tensors import creation
+from libai.oneflow_api.losses import cross_entropy
 
 __all__ = ["FUSED_OPS"]
 
@@ -116,7 +117,7 @@ FUSED_OPS = {
     "rms_norm": _rms_norm,
     "fused_scale_tril": _fused_scale_tril,
     "transpose": _transpose,
-    "cross_entropy": F.cross_entropy,
+    "cross_entropy": cross_entropy,
     "sparse_softmax_cross_entropy": _sparse_softmax_cross_entropy,
     "relu": F.relu,
     "softmax": F.softmax,

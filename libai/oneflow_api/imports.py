@@ -1,7 +1,10 @@
 """Which imports get OneFlow's API: ``import oneflow`` made by LiBai project code.
 
 Project code is a module whose ``__name__`` starts with ``projects.`` (LiBai's layout: a
-checkout's root on ``sys.path``, its configs importing ``projects.<name>.<module>``). While
+checkout's root on ``sys.path``, its configs importing ``projects.<name>.<module>``), or
+whose file lies in a project directory a project's entry script was started from
+(:mod:`libai.oneflow_api.run`: LiBai's MAE imports ``modeling.mae`` from its own
+directory). While
 :meth:`~libai.config.LazyConfig.load` runs, its import hook asks :func:`oneflow_import`;
 once project code has been served, :func:`install_project_imports` keeps answering for it
 (a project module may import lazily, inside a function, after its config loaded). Every
@@ -12,6 +15,7 @@ machinery untouched.
 from __future__ import annotations
 
 import builtins
+import os
 import types
 
 __all__ = ["install_project_imports", "is_project_code", "oneflow_import", "served"]
@@ -19,11 +23,20 @@ __all__ = ["install_project_imports", "is_project_code", "oneflow_import", "serv
 #: whether project code has imported ``oneflow`` in this process (then
 #: :func:`install_project_imports` is due once the config loader's own hook is gone)
 served = False
+#: directories whose modules are project code whatever their names (an entry script's project)
+PROJECT_DIRS: list[str] = []
 
 
 def is_project_code(globals_: dict | None) -> bool:
-    """Whether the importing module is LiBai project code (``projects.*``)."""
-    return str((globals_ or {}).get("__name__") or "").startswith("projects.")
+    """Whether the importing module is LiBai project code (``projects.*``, or a file under
+    one of :data:`PROJECT_DIRS`)."""
+    globals_ = globals_ or {}
+    if str(globals_.get("__name__") or "").startswith("projects."):
+        return True
+    path = globals_.get("__file__")
+    return bool(path and PROJECT_DIRS) and any(
+        os.path.abspath(path).startswith(root + os.sep) for root in PROJECT_DIRS
+    )
 
 
 def oneflow_import(name: str, globals_, fromlist, level: int) -> types.ModuleType | None:

@@ -62,7 +62,8 @@ def build_run_tokenizer(cfg):
     if try_get_key(cfg, "tokenization.tokenizer") is None:
         return None
     tokenizer = build_tokenizer(cfg.tokenization)
-    if sizes_vocab_from_tokenizer(cfg):
+    # (a project's own tokenizer without padded_vocab_size leaves the model's, as LiBai)
+    if sizes_vocab_from_tokenizer(cfg) and hasattr(tokenizer, "padded_vocab_size"):
         cfg.model.cfg.vocab_size = tokenizer.padded_vocab_size(
             try_get_key(cfg, "tokenization.make_vocab_size_divisible_by", default=128)
         )

@@ -1,7 +1,8 @@
 """OneFlow's global-tensor calls of LiBai project code (libai.oneflow_api) on 2 ranks, dp2:
 a creation function given the stage mesh and an sbp returns this rank's share of the tensor
 its arguments describe; ``to_global`` of a DTensor redistributes it (the same global value);
-a plain tensor (the runtime's local view) is returned as it is. Run by
+a plain tensor (the runtime's local view) is returned as it is; cross entropy is the mean
+over the global batch. Run by
 tests/distributed/test_oneflow_api_placements.py."""
 
 from __future__ import annotations
@@ -39,6 +40,25 @@ def checks() -> dict:
     local = torch.full((2,), float(rank))
     assert local.to_global(sbp=[flow.sbp.broadcast], placement=mesh) is local
     assert local.sbp == (flow.sbp.broadcast,) and not local.is_global
+
+    # cross entropy over a batch split across ranks, rank 0 counting 3 targets and rank 1
+    # one: the ranks' average is the mean over all 4 (OneFlow's global mean), its gradient
+    # the one-process gradient
+    logits = torch.randn(8, 5, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    target = torch.tensor([1, 0, 4, 2, 0, 0, 3, 0])  # 0 ignored, as LiBai's Llama loss
+    mine = logits[4 * rank : 4 * rank + 4]
+    local = flow._C.cross_entropy(mine, target[4 * rank : 4 * rank + 4], ignore_index=0)
+    average = local.detach().clone()
+    torch.distributed.all_reduce(average)
+    whole = torch.nn.functional.cross_entropy(logits, target, ignore_index=0)
+    assert torch.allclose(average / 2, whole), (average / 2, whole)
+    (local / 2).backward()  # the runtime averages over the dp ranks
+    grad = logits.grad.clone()
+    torch.distributed.all_reduce(grad)
+    want = torch.autograd.grad(whole, logits)[0]
+    assert torch.allclose(grad, want, atol=1e-7), (grad, want)
+    loss_fn = flow.nn.CrossEntropyLoss(ignore_index=0)
+    assert torch.equal(loss_fn(mine, target[4 * rank : 4 * rank + 4]).detach(), local.detach())
     return {"rank": rank}
 
 

@@ -153,6 +153,18 @@ def test_norms_equal_their_formulas():
     torch.testing.assert_close(half.float(), rms, atol=2e-3, rtol=2e-3)
 
 
+def test_cross_entropy_on_one_process_is_torchs():
+    """(Over several ranks it is the global batch's mean: tests/distributed.)"""
+    logits, labels = randn(6, 4), torch.tensor([0, 3, 1, 1, 2, 0])
+    weight = torch.tensor([0.5, 1.0, 2.0, 1.5])
+    for kwargs in ({}, {"ignore_index": 0}, {"weight": weight}, {"label_smoothing": 0.1}):
+        want = F.cross_entropy(logits, labels, **kwargs)
+        torch.testing.assert_close(flow._C.cross_entropy(logits, labels, **kwargs), want)
+        torch.testing.assert_close(flow.nn.functional.cross_entropy(logits, labels, **kwargs), want)
+        torch.testing.assert_close(flow.nn.CrossEntropyLoss(**kwargs)(logits, labels), want)
+    assert issubclass(flow.nn.CrossEntropyLoss, torch.nn.CrossEntropyLoss)
+
+
 def test_losses_and_masks_equal_their_formulas():
     logits, labels = randn(5, 3), torch.tensor([0, 2, 1, 1, 0])
     per_row = -logits.log_softmax(-1)[torch.arange(5), labels]

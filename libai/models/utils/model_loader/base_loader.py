@@ -30,13 +30,18 @@ from libai.models.utils.hf_io import (
     read_hf_config,
     record_weights_source,
 )
+from libai.models.utils.model_loader.libai_protocol import LiBaiLoaderProtocol, ModelLoaderLiBai
 from libai.models.utils.weight_mapping import Rule, ShardSpec, expected_shapes
 
 logger = logging.getLogger(__name__)
 
+__all__ = ["ModelLoaderHuggerFace", "ModelLoaderLiBai", "load_weights", "libai_class"]
 
-class ModelLoaderHuggerFace:
-    """Base of the per-architecture loaders.
+
+class ModelLoaderHuggerFace(LiBaiLoaderProtocol):
+    """Base of the per-architecture loaders. (A LiBai project's own loader, which overrides
+    LiBai's ``_convert_state_dict`` / ``_load_config_from_json`` hooks, loads through them:
+    :mod:`~libai.models.utils.model_loader.libai_protocol`.)
 
     Usage (LiBai's)::
 
@@ -66,12 +71,11 @@ class ModelLoaderHuggerFace:
     def __init__(
         self, model=None, libai_cfg: Mapping | None = None, pretrained_model_path=None, **kwargs
     ):
-        if pretrained_model_path is None:
-            raise ValueError("pretrained_model_path is required (a Hugging Face model directory)")
         self.model_cls = model
         self.libai_cfg = dict(libai_cfg or {})
-        self.path = str(pretrained_model_path)
+        self.path = None if pretrained_model_path is None else str(pretrained_model_path)
         self.overrides = kwargs
+        self._init_libai_protocol(model, self.libai_cfg, pretrained_model_path, kwargs)
 
     # ---- to implement per architecture ------------------------------------------------------
     def libai_config(self, hf_config: dict) -> dict:
@@ -103,6 +107,10 @@ class ModelLoaderHuggerFace:
     # ---- loading ----------------------------------------------------------------------------
     def load(self) -> nn.Module:
         """Build the libai model on the current mesh and fill it from the checkpoint."""
+        if type(self)._convert_state_dict is not LiBaiLoaderProtocol._convert_state_dict:
+            return self._libai_protocol_load()  # a LiBai project's own loader
+        if self.path is None:
+            raise ValueError("pretrained_model_path is required (a Hugging Face model directory)")
         hf_config = read_hf_config(self.path)
         model_type = hf_config.get("model_type")
         if self.model_types and model_type not in self.model_types:
