@@ -164,7 +164,14 @@ class BasePipeline(ABC):
         self.cfg = LazyConfig.load(config_file) if config_file is not None else None
         self.hf_config: dict = {}
         tokenizer_files = None
-        if mode == "huggingface":
+        # a LiBai project's pipeline loads its model itself (LiBai's load_pretrain_weight)
+        own_loading = type(self).load_pretrain_weight is not BasePipeline.load_pretrain_weight
+        if own_loading and self.cfg is None:
+            raise ValueError(
+                f"{type(self).__name__} loads its model with load_pretrain_weight, which takes "
+                "the config's model: give config_file"
+            )
+        if mode == "huggingface" and not own_loading:
             self.hf_config = read_hf_config(self.model_path)
             CheckpointReader(self.model_path)  # no weights / corrupt index: fail before the mesh
             if self.needs_tokenizer:
@@ -194,7 +201,12 @@ class BasePipeline(ABC):
         self.device = self.dist_util.device
         self.pipe = StagePipe(self.dist_util)
 
-        if mode == "huggingface":
+        if own_loading:  # LiBai's order: the model, then the config's tokenizer
+            self.model = self.prune(
+                self.load_pretrain_weight(self.cfg.model, self.model_path, mode)
+            )
+            self.tokenizer = self.build_tokenizer(self.cfg)
+        elif mode == "huggingface":
             self.tokenizer = None if tokenizer_files is None else load_tokenizer(tokenizer_files)
             self.model = self.load_huggingface_model()
         else:
@@ -230,6 +242,13 @@ class BasePipeline(ABC):
                 f"parameters of other pipeline stages were not pruned: {leftover[:5]}"
             )
         return model
+
+    def load_pretrain_weight(self, libai_cfg_model, model_path, mode="huggingface") -> nn.Module:
+        """LiBai's hook: a pipeline subclass that overrides it builds and loads its model itself
+        (a LiBai project's pipeline, with its own loader); the tokenizer then comes from the
+        config. The pipelines here load through :meth:`load_huggingface_model` /
+        :meth:`build_model` instead, so this one is never called."""
+        raise NotImplementedError(f"{type(self).__name__} does not override load_pretrain_weight")
 
     def load_huggingface_model(self) -> nn.Module:
         """``load_huggingface(model_path)`` (this rank's shards only), pruned to its stage.

@@ -72,6 +72,8 @@ class Placement:
     device: torch.device | None = None
 
     def __init__(self, type: str = "cpu", ranks=(0,), *, device=None):  # noqa: A002 (OneFlow's name)
+        if isinstance(type, torch.device):  # a device given for its type (a pipeline's)
+            type = type.type  # noqa: A001
         if type not in ("cpu", "cuda"):
             raise ValueError(f"oneflow.placement type must be 'cpu' or 'cuda', got {type!r}")
         object.__setattr__(self, "type", type)

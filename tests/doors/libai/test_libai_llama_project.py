@@ -21,6 +21,7 @@ Alpaca JSON and reads its paths from defaults, so it is not run here.
 from __future__ import annotations
 
 import random
+import sys
 import subprocess
 
 import pytest
@@ -181,3 +182,62 @@ def test_dp2_equals_one_process(files, tmp_path):
     assert sorted(runs["one"]) == [0, 1, 2] and len(set(runs["one"].values())) == 3
     for i, want in runs["one"].items():
         assert runs["dp2"][i] == pytest.approx(want, rel=1e-6), runs
+
+
+#: a user's script: LiBai's TextGenerationPipeline (the project's pipeline.py) on the
+#: Hugging Face directory, with a user config that gives llama_config.py's tokenizer its file
+_GENERATE = """
+import json, sys
+from projects.Llama.pipeline import TextGenerationPipeline
+
+pipeline = TextGenerationPipeline(
+    sys.argv[1], model_path=sys.argv[2], mode="huggingface", device="cpu"
+)
+print("RESULT", json.dumps(pipeline(inputs=[sys.argv[3]])))
+"""
+
+_USER_CONFIG = """
+from projects.Llama.configs.llama_config import cfg, model, tokenization, train  # noqa: F401
+
+tokenization.tokenizer.pretrained_model_path = {model!r}
+"""
+
+
+def test_the_projects_generation_pipeline_equals_transformers_greedy(files, tmp_path):
+    """The project's TextGenerationPipeline, its loader and its model's generate (50 tokens,
+    greedy, as its pipeline asks): the text is transformers' greedy continuation of the same
+    prompt ids, decoded by the same SentencePiece model."""
+    import json
+
+    import sentencepiece as spm
+    import transformers
+
+    (tmp_path / "generate.py").write_text(_GENERATE)
+    config = tmp_path / "llama_generate.py"
+    config.write_text(_USER_CONFIG.format(model=str(files["hf"] / "tokenizer.model")))
+    prompt = "the quick fox"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(RUN_PY),
+            str(tmp_path / "generate.py"),
+            str(config),
+            str(files["hf"]),
+            prompt,
+        ],
+        cwd=LIBAI_CHECKOUT,
+        env=train_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
+    got = json.loads(line[len("RESULT ") :])
+
+    sp = spm.SentencePieceProcessor(model_file=str(files["hf"] / "tokenizer.model"))
+    ids = torch.tensor([[sp.bos_id(), *sp.encode(prompt)]])
+    hf = transformers.LlamaForCausalLM.from_pretrained(files["hf"]).eval()
+    out = hf.generate(ids, max_length=50, do_sample=False, eos_token_id=2, pad_token_id=0)
+    assert out.shape[1] > ids.shape[1] + 5  # a continuation, not an early end
+    assert got == [{"generated_text": sp.decode(out[0].tolist())}]
