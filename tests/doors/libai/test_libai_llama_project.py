@@ -21,8 +21,8 @@ Alpaca JSON and reads its paths from defaults, so it is not run here.
 from __future__ import annotations
 
 import random
-import sys
 import subprocess
+import sys
 
 import pytest
 import torch
