@@ -60,23 +60,25 @@ ONEFLOW_DTYPES = {
 #: implementation. Config files call some of these while loading (``SoftTargetCrossEntropy()``,
 #: ``str_to_interp_mode("bicubic")``), so they resolve to the objects themselves.
 _T, _D = "libai.data.transforms", "libai.data"
+_TRANSFORMS = (
+    "Compose",
+    "RandomResizedCrop",
+    "RandomHorizontalFlip",
+    "Resize",
+    "CenterCrop",
+    "ToTensor",
+    "Normalize",
+    "InterpolationMode",
+)
 FLOWVISION_NAMES = {
-    **{
-        f"transforms.{n}": f"{_T}.{n}"
-        for n in (
-            "Compose",
-            "RandomResizedCrop",
-            "RandomHorizontalFlip",
-            "Resize",
-            "CenterCrop",
-            "ToTensor",
-            "Normalize",
-            "InterpolationMode",
-        )
-    },
+    **{f"transforms.{n}": f"{_T}.{n}" for n in _TRANSFORMS},
     "transforms.functional.str_to_interp_mode": f"{_T}.str_to_interp_mode",
     "data.constants.IMAGENET_DEFAULT_MEAN": f"{_T}.IMAGENET_DEFAULT_MEAN",
     "data.constants.IMAGENET_DEFAULT_STD": f"{_T}.IMAGENET_DEFAULT_STD",
+    **{f"transforms.transforms.{n}": f"{_T}.{n}" for n in _TRANSFORMS},
+    "data.IMAGENET_DEFAULT_MEAN": f"{_T}.IMAGENET_DEFAULT_MEAN",
+    "data.IMAGENET_DEFAULT_STD": f"{_T}.IMAGENET_DEFAULT_STD",
+    "layers.weight_init.trunc_normal_": "torch.nn.init.trunc_normal_",
     "data.Mixup": f"{_D}.mixup.Mixup",
     "data.mixup.Mixup": f"{_D}.mixup.Mixup",
     "data.auto_augment.rand_augment_transform": f"{_D}.auto_augment.rand_augment_transform",
@@ -135,6 +137,26 @@ def _unmapped(name: str) -> str:
         f"{name} (OneFlow, in a config file) has no mapping onto torch here; mapped: "
         f"{', '.join(mapped)}. Replace it with its torch name in the config."
     )
+
+
+def project_flowvision(name: str, fromlist=()) -> types.ModuleType:
+    """``import flowvision...`` in LiBai project code: the same names as in config files
+    (libai's objects), each of ``fromlist`` resolved at the import (an unmapped one is an
+    ``ImportError`` naming it)."""
+    module = config_module(name)
+    for attr in fromlist or ():
+        if attr != "*":
+            getattr(module, attr)
+    return module
+
+
+def _register_for_projects() -> None:
+    from libai.oneflow_api import imports
+
+    imports.OTHER_PACKAGES["flowvision"] = project_flowvision
+
+
+_register_for_projects()
 
 
 def config_module(name: str) -> types.ModuleType:

@@ -19,6 +19,7 @@ from libai.layers.param import (
     local_value,
     scaled_init_method_normal,
 )
+from libai.layers.patch_embedding import PatchEmbedding
 from libai.layers.relative_position import RelativePositionBias, relative_position_bucket
 from libai.layers.rotary import RotaryEmbedding, apply_rotary_pos_emb, rope_inv_freq
 from libai.layers.transformer_layer import TransformerLayer, build_norm
@@ -44,6 +45,7 @@ __all__ = [
     "RotaryEmbedding",
     "TransformerLayer",
     "VocabEmbedding",
+    "PatchEmbedding",
     "apply_rotary_pos_emb",
     "build_norm",
     "chunked_lm_loss",

@@ -25,6 +25,9 @@ __all__ = ["install_project_imports", "is_project_code", "oneflow_import", "serv
 served = False
 #: directories whose modules are project code whatever their names (an entry script's project)
 PROJECT_DIRS: list[str] = []
+#: other packages project code imports by OneFlow's names -> the function giving the module
+#: (``flowvision``: its names are libai's, registered by libai.config.oneflow_names)
+OTHER_PACKAGES: dict = {}
 
 
 def is_project_code(globals_: dict | None) -> bool:
@@ -40,13 +43,17 @@ def is_project_code(globals_: dict | None) -> bool:
 
 
 def oneflow_import(name: str, globals_, fromlist, level: int) -> types.ModuleType | None:
-    """The module ``import name`` gives project code when it is OneFlow's, else ``None``."""
-    if level != 0 or name.partition(".")[0] != "oneflow" or not is_project_code(globals_):
+    """The module ``import name`` gives project code when it is OneFlow's (or another
+    package of :data:`OTHER_PACKAGES`), else ``None``."""
+    global served
+    root = name.partition(".")[0]
+    if level != 0 or root not in ("oneflow", *OTHER_PACKAGES) or not is_project_code(globals_):
         return None
+    served = True
+    if root in OTHER_PACKAGES:
+        return OTHER_PACKAGES[root](name if fromlist else root, fromlist)
     from libai.oneflow_api import project_module
 
-    global served
-    served = True
     return project_module(name if fromlist else "oneflow", fromlist)
 
 

@@ -16,6 +16,7 @@ the modules it imports by their short names (``from utils.weight_convert import 
 
 from __future__ import annotations
 
+import importlib
 import os
 import runpy
 import sys
@@ -45,6 +46,9 @@ def main(argv: list[str] | None = None) -> None:
     script = argv[0]
     if not os.path.isfile(script):
         raise SystemExit(f"libai.oneflow_api.run: no script {script}")
+    # libai's config package registers flowvision's names for project code (a script may
+    # import flowvision before it imports libai)
+    importlib.import_module("libai.config")
     imports.PROJECT_DIRS.append(project_dir(script))
     imports.served = True
     imports.install_project_imports()
