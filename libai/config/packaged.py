@@ -39,5 +39,12 @@ def get_config_path(config_path: str) -> str:
 
 
 def get_config(config_path: str):
-    """Load a packaged config: ``get_config("common/models/gpt.py").model``."""
+    """Load a packaged config: ``get_config("common/models/gpt.py").model``.
+
+    Run from a LiBai checkout (a working directory whose ``configs/`` holds the file), the
+    checkout's own file is the one loaded, as LiBai's ``get_config`` reads its checkout's
+    (its projects build on LiBai's ``common/data/imagenet.py``, not this package's)."""
+    checkout = Path.cwd() / "configs" / config_path
+    if checkout.is_file():
+        return LazyConfig.load(os.fspath(checkout))
     return LazyConfig.load(get_config_path(config_path))

@@ -142,7 +142,13 @@ SUBMODULES = {
             "LAMB": "libai.optim.oneflow_optim.LAMB",
         },
     ),
-    "optim.lr_scheduler": ("torch.optim.lr_scheduler", {}),
+    "optim.lr_scheduler": (
+        "torch.optim.lr_scheduler",
+        {
+            "WarmupLR": "libai.oneflow_api.lr_schedulers.WarmupLR",
+            "WarmUpLR": "libai.oneflow_api.lr_schedulers.WarmupLR",
+        },
+    ),
     "utils": ("torch.utils", {}),
     "utils.data": ("torch.utils.data", {}),
     "linalg": ("torch.linalg", {}),

@@ -30,6 +30,47 @@ PROJECT_DIRS: list[str] = []
 OTHER_PACKAGES: dict = {}
 
 
+#: NumPy's aliases of Python's builtins that NumPy 1.24 removed, which LiBai's projects
+#: (written for the NumPy of their time) still use: ``np.float`` was ``float``
+NUMPY_REMOVED_ALIASES = {
+    "float": float,
+    "int": int,
+    "bool": bool,
+    "object": object,
+    "complex": complex,
+    "str": str,
+}
+
+
+class _ProjectNumpy(types.ModuleType):
+    """``numpy`` as LiBai project code sees it: numpy itself, plus
+    :data:`NUMPY_REMOVED_ALIASES` (no other module sees them)."""
+
+    def __init__(self, numpy_module):
+        super().__init__("numpy")
+        self.__dict__["_numpy"] = numpy_module
+
+    def __getattr__(self, attr: str):
+        numpy_module = self.__dict__["_numpy"]
+        if attr in NUMPY_REMOVED_ALIASES and attr not in vars(numpy_module):
+            return NUMPY_REMOVED_ALIASES[attr]
+        return getattr(numpy_module, attr)
+
+
+def project_numpy(name: str, fromlist=()) -> types.ModuleType:
+    """``import numpy`` / ``from numpy import float`` in project code (its submodules, such
+    as ``numpy.random``, are numpy's own)."""
+    import importlib
+
+    module = importlib.import_module(name)
+    if name != "numpy":
+        return module if fromlist else _ProjectNumpy(importlib.import_module("numpy"))
+    return _ProjectNumpy(module)
+
+
+OTHER_PACKAGES["numpy"] = project_numpy
+
+
 def is_project_code(globals_: dict | None) -> bool:
     """Whether the importing module is LiBai project code (``projects.*``, or a file under
     one of :data:`PROJECT_DIRS`)."""

@@ -1,38 +1,50 @@
-"""LiBai's own MAE project (tests/fixtures/libai/projects/MAE, LiBai 9dcbe3b2, unmodified)
-through LiBai's command, ``bash tools/train.sh projects/MAE/train_net.py
-projects/MAE/configs/mae_pretraining.py N``: how far it gets, pinned."""
+"""LiBai's own MAE project (tests/fixtures/libai/projects/MAE, LiBai 9dcbe3b2, unmodified:
+its entry script, pretraining config, MaskedAutoencoderViT, LiBai's common ImageNet data
+config through ``get_config``) pretrains with LiBai's command from the checkout's root,
+
+    bash tools/train.sh projects/MAE/train_net.py projects/MAE/configs/mae_pretraining.py N
+
+with overrides for sizes, run length and data paths -- and ``model.mask_ratio=1.0``: every
+patch masked, so the loss does not depend on the random masking (a per-rank draw), and two
+layouts can be compared. On dp2 every loss equals one process's (fp32).
+"""
 
 from __future__ import annotations
 
 import subprocess
 
+import pytest
 import torch
-from train_net_helpers import ROOT, TRAIN_SH, train_env
+from train_net_helpers import ROOT, TRAIN_SH, read_metrics, run_forked, train_env
 
 LIBAI_CHECKOUT = ROOT / "tests" / "fixtures" / "libai"
+SCRIPT = "projects/MAE/train_net.py"
+CONFIG = "projects/MAE/configs/mae_pretraining.py"
+RUN_PY = ROOT / "libai" / "oneflow_api" / "run.py"
 
 
-def test_mae_pretraining_stops_at_its_own_numpy_float(tmp_path):
-    """LiBai's MAE (tests/fixtures/libai/projects/MAE, unmodified) through LiBai's command:
-    its entry script, its config (flowvision's transforms, LiBai's common configs), its
-    model's modules (PatchEmbedding, TransformerLayer) all build; it stops where its own
-    code calls ``np.float`` (modeling/pos_embed.py), which NumPy removed in 1.24 -- LiBai
-    itself stops there on any current NumPy. Pinned: this test goes red when that changes."""
+@pytest.fixture(scope="module")
+def imagenet(tmp_path_factory):
+    """An ImageNet-style folder: train/ and val/, two classes of four 40 x 40 images."""
     from PIL import Image
 
+    root = tmp_path_factory.mktemp("mae_imagenet")
     rng = torch.Generator().manual_seed(0)
     for split in ("train", "val"):
         for label in ("n01", "n02"):
-            folder = tmp_path / "imagenet" / split / label
+            folder = root / split / label
             folder.mkdir(parents=True)
-            for i in range(2):
+            for i in range(4):
                 pixels = torch.randint(0, 255, (40, 40, 3), generator=rng, dtype=torch.uint8)
                 Image.fromarray(pixels.numpy()).save(folder / f"{i}.JPEG")
-    root = tmp_path / "imagenet"
-    opts = [
+    return root
+
+
+def overrides(root, out, micro: int, nproc: int) -> list[str]:
+    return [
         f"dataloader.train.dataset.0.root={root}",
-        f"dataloader.train.valid_dataset.root={root}",
         "dataloader.train.num_workers=0",
+        "dataloader.train.dataset.0.transform.transforms.0.size=[32,32]",
         "model.img_size=32",
         "model.patch_size=8",
         "model.embed_dim=32",
@@ -41,27 +53,60 @@ def test_mae_pretraining_stops_at_its_own_numpy_float(tmp_path):
         "model.decoder_embed_dim=16",
         "model.decoder_depth=1",
         "model.decoder_num_heads=2",
-        "train.train_micro_batch_size=4",
+        "model.mask_ratio=1.0",
+        f"train.train_micro_batch_size={micro}",
         "train.num_accumulation_steps=1",
         "train.train_epoch=0",
-        "train.train_iter=2",
+        "train.train_iter=3",
+        "train.log_period=1",
         "train.amp.enabled=False",
         "graph.enabled=False",
-        "train.dist.data_parallel_size=1",
-        f"train.output_dir={tmp_path / 'out'}",
+        f"train.dist.data_parallel_size={nproc}",
+        f"train.output_dir={out}",
     ]
-    script, config = "projects/MAE/train_net.py", "projects/MAE/configs/mae_pretraining.py"
+
+
+def losses(out) -> dict[int, float]:
+    return {i: m["total_loss"] for i, m in read_metrics(out).items() if "total_loss" in m}
+
+
+def test_mae_pretrains_with_libais_command(imagenet, tmp_path):
+    out = tmp_path / "run"
     proc = subprocess.run(
-        ["bash", str(TRAIN_SH), script, config, "1", *opts],
+        ["bash", str(TRAIN_SH), SCRIPT, CONFIG, "1", *overrides(imagenet, out, 4, 1)],
         cwd=LIBAI_CHECKOUT,
         env=train_env(),
         capture_output=True,
         text=True,
         timeout=600,
     )
-    log = proc.stdout + proc.stderr
-    assert proc.returncode != 0
-    assert "modeling/pos_embed.py" in log and "module 'numpy' has no attribute 'float'" in log, log[
-        -4000:
-    ]
-    assert "while instantiating 'model' (_target_=modeling.mae.MaskedAutoencoderViT)" in log
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    got = losses(out)
+    assert sorted(got) == [0, 1, 2] and len(set(got.values())) == 3
+    assert "MaskedAutoencoderViT(" in proc.stdout + proc.stderr
+
+
+def test_mae_dp2_equals_one_process(imagenet, tmp_path):
+    """The same global batch of 4 (its augmentations drawn per sample, the same on every
+    layout): every loss on dp2 equals one process's."""
+    runs = {}
+    for name, nproc, micro in (("one", 1, 4), ("dp2", 2, 2)):
+        out = tmp_path / name
+        opts = overrides(imagenet, out, micro, nproc)
+        proc = run_forked(
+            [str(RUN_PY), SCRIPT, "--config-file", CONFIG, *opts], nproc=nproc, cwd=LIBAI_CHECKOUT
+        )
+        if proc is None:  # no forking here: the users' launcher
+            proc = subprocess.run(
+                ["bash", str(TRAIN_SH), SCRIPT, CONFIG, str(nproc), *opts],
+                cwd=LIBAI_CHECKOUT,
+                env=train_env(),
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
+        assert proc.returncode == 0, proc.stdout[-4000:]
+        runs[name] = losses(out)
+    assert sorted(runs["one"]) == [0, 1, 2]
+    for i, want in runs["one"].items():
+        assert runs["dp2"][i] == pytest.approx(want, rel=1e-6), runs

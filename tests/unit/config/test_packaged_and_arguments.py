@@ -80,3 +80,18 @@ def test_every_flag_says_what_it_does():
         "opts config overrides in Hydra's grammar, e.g. train.train_iter=100",
     ):
         assert line in text
+
+
+def test_get_config_reads_a_libai_checkouts_own_file_first(tmp_path, monkeypatch):
+    """Run from a LiBai checkout (its configs/common/...), get_config loads the checkout's
+    file, as LiBai's does; elsewhere the packaged one."""
+    from libai.config import get_config
+
+    packaged_train = get_config("common/train.py")
+    checkout = tmp_path / "configs" / "common"
+    checkout.mkdir(parents=True)
+    (checkout / "train.py").write_text("train = dict(only_here=1)\n")
+    monkeypatch.chdir(tmp_path)
+    assert dict(get_config("common/train.py").train) == {"only_here": 1}
+    assert "only_here" not in packaged_train.train
+    assert "optim" in get_config("common/optim.py")  # not in the checkout: the packaged one

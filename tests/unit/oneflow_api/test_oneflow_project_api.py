@@ -9,6 +9,7 @@ import math
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -179,7 +180,7 @@ def test_losses_and_masks_equal_their_formulas():
 
 
 def test_every_fused_op_is_tested_here():
-    source = open(__file__, encoding="utf-8").read()
+    source = Path(__file__).read_text(encoding="utf-8")
     untested = [name for name in FUSED_OPS if f"C.{name}(" not in source]
     assert untested == ["relu", "softmax"]  # torch's own functions, given as they are
 
@@ -231,3 +232,79 @@ def test_oneflow_is_mapped_for_project_code_only(tmp_path):
         "outside oneflow",
         "in sys.modules False",
     ]
+
+
+# ---- OneFlow's WarmupLR, NumPy's removed aliases -------------------------------------------------
+
+
+def _lrs(scheduler, steps):
+    out = []
+    for _ in range(steps):
+        out.append(scheduler.get_last_lr()[0])
+        scheduler.optimizer.step()
+        scheduler.step()
+    return out
+
+
+def _sgd(lr=0.001):
+    return torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=lr)
+
+
+def test_warmup_lr_equals_onflows_documented_examples():
+    """OneFlow's WarmupLR docstring: constant 0.5 for 5 steps then 0.001; linear from
+    0.0005 by 0.0001 a step; with a wrapped scheduler the warmup rises to its factor."""
+    constant = flow.optim.lr_scheduler.WarmUpLR(
+        _sgd(), warmup_factor=0.5, warmup_iters=5, warmup_method="constant"
+    )
+    assert _lrs(constant, 7) == pytest.approx([0.0005] * 5 + [0.001] * 2)
+    linear = flow.optim.lr_scheduler.WarmupLR(
+        _sgd(), warmup_factor=0.5, warmup_iters=5, warmup_method="linear"
+    )
+    assert _lrs(linear, 7) == pytest.approx([0.0005, 0.0006, 0.0007, 0.0008, 0.0009, 0.001, 0.001])
+    opt = _sgd()
+    cosine = flow.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=10)
+    wrapped = flow.optim.lr_scheduler.WarmupLR(cosine, warmup_factor=0.0, warmup_iters=4)
+
+    def cos(t):
+        return 0.001 * 0.5 * (1 + math.cos(math.pi * t / 10))
+
+    want = [cos(4) * t / 4 for t in range(4)] + [cos(t) for t in range(4, 12)]
+    assert _lrs(wrapped, 12) == pytest.approx(want)
+    prefixed = flow.optim.lr_scheduler.WarmupLR(
+        flow.optim.lr_scheduler.CosineAnnealingLR(_sgd(), T_max=10),
+        warmup_factor=0.0,
+        warmup_iters=4,
+        warmup_prefix=True,
+    )
+    want = [0.001 * t / 4 for t in range(4)] + [cos(t - 4) for t in range(4, 12)]
+    assert _lrs(prefixed, 12) == pytest.approx(want)
+
+
+def test_warmup_lr_resumes_from_plain_data(tmp_path):
+    cosine = flow.optim.lr_scheduler.CosineAnnealingLR(_sgd(), T_max=10)
+    first = flow.optim.lr_scheduler.WarmupLR(cosine, warmup_factor=0.1, warmup_iters=3)
+    _lrs(first, 5)
+    torch.save(first.state_dict(), tmp_path / "s.pt")
+    state = torch.load(tmp_path / "s.pt", weights_only=True)  # no objects inside
+    second = flow.optim.lr_scheduler.WarmupLR(
+        flow.optim.lr_scheduler.CosineAnnealingLR(_sgd(), T_max=10),
+        warmup_factor=0.1,
+        warmup_iters=3,
+    )
+    second.load_state_dict(state)
+    assert _lrs(second, 4) == pytest.approx(_lrs(first, 4))
+    with pytest.raises(ValueError, match="'linear' or 'constant'"):
+        flow.optim.lr_scheduler.WarmupLR(_sgd(), warmup_method="cosine")
+
+
+def test_numpy_of_project_code_has_the_removed_aliases():
+    import numpy
+
+    from libai.oneflow_api.imports import project_numpy
+
+    np = project_numpy("numpy")
+    assert np.float is float and np.int is int and np.object is object
+    assert np.bool is numpy.bool  # (NumPy 2 has its own again: that one)
+    assert np.arange is numpy.arange and np.random is numpy.random
+    assert np.arange(3, dtype=np.float).dtype == numpy.float64
+    assert not hasattr(numpy, "float")  # numpy itself is unchanged
