@@ -64,7 +64,8 @@ def save_case(path: Path, *, batch: dict, input_keys: list[str], ref: dict) -> s
 def _grad_diffs(model, ref_grads: dict, loader) -> tuple[float, str, int]:
     """Max |libai grad - HF grad| over the parameters this rank holds, by HF name."""
     from libai.models.utils.hf_export import model_libai_cfg
-    from libai.models.utils.model_loader.base_loader import _strip_or_add_prefix, complete_rules
+    from libai.models.utils.model_loader.base_loader import complete_rules
+    from libai.models.utils.model_loader.libai_protocol import prefixed_name
 
     rules = complete_rules(model, loader.rules(model_libai_cfg(model), type(model)))
     worst, worst_name, checked = 0.0, "", 0
@@ -78,7 +79,7 @@ def _grad_diffs(model, ref_grads: dict, loader) -> tuple[float, str, int]:
         if logical is not None:
             g = g[tuple(slice(0, s) for s in logical)]
         for hf_name, value in rules[name].export(g).items():
-            real = _strip_or_add_prefix(hf_name, ref_grads, loader.base_model_prefix)
+            real = prefixed_name(hf_name, ref_grads, loader.base_model_prefix)
             if real is None:
                 raise AssertionError(f"no reference gradient for {hf_name} ({name})")
             diff = (value - ref_grads[real]).abs().max().item()

@@ -77,6 +77,26 @@ def run_train_net(
     return proc
 
 
+def run_project_script(script, config, opts, *, nproc=1, cwd, launcher="fork"):
+    """A LiBai project's own entry script (``projects/<name>/train_net.py``) from the LiBai
+    checkout ``cwd``: forked ranks through ``libai/oneflow_api/run.py``, or (``launcher=
+    "train.sh"``, or where forking is not allowed) the users' command, ``tools/train.sh
+    SCRIPT CONFIG NPROC``. Returns the finished process (not checked)."""
+    run_py = ROOT / "libai" / "oneflow_api" / "run.py"
+    argv = [str(run_py), str(script), "--config-file", str(config), *opts]
+    proc = run_forked(argv, nproc=nproc, cwd=cwd) if launcher == "fork" else None
+    if proc is None:
+        proc = subprocess.run(
+            ["bash", str(TRAIN_SH), str(script), str(config), str(nproc), *opts],
+            cwd=cwd,
+            env=train_env(),
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+    return proc
+
+
 def run_forked(argv, *, nproc=1, env=None, timeout=300, cwd=ROOT):
     """``argv`` (a script and its arguments) on ``nproc`` ranks forked from the session's
     preloaded server, in ``cwd`` (the repository root by default), meeting on

@@ -27,7 +27,7 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
-from train_net_helpers import ROOT, TRAIN_SH, read_metrics, run_forked, train_env
+from train_net_helpers import ROOT, read_metrics, run_project_script, train_env
 
 LIBAI_CHECKOUT = ROOT / "tests" / "fixtures" / "libai"
 SCRIPT = "projects/Llama/train_net.py"
@@ -136,14 +136,8 @@ def test_first_loss_equals_transformers_through_libais_own_command(files, tmp_pa
     import transformers
 
     out = tmp_path / "run"
-    proc = subprocess.run(
-        ["bash", str(TRAIN_SH), SCRIPT, CONFIG, "1", *overrides(files, out, micro=12)],
-        cwd=LIBAI_CHECKOUT,
-        env=train_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    opts = overrides(files, out, micro=12)
+    proc = run_project_script(SCRIPT, CONFIG, opts, cwd=LIBAI_CHECKOUT, launcher="train.sh")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     got = losses(out)
     assert sorted(got) == [0, 1, 2]
@@ -166,17 +160,7 @@ def test_dp2_equals_one_process(files, tmp_path):
     for name, nproc, micro in (("one", 1, 4), ("dp2", 2, 2)):
         out = tmp_path / name
         opts = [*overrides(files, out, micro), f"train.dist.data_parallel_size={nproc}"]
-        argv = [str(RUN_PY), SCRIPT, "--config-file", CONFIG, *opts]
-        proc = run_forked(argv, nproc=nproc, cwd=LIBAI_CHECKOUT)
-        if proc is None:  # no forking here: the users' launcher
-            proc = subprocess.run(
-                ["bash", str(TRAIN_SH), SCRIPT, CONFIG, str(nproc), *opts],
-                cwd=LIBAI_CHECKOUT,
-                env=train_env(),
-                capture_output=True,
-                text=True,
-                timeout=600,
-            )
+        proc = run_project_script(SCRIPT, CONFIG, opts, nproc=nproc, cwd=LIBAI_CHECKOUT)
         assert proc.returncode == 0, proc.stdout[-4000:]
         runs[name] = losses(out)
     assert sorted(runs["one"]) == [0, 1, 2] and len(set(runs["one"].values())) == 3

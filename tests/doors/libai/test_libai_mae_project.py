@@ -11,16 +11,13 @@ layouts can be compared. On dp2 every loss equals one process's (fp32).
 
 from __future__ import annotations
 
-import subprocess
-
 import pytest
 import torch
-from train_net_helpers import ROOT, TRAIN_SH, read_metrics, run_forked, train_env
+from train_net_helpers import ROOT, read_metrics, run_project_script
 
 LIBAI_CHECKOUT = ROOT / "tests" / "fixtures" / "libai"
 SCRIPT = "projects/MAE/train_net.py"
 CONFIG = "projects/MAE/configs/mae_pretraining.py"
-RUN_PY = ROOT / "libai" / "oneflow_api" / "run.py"
 
 
 @pytest.fixture(scope="module")
@@ -72,14 +69,8 @@ def losses(out) -> dict[int, float]:
 
 def test_mae_pretrains_with_libais_command(imagenet, tmp_path):
     out = tmp_path / "run"
-    proc = subprocess.run(
-        ["bash", str(TRAIN_SH), SCRIPT, CONFIG, "1", *overrides(imagenet, out, 4, 1)],
-        cwd=LIBAI_CHECKOUT,
-        env=train_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    opts = overrides(imagenet, out, 4, 1)
+    proc = run_project_script(SCRIPT, CONFIG, opts, cwd=LIBAI_CHECKOUT, launcher="train.sh")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     got = losses(out)
     assert sorted(got) == [0, 1, 2] and len(set(got.values())) == 3
@@ -93,18 +84,7 @@ def test_mae_dp2_equals_one_process(imagenet, tmp_path):
     for name, nproc, micro in (("one", 1, 4), ("dp2", 2, 2)):
         out = tmp_path / name
         opts = overrides(imagenet, out, micro, nproc)
-        proc = run_forked(
-            [str(RUN_PY), SCRIPT, "--config-file", CONFIG, *opts], nproc=nproc, cwd=LIBAI_CHECKOUT
-        )
-        if proc is None:  # no forking here: the users' launcher
-            proc = subprocess.run(
-                ["bash", str(TRAIN_SH), SCRIPT, CONFIG, str(nproc), *opts],
-                cwd=LIBAI_CHECKOUT,
-                env=train_env(),
-                capture_output=True,
-                text=True,
-                timeout=600,
-            )
+        proc = run_project_script(SCRIPT, CONFIG, opts, nproc=nproc, cwd=LIBAI_CHECKOUT)
         assert proc.returncode == 0, proc.stdout[-4000:]
         runs[name] = losses(out)
     assert sorted(runs["one"]) == [0, 1, 2]

@@ -178,18 +178,25 @@ def encode(pairs, tokenizer: BertTokenizer) -> dict[str, torch.Tensor]:
     return {k: torch.tensor(v) for k, v in (("ids", ids), ("types", types), ("mask", mask))}
 
 
-def reference(out, encoder: str, head: str):
-    """The run's final weights in libai's ``BertModel`` (its config from the run's
-    config.yaml) and a torch ``Linear``: ``inputs -> logits``."""
+def run_bert(out, encoder: str):
+    """The run's final weights (torch's own reader of the checkpoint) and libai's
+    ``BertModel`` holding those of ``encoder``, built from the run's config.yaml."""
     dcp_to_torch_save(out / "model_final", out / "weights.pt")
     state = torch.load(out / "weights.pt", weights_only=True)
     cfg = dict(LazyConfig.load(str(out / "config.yaml")).model.cfg)
-    for key in ("num_classes", "pretrain_megatron_weight"):
-        cfg.pop(key)
+    keys = set(inspect.signature(BertModel.__init__).parameters)
+    cfg = {k: v for k, v in cfg.items() if k in keys}  # (the project's own keys left out)
     prefix = f"model.{encoder}."
     cfg["vocab_size"] = state[prefix + "embeddings.vocab_embeddings.weight"].shape[0]
     bert = BertModel(cfg=cfg).eval()
     bert.load_state_dict({k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)})
+    return state, cfg, bert
+
+
+def reference(out, encoder: str, head: str):
+    """The run's final weights in libai's ``BertModel`` and a torch ``Linear``:
+    ``inputs -> logits``."""
+    state, cfg, bert = run_bert(out, encoder)
     linear = torch.nn.Linear(cfg["hidden_size"], 2)
     linear.load_state_dict(
         {"weight": state[f"model.{head}.weight"], "bias": state[f"model.{head}.bias"]}
@@ -297,15 +304,7 @@ def test_text_classification_on_two_processes_equals_one(
 def simcse_reference(out):
     """The run's weights in libai's ``BertModel`` (LiBai's post-LN layout, as the config
     says) and a torch ``Linear`` + tanh: ``ids, mask -> ([CLS] state, its MLP output)``."""
-    dcp_to_torch_save(out / "model_final", out / "weights.pt")
-    state = torch.load(out / "weights.pt", weights_only=True)
-    cfg = dict(LazyConfig.load(str(out / "config.yaml")).model.cfg)
-    keys = set(inspect.signature(BertModel.__init__).parameters)
-    cfg = {k: v for k, v in cfg.items() if k in keys}
-    cfg["vocab_size"] = state["model.bert.embeddings.vocab_embeddings.weight"].shape[0]
-    bert = BertModel(cfg=cfg).eval()
-    prefix = "model.bert."
-    bert.load_state_dict({k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)})
+    state, cfg, bert = run_bert(out, "bert")
     dense = torch.nn.Linear(cfg["hidden_size"], cfg["hidden_size"])
     dense.load_state_dict(
         {"weight": state["model.mlp.dense.weight"], "bias": state["model.mlp.dense.bias"]}

@@ -30,7 +30,11 @@ from libai.models.utils.hf_io import (
     read_hf_config,
     record_weights_source,
 )
-from libai.models.utils.model_loader.libai_protocol import LiBaiLoaderProtocol, ModelLoaderLiBai
+from libai.models.utils.model_loader.libai_protocol import (
+    LiBaiLoaderProtocol,
+    ModelLoaderLiBai,
+    prefixed_name,
+)
 from libai.models.utils.weight_mapping import Rule, ShardSpec, expected_shapes
 
 logger = logging.getLogger(__name__)
@@ -215,16 +219,6 @@ def complete_rules(model: nn.Module, rules: list[Rule]) -> dict[str, Rule]:
     return by_name
 
 
-def _strip_or_add_prefix(name: str, keys, prefix: str) -> str | None:
-    if name in keys:
-        return name
-    if prefix and name.startswith(prefix + ".") and name[len(prefix) + 1 :] in keys:
-        return name[len(prefix) + 1 :]
-    if prefix and f"{prefix}.{name}" in keys:
-        return f"{prefix}.{name}"
-    return None
-
-
 class _PrefixedReader:
     """A reader whose names may carry or lack the backbone prefix (base vs head checkpoints)."""
 
@@ -232,7 +226,7 @@ class _PrefixedReader:
         self.reader, self.prefix = reader, prefix
 
     def resolve(self, name: str) -> str | None:
-        return _strip_or_add_prefix(name, self.reader.weight_map, self.prefix)
+        return prefixed_name(name, self.reader.weight_map, self.prefix)
 
     def _name(self, name: str) -> str:
         real = self.resolve(name)

@@ -33,7 +33,7 @@ from libai.models.utils.hf_io import CheckpointError, record_weights_source
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["LiBaiLoaderProtocol", "ModelLoaderLiBai", "copy_whole_tensors"]
+__all__ = ["LiBaiLoaderProtocol", "ModelLoaderLiBai", "copy_whole_tensors", "prefixed_name"]
 
 
 class LiBaiLoaderProtocol:
@@ -144,7 +144,7 @@ def copy_whole_tensors(model: nn.Module, state: dict, prefix: str, source) -> No
     own = model.state_dict(keep_vars=True)
     missing, mismatched = [], []
     for name, target in own.items():
-        key = _match(name, state, prefix)
+        key = prefixed_name(name, state, prefix)
         if key is None:
             if isinstance(target, nn.Parameter):
                 missing.append(name)
@@ -186,12 +186,14 @@ def copy_whole_tensors(model: nn.Module, state: dict, prefix: str, source) -> No
         logger.info("unused checkpoint tensors: %s", sorted(state))
 
 
-def _match(name: str, state: dict, prefix: str) -> str | None:
-    if name in state:
+def prefixed_name(name: str, keys, prefix: str) -> str | None:
+    """The key of ``keys`` holding ``name``: itself, or with the backbone ``prefix``
+    (``model.``) added or removed; ``None`` if none."""
+    if name in keys:
         return name
-    if prefix and name.startswith(prefix + ".") and name[len(prefix) + 1 :] in state:
+    if prefix and name.startswith(prefix + ".") and name[len(prefix) + 1 :] in keys:
         return name[len(prefix) + 1 :]
-    if prefix and f"{prefix}.{name}" in state:
+    if prefix and f"{prefix}.{name}" in keys:
         return f"{prefix}.{name}"
     return None
 
