@@ -24,6 +24,7 @@ from libai.config import (
     try_get_key,
 )
 from libai.config.instantiate import is_lazy_node
+from libai.oneflow_api import imports as oneflow_imports
 from libai.optim import build_optimizer
 from libai.runtime.blocks import compile_mode
 from libai.runtime.core import resolve_compile, seed_all
@@ -157,6 +158,20 @@ def _wants_tokenizer(node) -> bool:
         return False
 
 
+def _warn_project_code_sees_local_batches(util) -> None:
+    """LiBai project code (OneFlow's API, :mod:`libai.oneflow_api`) under data parallel: say
+    once that it sees this rank's share of the batch, where OneFlow's global tensors hold the
+    whole batch (its cross entropy is made global; other reductions across samples are not)."""
+    if oneflow_imports.served and util.grad_size > 1:
+        logger.warning(
+            "LiBai project code runs on each rank's share of the batch (%d ranks share it): "
+            "its cross entropy is the global batch's mean as in OneFlow, but code that mixes "
+            "samples of the batch (in-batch negatives, batch statistics) sees this rank's "
+            "samples only (docs/libai_configs.md, 'Global tensors')",
+            util.grad_size,
+        )
+
+
 class DefaultTrainer(TrainerBase):
     """Builds data, model, optimizer, LR schedule, checkpointer and hooks from ``cfg``.
 
@@ -174,6 +189,7 @@ class DefaultTrainer(TrainerBase):
         self.cfg = cfg
         util = dist.get_dist_util()
         train = cfg.train
+        _warn_project_code_sees_local_batches(util)
         self.tokenizer = self.build_tokenizer(cfg)
         self.train_loader, self.valid_loader, self.test_loader = self.build_train_loader(
             cfg, self.tokenizer

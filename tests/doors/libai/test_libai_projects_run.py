@@ -287,8 +287,11 @@ def test_text_classification_on_two_processes_equals_one(
     one-process run's; on tp2 the row-parallel classifier is saved as two shards of half the
     input features, one per rank."""
     out = tmp_path / "run"
-    run_project(TEXT_CLS, data, out, [*_steps(micro), f"train.dist.{layout}=2"], nproc=2)
+    log = run_project(TEXT_CLS, data, out, [*_steps(micro), f"train.dist.{layout}=2"], nproc=2)
     got = losses(out)
+    # data parallel: the one-time warning that project code sees each rank's share
+    shared = "runs on each rank's share of the batch (2 ranks share it)" in log
+    assert shared == (layout == "data_parallel_size")
     assert sorted(got) == sorted(one_process)
     for i, want in one_process.items():
         assert got[i] == pytest.approx(want, rel=1e-6), (i, got, one_process)
