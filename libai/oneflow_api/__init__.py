@@ -28,6 +28,7 @@ time project code imports ``oneflow``.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 import types
 
@@ -78,7 +79,7 @@ def _load(path, map_location=None, **_unused):
         first = str(e).strip().splitlines()
         detail = next((line for line in first if "global" in line.lower()), first[0])
         raise ValueError(
-            f"oneflow.load({path!r}): the file holds Python objects, and loading them would run "
+            f"oneflow.load({os.fspath(path)!r}): the file holds Python objects, and loading them would run "
             f"code ({detail.strip()}); only tensors and plain data load here. Save plain data "
             "(lists, dicts, tensors), or recreate the objects (e.g. a dataset's overwrite_cache)"
         ) from None
@@ -94,8 +95,6 @@ def _env_namespace() -> types.SimpleNamespace:
 
 
 def _local_world_size() -> int:
-    import os
-
     return int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size()))
 
 

@@ -11,6 +11,8 @@ at each step, never stepped itself.
 
 from __future__ import annotations
 
+import warnings
+
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
@@ -59,7 +61,11 @@ class WarmupLR(LRScheduler):
         self.inner.last_epoch = step
         try:
             closed = getattr(self.inner, "_get_closed_form_lr", None)
-            return list(closed() if closed is not None else self.inner.get_lr())
+            if closed is not None:
+                return list(closed())
+            with warnings.catch_warnings():  # (torch's hint to call get_last_lr instead)
+                warnings.simplefilter("ignore", UserWarning)
+                return list(self.inner.get_lr())
         finally:
             self.inner.last_epoch = saved
 
