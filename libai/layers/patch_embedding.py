@@ -33,10 +33,13 @@ class PatchEmbedding(nn.Module):
         self.grid_size = (img_size[0] // patch_size[0], img_size[1] // patch_size[1])
         self.num_patches = self.grid_size[0] * self.grid_size[1]
         self.flatten = flatten
-        util = dist.current_dist_util()
-        device = util.device if util is not None else None
+        self._dist_util = dist.capture_mesh()  # the mesh it is built on
         self.proj = nn.Conv2d(
-            in_chans, embed_dim, kernel_size=patch_size, stride=patch_size, device=device
+            in_chans,
+            embed_dim,
+            kernel_size=patch_size,
+            stride=patch_size,
+            device=self._dist_util.device,
         )
         self.norm = norm_layer(embed_dim) if norm_layer else nn.Identity()
 
