@@ -46,6 +46,7 @@ from libai.layers import (
     scaled_init_method_normal,
 )
 from libai.layers.mlp import ACTIVATIONS
+from libai.models.encoder_outputs import EncoderLayers, EncoderOutput
 from libai.models.libai_options import LIBAI_NO_EFFECT_MODEL_KEYS
 from libai.models.utils.hf_kwargs import accepts_hf_keywords
 
@@ -161,47 +162,6 @@ class BertLMHead(nn.Module):
 
     def forward(self, hidden_states):
         return self.lm_logits(self.layernorm(self.act(self.dense(hidden_states))))
-
-
-class EncoderOutput(tuple):
-    """What :class:`BertModel` returns: LiBai's ``(encoder_output, pooled_output)`` pair
-    (``pooled_output`` None without a pooler), also read by name as transformers does:
-    ``out["last_hidden_state"]``, ``out["pooler_output"]`` (present names only), ``keys()``,
-    ``items()``, ``in``."""
-
-    NAMES = ("last_hidden_state", "pooler_output")
-
-    def __new__(cls, hidden, pooled=None):
-        return super().__new__(cls, (hidden, pooled))
-
-    def __getitem__(self, key):
-        if isinstance(key, str):
-            value = dict(self.items()).get(key)
-            if value is None:
-                raise KeyError(key)
-            return value
-        return super().__getitem__(key)
-
-    def __contains__(self, key):
-        return key in self.keys() if isinstance(key, str) else super().__contains__(key)
-
-    def keys(self):
-        return [name for name, value in zip(self.NAMES, self) if value is not None]
-
-    def items(self):
-        return [(name, value) for name, value in zip(self.NAMES, self) if value is not None]
-
-    def get(self, key, default=None):
-        return self[key] if key in self.keys() else default
-
-
-class EncoderLayers(nn.ModuleDict):
-    """The encoder's layers keyed by layer index (a pipeline stage holds only its own, the
-    names stay); iterating gives the layers in order, as LiBai's ``ModuleList`` does
-    (``for layer in model.encoders``)."""
-
-    def __iter__(self):
-        return iter(self.values())
 
 
 class BertModel(nn.Module):
