@@ -197,5 +197,5 @@ def install_tensor_methods() -> None:
     """Give ``torch.Tensor`` OneFlow's global-tensor attributes that torch lacks (idempotent;
     DTensor's own ``to_local`` stays DTensor's)."""
     for name, value in TENSOR_METHODS.items():
-        if name not in vars(torch.Tensor) and not hasattr(torch.Tensor, name):
+        if not hasattr(torch.Tensor, name):
             setattr(torch.Tensor, name, value)

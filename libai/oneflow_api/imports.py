@@ -53,19 +53,28 @@ class _ProjectNumpy(types.ModuleType):
     def __getattr__(self, attr: str):
         numpy_module = self.__dict__["_numpy"]
         if attr in NUMPY_REMOVED_ALIASES and attr not in vars(numpy_module):
-            return NUMPY_REMOVED_ALIASES[attr]
-        return getattr(numpy_module, attr)
+            value = NUMPY_REMOVED_ALIASES[attr]
+        else:
+            value = getattr(numpy_module, attr)
+        self.__dict__[attr] = value  # resolved once: project code reads np.* in hot loops
+        return value
+
+
+_NUMPY: _ProjectNumpy | None = None
 
 
 def project_numpy(name: str, fromlist=()) -> types.ModuleType:
     """``import numpy`` / ``from numpy import float`` in project code (its submodules, such
     as ``numpy.random``, are numpy's own)."""
+    global _NUMPY
     import importlib
 
     module = importlib.import_module(name)
-    if name != "numpy":
-        return module if fromlist else _ProjectNumpy(importlib.import_module("numpy"))
-    return _ProjectNumpy(module)
+    if name != "numpy" and fromlist:
+        return module
+    if _NUMPY is None:
+        _NUMPY = _ProjectNumpy(importlib.import_module("numpy"))
+    return _NUMPY
 
 
 OTHER_PACKAGES["numpy"] = project_numpy

@@ -75,11 +75,9 @@ class ModelLoaderHuggerFace(LiBaiLoaderProtocol):
     def __init__(
         self, model=None, libai_cfg: Mapping | None = None, pretrained_model_path=None, **kwargs
     ):
-        self.model_cls = model
-        self.libai_cfg = dict(libai_cfg or {})
+        # (self.model: the class; self.libai_cfg; self.kwargs: the final overrides)
+        self._init_libai_protocol(model, libai_cfg, pretrained_model_path, kwargs)
         self.path = None if pretrained_model_path is None else str(pretrained_model_path)
-        self.overrides = kwargs
-        self._init_libai_protocol(model, self.libai_cfg, pretrained_model_path, kwargs)
 
     # ---- to implement per architecture ------------------------------------------------------
     def libai_config(self, hf_config: dict) -> dict:
@@ -122,8 +120,8 @@ class ModelLoaderHuggerFace(LiBaiLoaderProtocol):
                 f"{self.path}/config.json has model_type={model_type!r}, but "
                 f"{type(self).__name__} reads {list(self.model_types)}"
             )
-        model_cls = self.model_cls or self._default_class(hf_config)
-        cfg = {**self.libai_cfg, **self.libai_config(hf_config), **self.overrides}
+        model_cls = self.model or self._default_class(hf_config)
+        cfg = {**self.libai_cfg, **self.libai_config(hf_config), **self.kwargs}
         self.check_layout(cfg)
         reader = CheckpointReader(self.path)  # fails on missing/corrupt files before the build
         with skip_init():  # every parameter is overwritten below: don't generate weights

@@ -134,7 +134,7 @@ class BertLoaderHuggerFace(ModelLoaderHuggerFace):
             attn_mask_type="causal" if hf.get("is_decoder") else "padding",
         )
         labels = hf.get("id2label")
-        model_cls = self.model_cls or self._default_class(hf)
+        model_cls = self.model or self._default_class(hf)
         if issubclass(model_cls, BertForClassification):  # BERT's and RoBERTa's classifiers
             cfg["num_labels"] = len(labels) if labels else hf.get("num_labels", 2)
             cfg["classifier_dropout"] = hf.get("classifier_dropout")

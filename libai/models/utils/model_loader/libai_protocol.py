@@ -41,6 +41,7 @@ class LiBaiLoaderProtocol:
 
     def _init_libai_protocol(self, model, libai_cfg, pretrained_model_path, kwargs) -> None:
         self.model = model  # a LazyCall config node of the model, or its class
+        self.libai_cfg = dict(libai_cfg or {})
         self.pretrained_model_path = pretrained_model_path
         self.kwargs = kwargs
         self.base_model_prefix_1 = None  # the backbone's prefix in transformers
@@ -205,8 +206,7 @@ class ModelLoaderLiBai(LiBaiLoaderProtocol):
     project's ``LlamaLoaderLiBai`` subclasses it)."""
 
     def __init__(self, model, libai_cfg, pretrained_model_path, **kwargs):
-        self.libai_cfg = dict(libai_cfg or {})
-        self._init_libai_protocol(model, self.libai_cfg, pretrained_model_path, kwargs)
+        self._init_libai_protocol(model, libai_cfg, pretrained_model_path, kwargs)
 
     def load(self) -> nn.Module:
         import importlib  # the checkpoint package sits above the models (its Checkpointer)
