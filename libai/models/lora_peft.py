@@ -186,10 +186,11 @@ def read_peft_config(path: str) -> LoRAConfig:
 
 
 @torch.no_grad()
-def load_peft_adapter(model, path: str) -> LoRAConfig:
+def load_peft_adapter(model, path: str, whole_modules: bool = True) -> LoRAConfig:
     """Apply the PEFT adapter at ``path`` to ``model`` (any layout; each rank keeps its
     shard) and return its config. A tensor that does not fit (an adapter made for another
-    base) raises before any weight changes."""
+    base) raises before any weight changes; so does an adapter that saved whole modules
+    (``modules_to_save``) when ``whole_modules`` is False."""
     config = read_peft_config(path)
     file = os.path.join(path, WEIGHTS_NAME)
     if not os.path.isfile(file):
@@ -198,6 +199,11 @@ def load_peft_adapter(model, path: str) -> LoRAConfig:
     # PEFT matches modules_to_save by name suffix: the file's tensors say which it saved
     saved = _TensorReader(_module_tensors(tensors), file)
     config = replace(config, modules_to_save=tuple(_module_names(saved.tensors)))
+    if config.modules_to_save and not whole_modules:
+        raise ValueError(
+            f"{path} saves whole modules ({', '.join(config.modules_to_save)}): it replaces "
+            "base weights, so it cannot be one of several adapters; merge it (--lora-adapter)"
+        )
     if not lora_layers(model):
         apply_lora(model, config)
     pairs = _pairs(model, lora_targets(model))

@@ -4,8 +4,9 @@
 Each request is checked and tokenized here, submitted to the :class:`AsyncEngine`, and its
 outputs are turned into OpenAI's response or chunk objects. Errors have OpenAI's shape
 ``{"error": {"message", "type", "param", "code"}}``: 400 for a bad field (named in
-``param``), 404 for an unknown model, 500 when generation failed. A client that goes away
-mid-request cancels it: its sequences are aborted and their blocks freed.
+``param``), 404 for an unknown model, 500 when generation failed. A request's ``model`` is
+the base model's name or a per-request adapter's (``--lora-modules``). A client that goes
+away mid-request cancels it: its sequences are aborted and their blocks freed.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import json
 import time
 import uuid
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -35,6 +36,9 @@ class ServedModel:
     tokenizer: object
     max_model_len: int
     chat_template: str | None = None
+    #: per-request LoRA adapters: name (the ``model`` a request sends) -> PEFT directory,
+    #: in the order of the executor's adapters
+    adapters: dict[str, str] = field(default_factory=dict)
 
 
 class APIError(Exception):
@@ -81,18 +85,20 @@ def build_app(engine: AsyncEngine, served: ServedModel, on_shutdown=None) -> Fas
 
     @app.get("/v1/models")
     async def models():
-        return {
-            "object": "list",
-            "data": [
-                {
-                    "id": served.name,
-                    "object": "model",
-                    "created": front.created,
-                    "owned_by": "libai",
-                    "max_model_len": served.max_model_len,
-                }
-            ],
-        }
+        def card(name: str, **extra) -> dict:
+            return {
+                "id": name,
+                "object": "model",
+                "created": front.created,
+                "owned_by": "libai",
+                "max_model_len": served.max_model_len,
+                **extra,
+            }
+
+        adapters = [
+            card(name, root=path, parent=served.name) for name, path in served.adapters.items()
+        ]
+        return {"object": "list", "data": [card(served.name, root=served.name), *adapters]}
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
@@ -111,15 +117,20 @@ class _Front:
         self.created = int(time.time())
 
     # ---- checks ---------------------------------------------------------------------------
-    def _check_model(self, name: str) -> None:
-        if name != self.served.name:
-            raise APIError(
-                404,
-                f"The model `{name}` does not exist; this server serves `{self.served.name}`",
-                "invalid_request_error",
-                "model",
-                "model_not_found",
-            )
+    def _adapter(self, name: str) -> int:
+        """The adapter index a request's ``model`` names (-1: the base model)."""
+        if name == self.served.name:
+            return -1
+        if name in self.served.adapters:
+            return list(self.served.adapters).index(name)
+        known = ", ".join(f"`{n}`" for n in [self.served.name, *self.served.adapters])
+        raise APIError(
+            404,
+            f"The model `{name}` does not exist; this server serves {known}",
+            "invalid_request_error",
+            "model",
+            "model_not_found",
+        )
 
     def _encode(self, prompt, param: str, add_special_tokens=True) -> list[int]:
         if isinstance(prompt, list):
@@ -130,9 +141,9 @@ class _Front:
             )
         return self.served.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
 
-    async def _submit(self, prompt_ids, params, param: str) -> Stream:
+    async def _submit(self, prompt_ids, params, param: str, adapter: int) -> Stream:
         try:
-            return await self.engine.submit(prompt_ids, params)
+            return await self.engine.submit(prompt_ids, params, adapter)
         except InvalidParameter as error:
             name = param if error.param == "prompt" else error.param
             raise APIError(400, str(error), "invalid_request_error", name) from error
@@ -143,7 +154,7 @@ class _Front:
 
     # ---- /v1/completions ------------------------------------------------------------------
     async def completions(self, body: CompletionRequest, request: Request):
-        self._check_model(body.model)
+        adapter = self._adapter(body.model)
         if body.echo:
             raise APIError(400, "echo is not supported", "invalid_request_error", "echo")
         try:
@@ -151,7 +162,7 @@ class _Front:
         except InvalidParameter as error:
             raise self._bad(error) from error
         prompts = [self._encode(p, "prompt") for p in body.prompts()]
-        streams = [await self._submit(ids, params, "prompt") for ids in prompts]
+        streams = [await self._submit(ids, params, "prompt", adapter) for ids in prompts]
         rid, n = f"cmpl-{uuid.uuid4().hex}", params.n
         shape = _CompletionShape(self, rid, body.model, body.logprobs is not None)
         if body.stream:
@@ -160,7 +171,7 @@ class _Front:
 
     # ---- /v1/chat/completions -------------------------------------------------------------
     async def chat(self, body: ChatCompletionRequest, request: Request):
-        self._check_model(body.model)
+        adapter = self._adapter(body.model)
         try:
             params = body.sampling(body.max_new_tokens(), body.logprob_count())
             messages = [m.for_template() for m in body.messages]
@@ -185,7 +196,7 @@ class _Front:
         except ValueError as error:
             raise APIError(400, str(error), "invalid_request_error", "messages") from error
         prompt = self._encode(text, "messages", add_special_tokens=False)
-        stream = await self._submit(prompt, params, "messages")
+        stream = await self._submit(prompt, params, "messages", adapter)
         shape = _ChatShape(self, f"chatcmpl-{uuid.uuid4().hex}", body.model, body.logprobs)
         if body.stream:
             return self._sse([stream], [prompt], params.n, shape, body.include_usage, request)

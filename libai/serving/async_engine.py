@@ -56,12 +56,15 @@ class AsyncEngine:
         self._thread = threading.Thread(target=self._loop, name="libai-engine", daemon=True)
         self._thread.start()
 
-    async def submit(self, prompt_ids: list[int], params: SamplingParams) -> Stream:
-        """Queue a request; raises :class:`~libai.serving.sampling.InvalidParameter` (from
-        the engine thread's checks) before anything runs."""
+    async def submit(
+        self, prompt_ids: list[int], params: SamplingParams, adapter: int = -1
+    ) -> Stream:
+        """Queue a request (through ``adapter``, -1: the base); raises
+        :class:`~libai.serving.sampling.InvalidParameter` (from the engine thread's checks)
+        before anything runs."""
         loop = asyncio.get_running_loop()
         reply = loop.create_future()
-        self._commands.put(("add", prompt_ids, params, loop, reply))
+        self._commands.put(("add", prompt_ids, params, adapter, loop, reply))
         return await reply
 
     def cancel(self, stream: Stream) -> None:
@@ -114,9 +117,9 @@ class AsyncEngine:
     def _run(self, command) -> None:
         kind = command[0]
         if kind == "add":
-            _, prompt_ids, params, loop, reply = command
+            _, prompt_ids, params, adapter, loop, reply = command
             try:
-                seqs = self.engine.add_request(prompt_ids, params)
+                seqs = self.engine.add_request(prompt_ids, params, adapter)
             except Exception as error:  # bad input: to the caller, nothing queued
                 loop.call_soon_threadsafe(self._settle, reply, None, error)
                 return

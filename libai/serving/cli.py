@@ -5,17 +5,22 @@ HTTP with the OpenAI API.
                 [--host 127.0.0.1] [--port 8000] [--max-num-seqs 64] [--max-model-len L]
                 [--block-size 16] [--num-blocks B] [--max-num-batched-tokens T]
                 [--dtype auto|float32|bfloat16|float16] [--device cpu|cuda]
-                [--lora-adapter ADAPTER_DIR]
+                [--lora-adapter ADAPTER_DIR] [--lora-modules NAME=ADAPTER_DIR ...]
 
 ``PATH`` is a Hugging Face directory (``config.json`` + weights + tokenizer) or a libai
 training output directory (``config.yaml`` + its checkpoints). With more than one rank the
 command starts its own worker processes (the user runs no launcher): rank 0 holds the HTTP
 front and the scheduler, every rank loads its shard and steps the same batches.
+
+``--lora-adapter`` merges one PEFT adapter into the weights. ``--lora-modules`` (vLLM's flag)
+serves PEFT adapters beside the base, one per request: a request whose ``model`` is an
+adapter's name runs through that adapter, in the same batches as the others.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import multiprocessing
 import os
@@ -47,6 +52,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--lora-adapter", default=None, help="a PEFT adapter directory, merged into the model"
     )
+    p.add_argument(
+        "--lora-modules",
+        nargs="+",
+        default=[],
+        metavar="NAME=ADAPTER_DIR",
+        help="PEFT adapters served beside the base, chosen by a request's model name "
+        '(also vLLM\'s JSON form \'{"name": ..., "path": ...}\')',
+    )
+    p.add_argument(
+        "--enable-lora", action="store_true", help="accepted for vLLM's commands (implied)"
+    )
     p.add_argument("--device", default=None, choices=("cpu", "cuda"), help="default: cuda if any")
     p.add_argument("--log-level", default="info")
     args = p.parse_args(argv)
@@ -61,7 +77,32 @@ def parse_args(argv=None) -> argparse.Namespace:
             f"--model {args.model}: neither a Hugging Face directory (config.json) nor a libai "
             "output directory (config.yaml)"
         )
+    args.lora_modules = _lora_modules(p, args)
     return args
+
+
+def _lora_modules(p: argparse.ArgumentParser, args) -> dict[str, str]:
+    """``--lora-modules`` as ``{name: directory}``, each checked (exits naming the entry)."""
+    out: dict[str, str] = {}
+    for entry in args.lora_modules:
+        if entry.lstrip().startswith("{"):
+            try:
+                spec = json.loads(entry)
+                name, path = spec["name"], spec["path"]
+            except (ValueError, KeyError, TypeError):
+                p.error(f'--lora-modules {entry!r}: JSON needs "name" and "path"')
+        else:
+            name, sep, path = entry.partition("=")
+            if not sep or not name or not path:
+                p.error(f"--lora-modules {entry!r}: expected NAME=ADAPTER_DIR")
+        if name in out or name in (args.model, args.served_model_name):
+            p.error(f"--lora-modules: the name {name!r} is already taken")
+        if not os.path.isfile(os.path.join(path, "adapter_config.json")):
+            p.error(
+                f"--lora-modules {name}={path}: not a PEFT adapter directory (no adapter_config.json)"
+            )
+        out[name] = path
+    return out
 
 
 def load(args):
@@ -81,6 +122,10 @@ def load(args):
         device=device,
         lora_adapter=args.lora_adapter,
     )
+    if args.lora_modules:  # beside the base, one per request
+        from libai.models.lora_adapters import load_peft_adapters
+
+        load_peft_adapters(pipeline.model, args.lora_modules)
     dtype = args.dtype
     if dtype == "auto":
         dtype = "bfloat16" if device == "cuda" else "float32"
@@ -114,6 +159,20 @@ def build_engine(args, pipeline, model):
     return executor, config, eos
 
 
+def served_model(args, pipeline, config):
+    """What the HTTP front serves: the model's name, tokenizer, chat template, adapters."""
+    from libai.serving.api import ServedModel
+    from libai.serving.chat import load_chat_template
+
+    return ServedModel(
+        name=args.served_model_name or args.model,
+        tokenizer=pipeline.tokenizer,
+        max_model_len=config.max_model_len,
+        chat_template=load_chat_template(args.model),
+        adapters=dict(args.lora_modules),
+    )
+
+
 def serve(args, rank: int = 0) -> None:
     """Load, then rank 0 serves HTTP until SIGTERM / Ctrl-C; other ranks step with it."""
     pipeline, model = load(args)
@@ -123,22 +182,17 @@ def serve(args, rank: int = 0) -> None:
         return
     import uvicorn
 
-    from libai.serving.api import ServedModel, build_app
+    from libai.serving.api import build_app
     from libai.serving.async_engine import AsyncEngine
-    from libai.serving.chat import load_chat_template
     from libai.serving.engine import LLMEngine
 
     engine = AsyncEngine(LLMEngine(executor, pipeline.tokenizer, config, eos))
-    served = ServedModel(
-        name=args.served_model_name or args.model,
-        tokenizer=pipeline.tokenizer,
-        max_model_len=config.max_model_len,
-        chat_template=load_chat_template(args.model),
-    )
+    served = served_model(args, pipeline, config)
     app = build_app(engine, served, on_shutdown=executor.stop_workers)
     logger.info(
-        "serving %s on http://%s:%d (tp %d, pp %d, %d blocks of %d)",
+        "serving %s%s on http://%s:%d (tp %d, pp %d, %d blocks of %d)",
         served.name,
+        f" and adapters {', '.join(served.adapters)}" if served.adapters else "",
         args.host,
         args.port,
         args.tensor_parallel_size,

@@ -92,10 +92,18 @@ class LLMEngine:
         self._tracking: dict[int, _Tracking] = {}
 
     # ---- requests -------------------------------------------------------------------------
-    def add_request(self, prompt_ids: list[int], params: SamplingParams) -> list[Sequence]:
-        """Queue ``params.n`` sequences continuing ``prompt_ids``; raises
-        :class:`InvalidParameter` (naming the field) before queueing anything."""
+    def add_request(
+        self, prompt_ids: list[int], params: SamplingParams, adapter: int = -1
+    ) -> list[Sequence]:
+        """Queue ``params.n`` sequences continuing ``prompt_ids`` through ``adapter`` (an
+        index of the executor's :attr:`~ModelExecutor.adapter_names`; -1: the base alone);
+        raises :class:`InvalidParameter` (naming the field) before queueing anything."""
         params.validate()
+        names = self.executor.adapter_names
+        if not -1 <= adapter < len(names):
+            raise InvalidParameter(
+                "model", f"adapter {adapter} is not loaded ({len(names)} adapters: {names})"
+            )
         limit = self.config.max_model_len
         if not prompt_ids:
             raise InvalidParameter("prompt", "the prompt is empty")
@@ -123,6 +131,7 @@ class LLMEngine:
                 params,
                 max_tokens,
                 generator=choice_generator(params.seed, choice),
+                adapter=adapter,
             )
             self._tracking[seq.seq_id] = _Tracking(
                 TextTracker(self.tokenizer, params.stop), stop_ids
@@ -166,7 +175,9 @@ class LLMEngine:
 
     def _plan(self, batch) -> tuple[StepPlan, list[Sequence]]:
         ids, positions, starts, counts, tables, logits_at, sampled = [], [], [], [], [], [], []
+        adapters = []
         for seq, count in batch:
+            adapters.append(seq.adapter)
             start, tokens = seq.num_computed, seq.all_ids
             ids += tokens[start : start + count]
             positions += range(start, start + count)
@@ -176,7 +187,10 @@ class LLMEngine:
             if start + count == len(tokens):  # prompt (and outputs) all computed
                 logits_at.append(len(ids) - 1)
                 sampled.append(seq)
-        return StepPlan(ids, positions, starts, counts, tables, logits_at), sampled
+        plan = StepPlan(ids, positions, starts, counts, tables, logits_at)
+        if self.executor.adapters is not None:
+            plan.adapters = adapters
+        return plan, sampled
 
     def _advance(self, seq: Sequence, token: int, logits: torch.Tensor) -> SequenceOutput:
         tracking = self._tracking[seq.seq_id]

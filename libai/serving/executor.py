@@ -12,6 +12,7 @@ sit in :meth:`ModelExecutor.serve` until rank 0 sends ``None``.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -19,6 +20,7 @@ import torch.distributed as torch_dist
 
 from libai.inference.stage_comm import StagePipe
 from libai.layers.paged_kv_cache import PagedKVCache, PagedStep
+from libai.models.lora_adapters import adapter_routing
 
 
 @dataclass
@@ -30,6 +32,8 @@ class StepPlan:
     tables: list[list[int]]
     #: packed indices of the tokens whose next-token logits are needed
     logits_at: list[int]
+    #: each sequence's adapter (an index of the model's adapters; -1: the base alone)
+    adapters: list[int] | None = None
 
 
 class ModelExecutor:
@@ -44,6 +48,12 @@ class ModelExecutor:
         self.model, self.cache, self.device = model, cache, torch.device(device)
         self.pipe = pipe or StagePipe()
         self.world_size = torch_dist.get_world_size() if torch_dist.is_initialized() else 1
+        #: the model's per-request adapters (:func:`~libai.models.lora_adapters.load_peft_adapters`)
+        self.adapters = adapter_routing(model)
+
+    @property
+    def adapter_names(self) -> list[str]:
+        return [] if self.adapters is None else list(self.adapters.names)
 
     @torch.no_grad()
     def execute(self, plan: StepPlan) -> torch.Tensor:
@@ -78,8 +88,19 @@ class ModelExecutor:
         def stage(x):  # [1, N] ids (hidden states after the first stage) -> next stage
             return self.model.decode_stage(x, None, positions, self.cache, logits_at=logits_at)
 
-        logits = self.pipe.run(stage, ids)  # the last stage's [1, K, vocab]
+        with self._routed(plan):
+            logits = self.pipe.run(stage, ids)  # the last stage's [1, K, vocab]
         self.cache.step = None
         if self.pipe.num_stages > 1:  # to the scheduler's rank (first stage)
             (logits,) = self.pipe.broadcast_from_last((logits,))
         return logits[0].float()
+
+    def _routed(self, plan: StepPlan):
+        """Each packed token through its sequence's adapter (a no-op without adapters)."""
+        if self.adapters is None:
+            return contextlib.nullcontext()
+        per_seq = plan.adapters or [-1] * len(plan.counts)
+        slots = torch.repeat_interleave(
+            torch.tensor(per_seq, dtype=torch.long), torch.tensor(plan.counts, dtype=torch.long)
+        )
+        return self.adapters.route(slots.to(self.device))

@@ -48,6 +48,8 @@ class Sequence:
     finish_reason: str | None = None
     #: times this sequence was preempted (its cache freed and recomputed later)
     preemptions: int = 0
+    #: the adapter it runs through (an index of the model's adapters; -1: the base alone)
+    adapter: int = -1
 
     @property
     def all_ids(self) -> list[int]:

@@ -38,23 +38,21 @@ class ThreadServer:
 
     def __init__(self, model_dir: str, **flags):
         from libai.serving import cli
-        from libai.serving.api import ServedModel, build_app
+        from libai.serving.api import build_app
         from libai.serving.async_engine import AsyncEngine
-        from libai.serving.chat import load_chat_template
         from libai.serving.engine import LLMEngine
 
         self.port = free_port()
         argv = ["--model", model_dir, "--port", str(self.port), "--device", "cpu"]
         for key, value in flags.items():
-            argv += [f"--{key.replace('_', '-')}", str(value)]
+            values = value if isinstance(value, list) else [value]
+            argv += [f"--{key.replace('_', '-')}", *map(str, values)]
         args = cli.parse_args(argv)
         pipeline, model = cli.load(args)
         executor, config, eos = cli.build_engine(args, pipeline, model)
         self.engine = LLMEngine(executor, pipeline.tokenizer, config, eos)
         self.async_engine = AsyncEngine(self.engine)
-        served = ServedModel(model_dir, pipeline.tokenizer, config.max_model_len)
-        served.chat_template = load_chat_template(model_dir)
-        app = build_app(self.async_engine, served)
+        app = build_app(self.async_engine, cli.served_model(args, pipeline, config))
         self.server = uvicorn.Server(
             uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning")
         )

@@ -45,3 +45,28 @@ def hf_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:
         eos_token_id=None,
     )
     return out[0, len(prompt) :].tolist()
+
+
+def make_peft_adapter(base_dir, out_dir, seed: int, **lora) -> str:
+    """A PEFT LoRA adapter made by ``peft`` on the Hugging Face model at ``base_dir``, its B
+    random (PEFT starts B at zero, which would change nothing), saved to ``out_dir``."""
+    import peft
+
+    model = peft.get_peft_model(
+        transformers.AutoModelForCausalLM.from_pretrained(base_dir), peft.LoraConfig(**lora)
+    )
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+    model.save_pretrained(out_dir)
+    return str(out_dir)
+
+
+def peft_model(base_dir, adapter_dir):
+    """transformers + PEFT: the base at ``base_dir`` with the adapter at ``adapter_dir``."""
+    import peft
+
+    base = transformers.AutoModelForCausalLM.from_pretrained(base_dir)
+    return peft.PeftModel.from_pretrained(base, adapter_dir).eval()

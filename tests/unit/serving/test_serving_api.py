@@ -298,3 +298,65 @@ def test_a_lora_adapter_is_served_merged(tmp_path):
     finally:
         server.close()
         dist.reset_dist_util()
+
+
+def test_adapters_are_served_per_request(tmp_path):
+    """``--lora-modules sql=DIR chat=DIR`` (adapters made by ``peft``): ``/v1/models`` lists
+    them under the base; concurrent requests naming the base, ``sql`` and ``chat`` each get
+    transformers + PEFT's greedy answer for their own adapter (completions and chat)."""
+    pytest.importorskip("peft")
+    from serving_models import make_peft_adapter, peft_model
+
+    dist.reset_dist_util()
+    model_dir = make_chat_llama_dir(tmp_path)
+    sql = make_peft_adapter(
+        model_dir, tmp_path / "sql", 1, r=4, target_modules=["q_proj", "v_proj"]
+    )
+    chat = make_peft_adapter(
+        model_dir, tmp_path / "chat", 2, r=8, lora_alpha=16, target_modules=["o_proj", "up_proj"]
+    )
+    refs = {"base": Reference(model_dir), "sql": Reference(model_dir), "chat": Reference(model_dir)}
+    refs["sql"].model, refs["chat"].model = peft_model(model_dir, sql), peft_model(model_dir, chat)
+    names = {"base": model_dir, "sql": "sql", "chat": "chat"}
+    server = ThreadServer(model_dir, block_size=4, lora_modules=[f"sql={sql}", f"chat={chat}"])
+    try:
+        cards = openai.OpenAI(base_url=server.url + "/v1", api_key="x").models.list().data
+        assert [(m.id, getattr(m, "parent", None)) for m in cards] == [
+            (model_dir, None), ("sql", model_dir), ("chat", model_dir)
+        ]  # fmt: skip
+        client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
+
+        async def ask(kind):
+            done = client.completions.create(
+                model=names[kind], prompt=PROMPT, max_tokens=8, temperature=0
+            )
+            talk = client.chat.completions.create(
+                model=names[kind], messages=MESSAGES, max_tokens=6, temperature=0
+            )
+            return await asyncio.gather(done, talk)
+
+        async def everyone():
+            return await asyncio.gather(*(ask(kind) for kind in names))
+
+        answers = dict(zip(names, asyncio.run(everyone())))
+        texts = set()
+        for kind, (done, talk) in answers.items():
+            ref = refs[kind]
+            assert done.choices[0].text == ref.text(ref.greedy(ref.tok(PROMPT)["input_ids"], 8))
+            prompt = ref.tok.apply_chat_template(
+                MESSAGES, add_generation_prompt=True, tokenize=False
+            )
+            want = ref.greedy(ref.tok(prompt, add_special_tokens=False)["input_ids"], 6)
+            assert talk.choices[0].message.content == ref.text(want), kind
+            assert done.model == names[kind]
+            texts.add(done.choices[0].text)
+        assert len(texts) == 3  # each adapter answers differently
+        with pytest.raises(openai.NotFoundError, match="serves .*`sql`, `chat`"):
+            openai.OpenAI(
+                base_url=server.url + "/v1", api_key="x", max_retries=0
+            ).completions.create(model="sqll", prompt=PROMPT, max_tokens=2)
+        server.wait_idle()
+        assert server.engine.allocator.num_free == server.engine.allocator.num_blocks
+    finally:
+        server.close()
+        dist.reset_dist_util()

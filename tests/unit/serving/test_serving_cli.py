@@ -103,3 +103,50 @@ def _alive(pid: int) -> bool:
         return False
     status = subprocess.run(["ps", "-o", "stat=", "-p", str(pid)], capture_output=True, text=True)
     return bool(status.stdout.strip()) and not status.stdout.strip().startswith("Z")
+
+
+@pytest.mark.parametrize("layout", [["-tp", "2"], ["-pp", "2"]])
+def test_parallel_server_serves_adapters_per_request(model_dir, layout, tmp_path):
+    """``--lora-modules`` on tp2 (each rank its shard of every adapter, the row-parallel
+    adapters' partial products summed) and pp2 (each stage its layers' adapters): every
+    request gets transformers + PEFT's greedy answer for its adapter."""
+    pytest.importorskip("peft")
+    from serving_models import make_peft_adapter, peft_model
+
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "down_proj"]
+    sql = make_peft_adapter(model_dir, tmp_path / "sql", 1, r=4, target_modules=targets)
+    chat = make_peft_adapter(model_dir, tmp_path / "chat", 2, r=2, target_modules=["up_proj"])
+    refs = {
+        model_dir: Reference(model_dir),
+        "sql": Reference(model_dir),
+        "chat": Reference(model_dir),
+    }
+    refs["sql"].model, refs["chat"].model = peft_model(model_dir, sql), peft_model(model_dir, chat)
+    proc, url = start(model_dir, *layout, "--lora-modules", f"sql={sql}", f"chat={chat}")
+    try:
+        for name, ref in refs.items():
+            body = {"model": name, "prompt": PROMPTS[2], "max_tokens": 6, "temperature": 0}
+            response = httpx.post(url + "/v1/completions", json=body, timeout=60)
+            assert response.status_code == 200, response.text
+            want = ref.greedy(ref.tok(PROMPTS[2])["input_ids"], 6)
+            assert response.json()["choices"][0]["text"] == ref.text(want), name
+    finally:
+        log = stop(proc)
+    assert proc.returncode == 0, log[-3000:]
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--lora-modules", "sql"], "expected NAME=ADAPTER_DIR"),
+        (["--lora-modules", "sql=/nonexistent"], "not a PEFT adapter directory"),
+        (["--lora-modules", '{"name": "sql"}'], 'JSON needs "name" and "path"'),
+    ],
+)
+def test_bad_lora_modules_fail_before_loading(model_dir, flags, message):
+    out = subprocess.run(
+        [sys.executable, "-m", "libai.serving.cli", "--model", model_dir, *flags],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 2 and message in out.stderr, out.stderr[-2000:]
