@@ -81,8 +81,14 @@ class VocabEmbedding(nn.Module):
             tp_split_dim=0,
             padded_shape=(self.padded_num_embeddings, embedding_dim),
         )
+        #: a low-rank adapter (:class:`libai.layers.lora.EmbeddingLoRA`), or None
+        self.lora = None
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        out = self._lookup(input_ids)
+        return out if self.lora is None else self.lora.add_to(out, input_ids)
+
+    def _lookup(self, input_ids: torch.Tensor) -> torch.Tensor:
         weight = local_value(self.weight)
         if weight.shape[0] == self.padded_num_embeddings:  # whole table on this rank
             return F.embedding(input_ids, weight, self.padding_idx)

@@ -193,5 +193,77 @@ class LoRA(nn.Module):
         return f"r={self.r}, scaling={self.scaling:g}, parallel={self.parallel}{segments}"
 
 
+class EmbeddingLoRA(nn.Module):
+    """The adapter of a :class:`~libai.layers.embedding.VocabEmbedding` (PEFT's embedding
+    LoRA): ``out + scaling * B (A^T)[ids]`` with ``lora_embedding_A [r, vocab]`` (zero at
+    the start) and ``lora_embedding_B [hidden, r]`` (standard normal), PEFT's names and
+    initialization; no dropout (PEFT applies none to embeddings). A is split on the vocab
+    dim like the table (padded likewise), B is replicated."""
+
+    def __init__(self, embedding, r: int, lora_alpha: float, use_rslora: bool = False):
+        super().__init__()
+        self._dist_util = embedding._dist_util
+        self.sequence_parallel = embedding.sequence_parallel
+        self.r, self.segments = r, None
+        self.padded_vocab = embedding.padded_num_embeddings
+        self.scaling = lora_alpha / (math.sqrt(r) if use_rslora else r)
+        layer = dict(layer_idx=embedding.layer_idx)
+        self.lora_embedding_A = create_parameter(
+            (r, embedding.num_embeddings),
+            zeros,
+            tp_split_dim=1,
+            padded_shape=(r, embedding.padded_num_embeddings),
+            **layer,
+        )
+        self.lora_embedding_B = create_parameter(
+            (embedding.embedding_dim, r), _standard_normal, **layer
+        )
+        for p in self.parameters():
+            p.libai_lora = True
+        if embedding.sequence_parallel:  # B sees a sequence shard per rank
+            mark_sequence_parallel(self.lora_embedding_B)
+
+    def replicated_parameters(self) -> list[nn.Parameter]:
+        return [self.lora_embedding_B]
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """``input_ids`` -> the adapter's addition to the embedding output (its layout)."""
+        table = local_value(self.lora_embedding_A).t()  # [vocab (this rank's rows), r]
+        if table.shape[0] == self.padded_vocab:  # the whole table on this rank
+            h = F.embedding(input_ids, table)
+        else:
+            # [S(0), B] ids x [S(0), B] rows of A^T -> [S(0), P] (r wide) -> all-reduce
+            start = self._dist_util.tensor_parallel_rank * table.shape[0]
+            outside = (input_ids < start) | (input_ids >= start + table.shape[0])
+            local_ids = (input_ids - start).masked_fill(outside, 0)
+            h = F.embedding(local_ids, table).masked_fill(outside.unsqueeze(-1), 0.0)
+            if self.sequence_parallel:  # [S(0), P] -> reduce-scatter -> [S(0), S(1)]
+                h = reduce_scatter_to_sp(h, self._dist_util.tp_group)
+            else:
+                h = reduce_from_tp(h, self._dist_util.tp_group)
+        # [S(0), B] x [B, B]^T -> [S(0), B]  (r -> hidden)
+        b = local_value(self.lora_embedding_B)
+        return (h @ b.t().to(h.dtype)) * self.scaling
+
+    def add_to(self, out: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+        return out + self(input_ids).to(out.dtype)
+
+    @torch.no_grad()
+    def delta_weight(self) -> dict[str, torch.Tensor]:
+        """``scaling * (B A)^T`` ``[vocab (padded), hidden]``, whole (a collective where A
+        is sharded)."""
+        a, b = _whole(self.lora_embedding_A), _whole(self.lora_embedding_B)
+        return {"": (b.float() @ a.float()).t() * self.scaling}
+
+    def extra_repr(self) -> str:
+        return f"r={self.r}, scaling={self.scaling:g}, embedding"
+
+
+def _standard_normal(tensor, generator=None):
+    """PEFT's initialization of an embedding adapter's B."""
+    with torch.no_grad():
+        return tensor.normal_(generator=generator)
+
+
 def _whole(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if isinstance(t, DTensor) else t

@@ -1,4 +1,4 @@
-"""Several LoRA adapters on one Linear, chosen per token: one adapter per request when a
+"""Several LoRA adapters on one Linear (or token embedding), chosen per token: one adapter per request when a
 server hosts many fine-tunes of one base.
 
 The base weights are held once; each adapter keeps its own A and B beside them (a
@@ -17,7 +17,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from libai.layers.lora import LoRA
+from libai.layers.lora import EmbeddingLoRA, LoRA
 
 
 class AdapterRouting:
@@ -54,7 +54,7 @@ class AdapterSet(nn.Module):
     """The adapters of one Linear (``adapters``: adapter index -> its :class:`LoRA`; a
     layer that some adapters do not target lacks those), routed by ``routing``."""
 
-    def __init__(self, adapters: dict[int, LoRA], routing: AdapterRouting):
+    def __init__(self, adapters: dict[int, LoRA | EmbeddingLoRA], routing: AdapterRouting):
         super().__init__()
         self.adapters = nn.ModuleDict({str(i): a for i, a in sorted(adapters.items())})
         self.routing = routing
@@ -65,7 +65,8 @@ class AdapterSet(nn.Module):
         groups = self.routing.groups
         if not groups:
             return out
-        rows_in = x.reshape(-1, x.shape[-1])
+        # a Linear's input [..., in] or an embedding's ids [...]: one row per token
+        rows_in = x.reshape(-1, *x.shape[out.dim() - 1 :])
         rows_out = out.view(-1, out.shape[-1])
         if rows_in.shape[0] != self.routing.tokens:
             raise ValueError(

@@ -22,12 +22,16 @@ import re
 from dataclasses import dataclass, field
 
 import torch
+import torch.distributed as torch_dist
 from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
+from libai import dist
 from libai.layers.attention import MultiheadAttention
+from libai.layers.embedding import VocabEmbedding
 from libai.layers.linear import Linear
-from libai.layers.lora import LoRA, QKVLayout
+from libai.layers.lora import EmbeddingLoRA, LoRA, QKVLayout
+from libai.layers.param import local_value
 from libai.models.utils.weight_mapping import Copy, GroupedFuse
 from libai.utils.keys import dataclass_items
 
@@ -96,9 +100,14 @@ class Target:
         )
 
 
+#: the layers an adapter can target
+ADAPTABLE = (Linear, VocabEmbedding)
+
+
 def lora_targets(model: nn.Module) -> dict[str, Target]:
-    """The adaptable Linear layers of ``model`` by libai module name, with their Hugging
-    Face names (from the model's weight mapping when it has one)."""
+    """The adaptable layers of ``model`` (Linear, and the token embedding as PEFT's
+    ``embed_tokens`` / ``wte``) by libai module name, with their Hugging Face names (from
+    the model's weight mapping when it has one)."""
     rules = weight_rules(model)
     out: dict[str, Target] = {}
     for rule in rules:
@@ -115,9 +124,9 @@ def lora_targets(model: nn.Module) -> dict[str, Target]:
             hf = {"": names[0]} if shared else dict(zip(SEGMENTS, names))
             out[module] = Target(module, hf, shared, rule.sources[0].transpose)
     for name, layer in model.named_modules():  # layers without a Hugging Face twin
-        if isinstance(layer, Linear) and name not in out:
+        if isinstance(layer, ADAPTABLE) and name not in out:
             out[name] = Target(name, {})
-    return {n: t for n, t in out.items() if isinstance(_get(model, n), Linear)}
+    return {n: t for n, t in out.items() if isinstance(_get(model, n), ADAPTABLE)}
 
 
 def weight_rules(model: nn.Module) -> list:
@@ -176,7 +185,7 @@ def resolve_targets(model: nn.Module, config: LoRAConfig) -> dict[str, tuple[Tar
         if not hit:
             known = sorted({n for t in targets.values() for n in t.names() if "." not in n})
             raise ValueError(
-                f"lora.target_modules: {pattern!r} matches no Linear layer of "
+                f"lora.target_modules: {pattern!r} matches no Linear or embedding layer of "
                 f"{type(model).__name__}; layer names here: {known}"
             )
     out = {}
@@ -202,6 +211,8 @@ def _qkv_of(model: nn.Module, module: str) -> tuple[QKVLayout, dict[str, int]]:
 #: the model attribute holding the LoRA settings applied to it (set on the whole model, before
 #: any pipeline split, so every stage agrees that it is a LoRA model)
 LORA_ATTR = "libai_lora_config"
+#: set on the whole model (before any pipeline split) when an adapter targets the embedding
+EMBEDDING_ATTR = "libai_lora_embedding"
 
 
 def apply_lora(model: nn.Module, config: LoRAConfig) -> list[str]:
@@ -209,15 +220,24 @@ def apply_lora(model: nn.Module, config: LoRAConfig) -> list[str]:
     parameter but those of ``modules_to_save``; returns the adapted module names."""
     chosen = resolve_targets(model, config)
     for module, (target, segments) in chosen.items():
-        linear: Linear = _get(model, module)
+        linear = _get(model, module)
         if linear.lora is not None:
             raise ValueError(f"{module} already has a LoRA adapter")
-        widest = min(linear.in_features, linear.out_features)
-        if config.r > widest:
+        embedding = isinstance(linear, VocabEmbedding)
+        sizes = (
+            (linear.num_embeddings, linear.embedding_dim)
+            if embedding
+            else (linear.in_features, linear.out_features)
+        )
+        if config.r > min(sizes):
             raise ValueError(
-                f"lora.r={config.r} exceeds {module}'s smaller dimension ({widest}): a "
-                "rank above it adds nothing; choose r <= " + str(widest)
+                f"lora.r={config.r} exceeds {module}'s smaller dimension ({min(sizes)}): a "
+                "rank above it adds nothing; choose r <= " + str(min(sizes))
             )
+        if embedding:  # PEFT's embedding adapter (no dropout, as PEFT)
+            linear.lora = EmbeddingLoRA(linear, config.r, config.lora_alpha, config.use_rslora)
+            model.__dict__[EMBEDDING_ATTR] = True
+            continue
         qkv = full = None
         if segments is not None:
             qkv, full = _qkv_of(model, module)
@@ -264,9 +284,11 @@ def _modules_to_save(model: nn.Module, names) -> list[str]:
     return out
 
 
-def lora_layers(model: nn.Module) -> dict[str, Linear]:
-    """The Linear layers of ``model`` that carry an adapter, by name."""
-    return {n: m for n, m in model.named_modules() if isinstance(m, Linear) and m.lora is not None}
+def lora_layers(model: nn.Module) -> dict[str, nn.Module]:
+    """The layers of ``model`` (Linear, token embedding) that carry an adapter, by name."""
+    return {
+        n: m for n, m in model.named_modules() if isinstance(m, ADAPTABLE) and m.lora is not None
+    }
 
 
 @torch.no_grad()
@@ -296,8 +318,26 @@ def merge_lora(model: nn.Module) -> int:
             delta = torch.cat(pieces, dim=1).view(weight.shape[0], -1)
         _add_whole(weight, delta)
         layer.lora = None
+    if model.__dict__.pop(EMBEDDING_ATTR, False):
+        _sync_tied_copies(model)
     model.__dict__.pop(LORA_ATTR, None)
     return len(layers)
+
+
+def _sync_tied_copies(model: nn.Module) -> None:
+    """After an embedding adapter merged into the table: a tied LM head on another pipeline
+    stage holds a copy of the table; it takes the merged value, as the one shared weight of
+    a tied model does on one stage (and in PEFT's ``merge_and_unload``). Collective over
+    the first and last stages."""
+    util = dist.mesh_of(model)
+    tied = [p for p in model.parameters() if getattr(p, "libai_tied_group", None) is not None]
+    if util.embedding_group is None or not tied:
+        return
+    for p in tied:
+        local = local_value(p)
+        if getattr(p, "libai_tied_copy", False):
+            local.zero_()  # the copy: replaced by the table's merged value
+        torch_dist.all_reduce(local, group=util.embedding_group)
 
 
 def _add_whole(weight: torch.Tensor, delta: torch.Tensor) -> None:

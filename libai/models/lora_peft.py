@@ -20,6 +20,8 @@ from safetensors.torch import load_file, save_file
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from libai import dist
+from libai.layers.lora import EmbeddingLoRA
+from libai.layers.param import local_value
 from libai.models.lora import (
     SEGMENTS,
     LoRAConfig,
@@ -29,12 +31,14 @@ from libai.models.lora import (
     weight_rules,
 )
 from libai.models.utils.hf_export import full_value
-from libai.models.utils.model_loader.base_loader import load_rule, logical_shape
+from libai.models.utils.model_loader.base_loader import load_rule, logical_shape, shard_spec
 from libai.models.utils.weight_mapping import expected_shapes
 
 CONFIG_NAME = "adapter_config.json"
 WEIGHTS_NAME = "adapter_model.safetensors"
 PREFIX = "base_model.model."
+#: PEFT's embedding adapter tensors (no ".weight")
+EMBEDDING_NAMES = (".lora_embedding_A", ".lora_embedding_B")
 
 
 def _pairs(model, targets) -> dict[str, tuple]:
@@ -48,6 +52,11 @@ def _pairs(model, targets) -> dict[str, tuple]:
                 f"{module} has no Hugging Face counterpart, so its adapter has no PEFT name; "
                 "adapt only layers of the model's Hugging Face architecture"
             )
+        if isinstance(lora, EmbeddingLoRA):  # PEFT's names carry no ".weight"
+            name = PREFIX + target.hf[""]
+            out[name + ".lora_embedding_A"] = ((lora.lora_embedding_A,), None)
+            out[name + ".lora_embedding_B"] = ((lora.lora_embedding_B,), None)
+            continue
         if lora.segments is None or lora.shared_a:
             name = PREFIX + target.hf[""]
             out[name + ".lora_A.weight"] = ((lora.lora_A,), None)
@@ -111,7 +120,7 @@ def peft_state_dict(model, targets=None) -> dict[str, torch.Tensor]:
 
 
 def _is_adapter(name: str) -> bool:
-    return ".lora_A." in name or ".lora_B." in name
+    return ".lora_A." in name or ".lora_B." in name or name.endswith(EMBEDDING_NAMES)
 
 
 def _module_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -195,7 +204,7 @@ def load_peft_adapter(model, path: str, whole_modules: bool = True) -> LoRAConfi
     file = os.path.join(path, WEIGHTS_NAME)
     if not os.path.isfile(file):
         raise FileNotFoundError(f"{path}: no {WEIGHTS_NAME}")
-    tensors = load_file(file)
+    tensors = _without_embedding_copies(model, load_file(file), path)
     # PEFT matches modules_to_save by name suffix: the file's tensors say which it saved
     saved = _TensorReader(_module_tensors(tensors), file)
     config = replace(config, modules_to_save=tuple(_module_names(saved.tensors)))
@@ -221,6 +230,7 @@ def load_peft_adapter(model, path: str, whole_modules: bool = True) -> LoRAConfi
         full = tensors[name]
         pieces = full.split([p.shape[0] for p in params]) if how == "cat" else [full]
         for p, piece in zip(params, pieces):
+            piece = _padded(piece, p)
             if tuple(piece.shape) != tuple(p.shape):
                 raise ValueError(
                     f"{path}: {name} has shape {tuple(piece.shape)}, this model's adapter "
@@ -253,6 +263,52 @@ def load_peft_adapter(model, path: str, whole_modules: bool = True) -> LoRAConfi
     for name, (param, rule) in modules.items():
         load_rule(param, name, rule, saved)
     return config
+
+
+def _without_embedding_copies(model, tensors: dict, path: str) -> dict:
+    """``tensors`` without the base weights PEFT saves beside an embedding adapter
+    (``save_embedding_layers``: ``<module>.base_layer.weight``), once each is checked equal
+    to this base's weights (this rank's shard): different ones mean an adapter made on
+    other weights or a resized vocabulary, refused naming the tensor."""
+    copies = [k for k in tensors if k.endswith(".base_layer.weight")]
+    if not copies:
+        return tensors
+    params = dict(model.named_parameters())
+    owners = {h: r for r in weight_rules(model) for h in r.hf_names() if r.libai_name in params}
+    for key in copies:
+        hf_name = key[len(PREFIX) :].replace(".base_layer.weight", ".weight")
+        rule = owners.get(hf_name)
+        if rule is None:
+            if dist.mesh_of(model).layout.pipeline_parallel_size > 1:
+                continue  # another stage's layer
+            raise ValueError(f"{path}: {key} fits no layer of this model")
+        param = params[rule.libai_name]
+        if param.is_meta:
+            continue
+        value = tensors[key]
+        same = tuple(value.shape) == logical_shape(param)
+        if same:
+            reader = _TensorReader({hf_name: value}, path)
+            mine = local_value(param)
+            got = rule.load(reader, tuple(param.shape), logical_shape(param), shard_spec(param))
+            same = torch.equal(got.to(mine.dtype), mine)
+        if not same:
+            raise ValueError(
+                f"{path}: {key} (the base embedding PEFT saved beside its adapter) differs "
+                "from this model's: an adapter made on other weights or a resized vocabulary"
+            )
+    return {k: v for k, v in tensors.items() if k not in copies}
+
+
+def _padded(piece: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+    """``piece`` (a file's tensor of ``param``'s logical shape) zero-padded to the padded
+    vocabulary ``param`` holds (an embedding adapter's A under tp)."""
+    if tuple(piece.shape) != logical_shape(param) or tuple(param.shape) == logical_shape(param):
+        return piece
+    pad = [0, 0] * piece.dim()
+    for dim, (want, have) in enumerate(zip(param.shape, piece.shape)):
+        pad[2 * (piece.dim() - 1 - dim) + 1] = want - have
+    return torch.nn.functional.pad(piece, pad)
 
 
 class _TensorReader:

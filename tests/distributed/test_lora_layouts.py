@@ -1,6 +1,6 @@
 """LoRA on every layout: a tiny Llama with adapters on q, v (segments of the fused
-projection), o_proj, gate_proj and down_proj trains on dp2, tp2 (with and without sequence
-parallel), pp2, tp2 x pp2, ZeRO-1 x dp2, ZeRO-3 x dp2 and dp2 with activation checkpointing
+projection), o_proj, gate_proj, down_proj and the token embedding trains on dp2, tp2 (with
+and without sequence parallel), pp2 (also with the head tied to the embedding), tp2 x pp2, ZeRO-1 x dp2, ZeRO-3 x dp2 and dp2 with activation checkpointing
 exactly as on one process (losses, every gradient of the first step, clipping norms,
 parameters after three steps, merged weights); on every rank no base weight holds a
 gradient or optimizer state, and the gradient and optimizer-state bytes are the adapters'
@@ -25,6 +25,8 @@ CASES_2 = [
     {"name": "tp2", "dist": {"tensor_parallel_size": 2}},
     {"name": "tp2-sp", "dist": {"tensor_parallel_size": 2, "sequence_parallel": True}},
     {"name": "pp2", "dist": PP, "microbatches": 2},
+    # the LM head tied to the adapted embedding: the last stage's copy takes the merged table
+    {"name": "pp2-tied", "dist": PP, "microbatches": 2, "lora": "tied"},
     {"name": "dp2-zero1", "dist": {"data_parallel_size": 2}, "zero": 1},
     {"name": "dp2-zero3", "dist": {"data_parallel_size": 2}, "zero": 3},
     # checkpointed blocks recompute the adapters' forward in backward
@@ -50,7 +52,9 @@ def references(tmp_path_factory, peft_dirs):
     path = tmp_path_factory.mktemp("lora") / "references.pt"
     one = lora_reference_run(peft_dir=peft_dirs["one"])
     saved = lora_reference_run(peft_dir=peft_dirs["saved"], config=LORA_SAVED)
-    torch.save({"one": one, "mb2": lora_reference_run(microbatches=2), "saved": saved}, path)
+    tied = lora_reference_run(microbatches=2, tied=True)
+    mb2 = lora_reference_run(microbatches=2)
+    torch.save({"one": one, "mb2": mb2, "saved": saved, "tied": tied}, path)
     dist.reset_dist_util()
     return str(path)
 

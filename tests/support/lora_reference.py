@@ -4,6 +4,7 @@ layout tests (tests/distributed/test_lora_layouts.py)."""
 from __future__ import annotations
 
 import dataclasses
+import zlib
 
 import torch
 from gpt_reference import SEED
@@ -17,27 +18,31 @@ from libai.models.utils.hf_export import full_value
 from libai.runtime.parallel import ModelRunner
 
 #: q and v (segments of the fused projection), the row-parallel o_proj and down_proj, the
-#: column-parallel gate_proj
+#: column-parallel gate_proj, the vocab-parallel token embedding (A split on the vocab)
 LORA = LoRAConfig(
-    target_modules=("q_proj", "v_proj", "o_proj", "gate_proj", "down_proj"), r=4, lora_alpha=8
+    target_modules=("q_proj", "v_proj", "o_proj", "gate_proj", "down_proj", "embed_tokens"),
+    r=4,
+    lora_alpha=8,
 )
 #: the same adapters, and the (vocab-parallel) LM head trained whole (PEFT's modules_to_save)
 LORA_SAVED = dataclasses.replace(LORA, modules_to_save=("lm_head",))
-CONFIGS = {"adapters": LORA, "saved": LORA_SAVED}
+CONFIGS = {"adapters": LORA, "saved": LORA_SAVED, "tied": LORA}
 lora_batch = moe_batch
 
 
 @torch.no_grad()
-def build_lora_llama(config: LoRAConfig = LORA) -> LlamaForCausalLM:
-    """The base, its adapters attached, and every adapter weight set to a seeded value
-    (B is zero at PEFT's start, which would leave A's first gradients zero)."""
+def build_lora_llama(config: LoRAConfig = LORA, tied: bool = False) -> LlamaForCausalLM:
+    """The base (``tied``: its LM head tied to the embedding), its adapters attached, and
+    every adapter weight set to a seeded value (PEFT starts one of A and B at zero, which
+    would leave the other's first gradients zero)."""
     torch.manual_seed(SEED)
-    model = LlamaForCausalLM(**TINY_MOE_LLAMA)
+    model = LlamaForCausalLM(**TINY_MOE_LLAMA, tie_word_embeddings=tied)
     apply_lora(model, config)
-    for i, (_, p) in enumerate(sorted(model.named_parameters(), key=lambda item: item[0])):
+    for name, p in model.named_parameters():
         if not getattr(p, "libai_lora", False):
             continue
-        full = torch.randn(tuple(p.shape), generator=torch.Generator().manual_seed(i)) * 0.2
+        seed = zlib.crc32(name.encode())  # by name: a stage's parameter list is not the model's
+        full = torch.randn(tuple(p.shape), generator=torch.Generator().manual_seed(seed)) * 0.2
         if isinstance(p, DTensor):
             p.copy_(distribute_tensor(full.to(p.device), p.device_mesh, p.placements))
         else:
@@ -63,12 +68,15 @@ def merged_weights(model) -> dict[str, torch.Tensor]:
 
 
 def lora_reference_run(
-    microbatches: int = 1, peft_dir: str | None = None, config: LoRAConfig = LORA
+    microbatches: int = 1,
+    peft_dir: str | None = None,
+    config: LoRAConfig = LORA,
+    tied: bool = False,
 ) -> dict:
     """One process; with ``peft_dir`` the trained adapters are exported there as a PEFT
     directory."""
     dist.setup_dist_util({})
-    model = build_lora_llama(config)
+    model = build_lora_llama(config, tied)
     init = lora_state(model)
     out = train(ModelRunner(model, num_microbatches=microbatches), lora_batch, lora_state)
     out.pop("optimizer")
@@ -76,4 +84,8 @@ def lora_reference_run(
         from libai.models.lora_peft import save_peft_adapter
 
         save_peft_adapter(model, config, peft_dir)
-    return {"init": init, **out, "final": lora_state(model), "merged": merged_weights(model)}
+    states = {"init": init, "final": lora_state(model), "merged": merged_weights(model)}
+    if tied:  # a pipeline's last stage holds a copy of the table for the head: the same values
+        for state in states.values():
+            state["lm_head.weight"] = state["model.embed_tokens.weight"]
+    return {**out, **states}

@@ -30,8 +30,8 @@ def check_case(case: dict, refs: dict) -> dict:
     dp = util.layout.data_parallel_size
     microbatches = case.get("microbatches", 1)
     kind = case.get("lora", "adapters")
-    ref = refs["saved" if kind == "saved" else "mb2" if microbatches > 1 else "one"]
-    model = build_lora_llama(CONFIGS[kind])
+    ref = refs[kind if kind != "adapters" else "mb2" if microbatches > 1 else "one"]
+    model = build_lora_llama(CONFIGS[kind], tied=kind == "tied")
     runner = ModelRunner(model, num_microbatches=microbatches, **case.get("runner", {}))
     stage = case.get("zero")
     prepare_model(runner, stage)
@@ -100,7 +100,7 @@ def peft_round_trip(model, case: dict) -> dict:
     config = CONFIGS[case.get("lora", "adapters")]
     path = case["peft_dir"]
     save_peft_adapter(model, config, path)
-    fresh = build_lora_llama(config)
+    fresh = build_lora_llama(config, tied=case.get("lora") == "tied")
     fresh = ModelRunner(fresh, num_microbatches=case.get("microbatches", 1)).model
     trained = {n for n, p in fresh.named_parameters() if p.requires_grad}
     with torch.no_grad():

@@ -85,7 +85,9 @@ def randomize_ours(model, seed=2):
 @pytest.mark.parametrize(
     "kind, targets, rslora",
     [("llama", LLAMA_TARGETS, False), ("llama", ["q_proj", "v_proj"], True),
-     ("gpt2", ["c_attn", "c_proj", "c_fc"], False)],
+     ("gpt2", ["c_attn", "c_proj", "c_fc"], False),
+     # PEFT's embedding adapters (Llama's untied embed_tokens, GPT-2's wte tied to its head)
+     ("llama", ["embed_tokens", "v_proj"], True), ("gpt2", ["wte", "c_attn"], False)],
 )  # fmt: skip
 def test_peft_adapters_load_here_and_ours_load_in_peft(tmp_path, kind, targets, rslora):
     hf = tiny_hf(kind, tmp_path / "base")
@@ -112,12 +114,15 @@ def test_peft_adapters_load_here_and_ours_load_in_peft(tmp_path, kind, targets, 
     assert (mine - want).abs().max() > 1e-3  # the adapter changed
     torch.testing.assert_close(loaded(x).logits.float(), mine, atol=1e-5, rtol=1e-5)
 
-    # merged: the same logits, and PEFT's merge_and_unload weights
+    # merged: PEFT's merge_and_unload logits (the unmerged ones, but where a merged
+    # embedding also moves the head tied to it, in PEFT as here) and weights
     merged_theirs = loaded.merge_and_unload()
     adapted = lora_layers(ours)
     assert merge_lora(ours) == len(adapted) > 0
     assert not lora_layers(ours)
-    torch.testing.assert_close(ours_logits(ours, x), mine, atol=1e-5, rtol=1e-5)
+    tied_embedding = kind == "gpt2" and "wte" in targets
+    want_merged = merged_theirs(x).logits.float() if tied_embedding else mine
+    torch.testing.assert_close(ours_logits(ours, x), want_merged, atol=1e-5, rtol=1e-5)
     save_huggingface(ours, str(tmp_path / "merged"))
     exported = type(hf).from_pretrained(tmp_path / "merged").state_dict()
     for name, value in merged_theirs.state_dict().items():
@@ -225,7 +230,7 @@ def test_the_base_is_frozen(tmp_path):
 def test_bad_input_is_one_line(tmp_path):
     tiny_hf("llama", tmp_path / "base")
     model = load_huggingface(str(tmp_path / "base"))
-    with pytest.raises(ValueError, match=r"'qproj' matches no Linear layer .*q_proj"):
+    with pytest.raises(ValueError, match=r"'qproj' matches no Linear or embedding layer .*q_proj"):
         apply_lora(model, LoRAConfig(target_modules=("qproj",)))
     with pytest.raises(ValueError, match=r"lora.r=40 exceeds .*smaller dimension \(32\)"):
         apply_lora(model, LoRAConfig(target_modules=("o_proj",), r=40))
@@ -251,6 +256,20 @@ def test_bad_input_is_one_line(tmp_path):
     before = {n: p.clone() for n, p in fresh.named_parameters()}
     with pytest.raises(ValueError, match="an adapter for another base model"):
         load_peft_adapter(fresh, str(tmp_path / "other"))
+    for n, p in fresh.named_parameters():
+        if n in before:
+            assert torch.equal(p, before[n])
+    # an embedding adapter made on a table of the same shape but other values: PEFT saved
+    # that table beside it (save_embedding_layers), and it is not this base's
+    torch.manual_seed(7)
+    same_shape = transformers.LlamaForCausalLM(
+        transformers.AutoConfig.from_pretrained(tmp_path / "base")
+    )
+    peft.get_peft_model(
+        same_shape, peft.LoraConfig(r=2, target_modules=["embed_tokens"])
+    ).save_pretrained(tmp_path / "other_table")
+    with pytest.raises(ValueError, match=r"embed_tokens.base_layer.weight .* differs from"):
+        load_peft_adapter(fresh, str(tmp_path / "other_table"))
     for n, p in fresh.named_parameters():
         if n in before:
             assert torch.equal(p, before[n])

@@ -48,8 +48,9 @@ def hf_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:
 
 
 def make_peft_adapter(base_dir, out_dir, seed: int, **lora) -> str:
-    """A PEFT LoRA adapter made by ``peft`` on the Hugging Face model at ``base_dir``, its B
-    random (PEFT starts B at zero, which would change nothing), saved to ``out_dir``."""
+    """A PEFT LoRA adapter made by ``peft`` on the Hugging Face model at ``base_dir``, its
+    A and B random (PEFT starts one of them at zero, which would change nothing), saved to
+    ``out_dir``."""
     import peft
 
     model = peft.get_peft_model(
@@ -58,7 +59,7 @@ def make_peft_adapter(base_dir, out_dir, seed: int, **lora) -> str:
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if "lora_B" in name:
+            if "lora_" in name:
                 p.copy_(torch.randn(p.shape, generator=g) * 0.5)
     model.save_pretrained(out_dir)
     return str(out_dir)

@@ -28,6 +28,7 @@ pytest.importorskip("peft")
 
 ATTN = ["q_proj", "v_proj", "down_proj"]
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+ALL += ["embed_tokens"]  # PEFT's embedding adapter too
 
 
 @pytest.fixture(scope="module")
@@ -98,13 +99,14 @@ def test_each_layer_holds_the_adapters_that_target_it(files):
     by_kind = {}
     for name, adapter_set in sets.items():
         by_kind.setdefault(name.split(".", 3)[-1], set()).add(tuple(adapter_set.adapters))
-    # q/v (fused qkv) and down_proj: both adapters; o_proj and gate/up: the "chat" one only
+    # q/v (fused qkv) and down_proj: both adapters; o_proj, gate/up and the embedding: "chat"
     assert by_kind == {
         "self_attention.query_key_value": {("0", "1")},
         "mlp.dense_4h_to_h": {("0", "1")},
         "self_attention.dense": {("1",)},
         "mlp.dense_h_to_4h": {("1",)},
         "mlp.dense_gate": {("1",)},
+        "embed_tokens": {("1",)},
     }, by_kind
     ranks = {
         i: {a.adapters[str(i)].r for a in sets.values() if str(i) in a.adapters} for i in (0, 1)

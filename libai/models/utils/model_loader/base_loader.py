@@ -173,7 +173,7 @@ def libai_class(model: nn.Module) -> type:
     return type(model)
 
 
-def _shard_spec(param: torch.Tensor) -> ShardSpec | None:
+def shard_spec(param: torch.Tensor) -> ShardSpec | None:
     if not isinstance(param, DTensor):
         return None
     local = param.to_local().shape
@@ -250,7 +250,7 @@ def load_rule(param: torch.Tensor, name: str, rule: Rule, reader) -> None:
     if param.is_meta:
         return
     local = param.to_local() if isinstance(param, DTensor) else param
-    value = rule.load(reader, tuple(param.shape), logical_shape(param), _shard_spec(param))
+    value = rule.load(reader, tuple(param.shape), logical_shape(param), shard_spec(param))
     if tuple(value.shape) != tuple(local.shape):
         raise RuntimeError(
             f"{name}: loaded shard {list(value.shape)} vs parameter {list(local.shape)}"
