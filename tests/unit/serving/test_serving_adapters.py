@@ -19,6 +19,7 @@ from serving_models import VOCAB, hf_greedy, make_peft_adapter, peft_model, tiny
 from libai import dist
 from libai.layers.lora_set import AdapterSet
 from libai.layers.paged_kv_cache import PagedKVCache
+from libai.models.lora import LORA_ATTR, LoRAConfig, apply_lora
 from libai.models.lora_adapters import load_peft_adapters
 from libai.models.utils import load_huggingface
 from libai.serving import EngineConfig, LLMEngine, ModelExecutor, SamplingParams
@@ -137,10 +138,17 @@ def test_bad_adapters_are_refused_before_anything_changes(files, tmp_path):
     foreign = make_peft_adapter(other, tmp_path / "foreign", 4, r=4, target_modules=ATTN)
     with pytest.raises(ValueError, match=r"adapter 'foreign'.*another base"):
         load_peft_adapters(model, {"foreign": foreign})
+    assert LORA_ATTR not in model.__dict__  # the failed one's adapters taken off again
+    assert all(getattr(m, "lora", None) is None for m in model.modules())
 
     load_peft_adapters(model, {"sql": adapters["sql"]})
+    assert LORA_ATTR not in model.__dict__  # served adapters do not make it a LoRA (training) model
     engine = make_engine(model)
     with pytest.raises(InvalidParameter, match="adapter 1 is not loaded"):
         engine.add_request([1, 2, 3], SamplingParams(max_tokens=2), adapter=1)
     with pytest.raises(ValueError, match="already carries LoRA adapters"):
         load_peft_adapters(model, {"chat": adapters["chat"]})
+    trained = load_huggingface(base).eval()  # a model with one (trainable) adapter attached
+    apply_lora(trained, LoRAConfig(target_modules=("q_proj",), r=2))
+    with pytest.raises(ValueError, match="already carries LoRA adapters"):
+        load_peft_adapters(trained, {"sql": adapters["sql"]})
