@@ -335,7 +335,14 @@ class MoE(nn.Module):
         else:
             # [S(0) by expert] -> all-to-all over ep -> experts -> all-to-all back
             out = exchange(rows, perm.counts, self.ep_group, self.experts)
-        # combine: each row times its weight, summed into its token
+        if keep is None:
+            # combine (dropless): the rows back in token order, [T * k, H] -> [T, k, H],
+            # times their weights [T, k, 1], summed over the k choices -> [T, H] (a gather:
+            # backward keeps its indices, not the rows)
+            rows_back = out[perm.inverse()].view(*routing.experts.shape, out.shape[-1])
+            y = (rows_back.float() * routing.weights.unsqueeze(-1)).sum(1)
+            return y.to(x.dtype)
+        # combine: each kept row times its weight, summed into its token
         weights = routing.weights.reshape(-1)[perm.order, None]
         out = (out.float() * weights).to(x.dtype)
         return torch.zeros_like(x).index_add_(0, perm.tokens, out)

@@ -116,6 +116,13 @@ class Permutation:
             order = order[: int(counts.sum())]  # the kept ones (a host sync)
         self.order, self.counts, self.tokens = order, counts, order // top_k
 
+    def inverse(self) -> torch.Tensor:
+        """Where each flat assignment ``[T * k]`` sits in the sorted order (every assignment
+        kept)."""
+        inverse = torch.empty_like(self.order)
+        inverse[self.order] = torch.arange(self.order.numel(), device=self.order.device)
+        return inverse
+
 
 class _AllToAll(torch.autograd.Function):
     """``all_to_all_single`` of rows: rank r sends ``x[rows of split j]`` to rank j; the

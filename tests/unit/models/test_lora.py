@@ -339,10 +339,16 @@ def test_fresh_adapters_start_as_peft_does_and_dropout_acts_in_training(tmp_path
     tiny_hf("llama", tmp_path / "base")
     base = load_huggingface(str(tmp_path / "base")).eval()
     model = load_huggingface(str(tmp_path / "base")).eval()
-    apply_lora(model, LoRAConfig(target_modules=tuple(LLAMA_TARGETS), r=4, lora_dropout=0.5))
+    targets = (*LLAMA_TARGETS, "embed_tokens")
+    apply_lora(model, LoRAConfig(target_modules=targets, r=4, lora_dropout=0.5))
     torch.testing.assert_close(ours_logits(model, ids()), ours_logits(base, ids()), atol=0, rtol=0)
     for name, p in model.named_parameters():
-        if ".lora_B" in name:
+        assert p.requires_grad == ("lora_" in name), name  # adapters train, the base is frozen
+        if ".lora_embedding_A" in name:  # the embedding's: A zero, B standard normal
+            assert not p.any(), name
+        elif ".lora_embedding_B" in name:
+            assert abs(p.std().item() - 1) < 0.25 and abs(p.mean().item()) < 0.25, name
+        elif ".lora_B" in name:
             assert not p.any(), name
         elif ".lora_A" in name:
             bound = 1 / p.shape[1] ** 0.5
@@ -364,3 +370,13 @@ def test_fresh_adapters_start_as_peft_does_and_dropout_acts_in_training(tmp_path
         + layer.lora.scaling * ((x * mask) @ layer.lora.lora_A.T) @ layer.lora.lora_B.T
     )
     torch.testing.assert_close(dropped, kept, atol=1e-5, rtol=1e-5)
+    # the embedding's adapter: table[ids] + scaling * (A^T)[ids] B^T, no dropout (as PEFT)
+    embedding = model.model.embed_tokens
+    token_ids = ids()
+    adapter = embedding.lora
+    want = embedding.weight[token_ids] + adapter.scaling * (
+        adapter.lora_embedding_A.T[token_ids] @ adapter.lora_embedding_B.T
+    )
+    for mode in (False, True):
+        embedding.train(mode)
+        torch.testing.assert_close(embedding(token_ids), want, atol=1e-6, rtol=1e-6)
