@@ -87,7 +87,10 @@ class Experts(nn.Module):
             mark_sequence_parallel(self.w_up, self.w_gate, self.w_down, self.b_up, self.b_down)
 
     def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        """``x [N, H]`` grouped by local expert (``counts [E / ep]`` rows each) -> ``[N, H]``."""
+        """``x [N, H]`` grouped by local expert (``counts [E / ep]`` rows each) -> ``[N, H]``
+        (under autocast in its dtype, as a Linear's matmul: autocast does not cover
+        ``torch._grouped_mm``)."""
+        x = x.to(compute_dtype(x))
         up = local_value(self.w_up)
         grouped = self._use_grouped(x, up)
         mm = functools.partial(_grouped_matmul if grouped else _looped_matmul, counts=counts)
@@ -135,6 +138,14 @@ class Experts(nn.Module):
 
     def extra_repr(self) -> str:
         return f"num_experts={self.num_experts}, gated={self.gated}, impl={self.impl}"
+
+
+def compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype a matmul of ``x`` runs in: autocast's where it is on, else ``x``'s."""
+    device = x.device.type
+    if torch.is_autocast_enabled(device):
+        return torch.get_autocast_dtype(device)
+    return x.dtype
 
 
 def _grouped_matmul(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:

@@ -40,7 +40,8 @@ elements it keeps optimizer state / gradients for, ``n_opt`` their tensor count)
 AMP; the residual stream and norm inputs stay fp32) of a pre-norm block, per token:
 
 - no checkpointing: ``4 * 2h / q`` (the two norm inputs; ``q = t`` with sequence parallel,
-  else 1) ``+ e * 2h`` (the two column-parallel inputs, gathered under sequence parallel)
+  else 1) ``+ e * 2h`` (the two column-parallel inputs, gathered under sequence parallel;
+  under AMP a gated MLP's gate and up layers each keep their own cast copy: ``e * 3h``)
   ``+ e * (w_qkv + h_attn + w_fc1 + k * f) / t`` (q/k/v, the attention output, the MLP up
   projection(s) and the activation output(s): ``k`` = 1, or 2 for a gated MLP)
   ``+ 2 n / q + 4a / t`` (``n`` per norm: LayerNorm's mean and rstd, 8 bytes; RMSNorm's
@@ -64,10 +65,14 @@ embedding), and attention dropout makes attention take the math path, which keep
 probabilities, the noise and the dropped probabilities (``3 e a s / t`` per token instead of
 the log-sum-exp).
 
+A Mixture-of-Experts block counts its attention half as above and its routed half by
+:mod:`libai.runtime.memory_moe` (dropless, capacity, padded; shared experts); selective
+checkpointing of MoE blocks is not modelled (refused).
+
 Checked against the bytes a forward really keeps
 (tests/unit/runtime/test_memory_estimator.py, within 1%): GPT-2 fp32 and bf16 AMP, full and
 selective checkpointing, the chunked loss, dropout, tp2 with and without sequence parallel;
-Llama with grouped kv heads. Not checked by a
+Llama with grouped kv heads, fp32 and bf16; Llama MoE blocks (see memory_moe). Not checked by a
 measurement: activations under pp (the in-flight counts are Megatron's), AMP combined with
 sequence parallel, ZeRO-3 + AMP (FSDP's gathered
 low-precision weights are counted like autocast's copies).
@@ -94,6 +99,7 @@ from torch import nn
 
 from libai import dist
 from libai.layers.moe import is_expert_parameter
+from libai.runtime.memory_moe import moe_activation_bytes, moe_geometry
 
 #: bytes of the CPU RNG state that a non-reentrant checkpoint keeps per block
 RNG_STATE_BYTES = 5056
@@ -267,20 +273,27 @@ def optimizer_bytes(numels: list[int], optimizer: str) -> int:
 
 # ---- activations ------------------------------------------------------------------------------
 def _block_geometry(block: nn.Module) -> dict:
-    """Full widths of a TransformerLayer's matmuls and its local matmul-weight elements."""
+    """Full widths of a TransformerLayer's matmuls and its local matmul-weight elements (a
+    Mixture-of-Experts block: its MoE's own geometry, :mod:`libai.runtime.memory_moe`)."""
+    from libai.layers import MoE
+
     attn, mlp = block.self_attention, block.mlp
+    moe = moe_geometry(mlp) if isinstance(mlp, MoE) else None
     return {
         "hidden": attn.hidden_size,
         "heads": attn.num_heads,
         "qkv": attn.query_key_value.out_features,
         "attn_out": attn.dense.in_features,
-        "ffn": mlp.dense_4h_to_h.in_features,
-        "up": mlp.dense_h_to_4h.out_features * (2 if mlp.gated else 1),
-        "act_outputs": 2 if mlp.gated else 1,
+        "ffn": 0 if moe else mlp.dense_4h_to_h.in_features,
+        "up": 0 if moe else mlp.dense_h_to_4h.out_features * (2 if mlp.gated else 1),
+        "act_outputs": 0 if moe else 2 if mlp.gated else 1,
+        "moe": moe,
         "rms_norm": _is_rms(block.input_layernorm),
         "weight_numel": sum(m.weight.numel() for m in block.modules() if hasattr(m, "in_features")),
         "hidden_dropout": sum(
-            m.p > 0 for m in (attn.output_dropout, mlp.dropout) if isinstance(m, nn.Dropout)
+            m.p > 0
+            for m in (attn.output_dropout, getattr(mlp, "dropout", None))
+            if isinstance(m, nn.Dropout)
         ),
         "attention_dropout": attn.attention_dropout_prob > 0,
     }
@@ -313,11 +326,20 @@ def block_activation_bytes(
         mode = None  # FleetX's partial granularities: bounded above by no checkpointing
     if mode == "full":
         return int(tokens * block_input) + RNG_STATE_BYTES
+    moe = geo.get("moe")
+    # the MLP's input: under AMP each of its column-parallel layers keeps its own cast copy
+    mlp_inputs = 0 if moe else geo["act_outputs"] if settings.amp_dtype is not None else 1
     if mode == "selective":
+        if moe is not None:
+            raise ValueError(
+                "the activation formulas do not model selective checkpointing of "
+                "Mixture-of-Experts blocks: estimate with full or no checkpointing, or "
+                "parameters, gradients and optimizer state only (--no-activations)"
+            )
         return int(tokens * (block_input + kept + lse)) + RNG_STATE_BYTES
     per_token = (
         2 * block_input
-        + e * 2 * h
+        + e * (1 + mlp_inputs) * h  # the column-parallel inputs (MoE: the router's, below)
         + kept
         + e * geo["act_outputs"] * geo["ffn"] / tp
         + _norm_extra(geo["rms_norm"], h) * 2 / q
@@ -327,7 +349,8 @@ def block_activation_bytes(
     )
     cast_copies = settings.amp_dtype is not None and not settings.master_weights
     weights = 2 * geo["weight_numel"] if cast_copies else 0
-    return int(tokens * per_token) + weights
+    routed = moe_activation_bytes(moe, h, tokens, settings, tp, sp) if moe else 0
+    return int(tokens * per_token) + weights + routed
 
 
 def gathered_kv_bytes(geo: dict, settings: TrainSettings, cp: int, tp: int, e: int) -> int:
@@ -343,7 +366,7 @@ def gathered_kv_bytes(geo: dict, settings: TrainSettings, cp: int, tp: int, e: i
 
 def stage_activation_bytes(model, util: CountingDistUtil, settings: TrainSettings) -> int:
     """Bytes a rank keeps for one micro-batch through its pipeline stage(s)."""
-    from libai.layers import MoE, TransformerLayer
+    from libai.layers import TransformerLayer
 
     layout = util.layout
     tp, sp = layout.tensor_parallel_size, layout.sequence_parallel
@@ -353,12 +376,6 @@ def stage_activation_bytes(model, util: CountingDistUtil, settings: TrainSetting
     if not settings.activations:
         return 0
     blocks = [m for m in model.modules() if isinstance(m, TransformerLayer)]
-    if any(isinstance(b.mlp, MoE) for b in blocks):
-        raise ValueError(
-            f"the activation formulas do not model Mixture-of-Experts blocks yet (the rows "
-            f"each rank's experts keep depend on the routing); {type(model).__name__} has "
-            "them: estimate parameters, gradients and optimizer state only (--no-activations)"
-        )
     unsupported = [
         b for b in blocks if not b.pre_norm or getattr(b, "cross_attention", None) is not None
     ]

@@ -433,6 +433,32 @@ def test_grouped_and_looped_experts_agree():
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
 
 
+def test_experts_run_in_autocasts_dtype():
+    """Under bf16 autocast the experts' matmuls run in bf16 as a Linear's would (autocast
+    does not cover ``torch._grouped_mm``: the layer casts), grouped and looped alike, and
+    the block stays close to transformers' under the same autocast."""
+    hf, ours, _ = _family("mixtral")
+    x = randn(3, 5, H, seed=7)
+    outs = {}
+    for impl in ("grouped", "looped"):
+        ours.experts.impl = impl
+        widths = set()  # (last dim, dtype) of what the experts' matmuls keep for backward
+
+        def pack(t, widths=widths):
+            widths.add((t.shape[-1], t.dtype))
+            return t
+
+        with torch.autocast("cpu", torch.bfloat16):
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                outs[impl] = ours(x)
+        assert (F, torch.bfloat16) in widths and (F, torch.float32) not in widths, (impl, widths)
+    with torch.autocast("cpu", torch.bfloat16):
+        want = hf(x)
+    assert outs["grouped"].dtype == outs["looped"].dtype == torch.float32  # as the input
+    torch.testing.assert_close(outs["grouped"], outs["looped"], atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(outs["grouped"], want.float(), atol=5e-2, rtol=5e-2)
+
+
 def test_an_exported_graph_runs_every_expert_with_the_same_numbers():
     """Under torch.export (ONNX's path) the layer computes every expert densely: the same
     output as the routed eager run; capacity mode cannot export (one line)."""

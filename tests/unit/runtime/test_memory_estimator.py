@@ -103,12 +103,49 @@ def test_single_process_bytes_equal_the_trainer_run(kind):
         },
         {"llama": True},
         {"llama": True, "model_overrides": {"loss_chunk_size": 64}},
+        {"llama": True, "amp_dtype": torch.bfloat16},
     ],
-    ids=["none", "full", "selective", "chunked_loss", "bf16", "dropout", "llama", "llama_chunked"],
-)
+    ids=[
+        "none", "full", "selective", "chunked_loss", "bf16", "dropout", "llama", "llama_chunked",
+        "llama_bf16",
+    ],
+)  # fmt: skip
 def test_activation_estimate_single_process(kwargs):
     case = activation_case(dist.get_dist_util().layout, 0, **kwargs)
     assert close(case["held"], case["predicted"]), case
+
+
+MOE = dict(num_experts=4, top_k=2)
+SHARED = dict(shared_expert_ffn_hidden_size=96, shared_expert_gate=True, norm_topk_prob=False)
+
+
+@pytest.mark.parametrize(
+    "moe, amp",
+    [
+        (MOE, None),
+        ({**MOE, "aux_loss_coeff": 0.1, "z_loss_coeff": 0.01, "seq_aux_loss_coeff": 0.01}, None),
+        (MOE, torch.bfloat16),
+        ({**MOE, "capacity_factor": 0.6, "pad_to_capacity": True}, None),
+        ({**MOE, **SHARED}, None),
+        ({**MOE, **SHARED}, torch.bfloat16),
+    ],
+    ids=["dropless", "every_loss", "bf16", "padded", "shared", "shared_bf16"],
+)
+def test_moe_activation_estimate_single_process(moe, amp):
+    """Mixture-of-Experts Llama blocks (libai.runtime.memory_moe): the router, the experts'
+    rows and intermediates, the combine, shared experts with Qwen's gate."""
+    case = activation_case(
+        dist.get_dist_util().layout, 0, llama=True, model_overrides={"moe": moe}, amp_dtype=amp
+    )
+    assert close(case["held"], case["predicted"]), case
+
+
+def test_moe_capacity_estimate_is_the_bound():
+    """Capacity mode without padding keeps the rows its experts took: at most the capacity's
+    (the estimate), fewer where experts ran under it."""
+    moe = {**MOE, "capacity_factor": 0.6}
+    case = activation_case(dist.get_dist_util().layout, 0, llama=True, model_overrides={"moe": moe})
+    assert case["held"] <= case["predicted"] <= 1.1 * case["held"], case
 
 
 class _LlamaWithLayerNormFinal(LlamaForCausalLM):
@@ -337,7 +374,9 @@ def test_a_configs_micro_batches_per_step_are_the_ones_in_flight():
 
 def test_experts_are_counted_per_expert_parallel_rank():
     """A Mixture-of-Experts Llama on dp4 x ep2: each rank holds half the experts and every
-    dense weight; the activation formulas refuse MoE blocks in one line."""
+    dense weight; its activations are one process's (balanced routing: each rank's experts
+    take as many rows as its tokens chose), and selective checkpointing of MoE blocks is
+    refused in one line."""
     from libai.layers import MoE
 
     moe = dict(num_experts=4, top_k=2, expert_ffn_hidden_size=96)
@@ -352,11 +391,18 @@ def test_experts_are_counted_per_expert_parallel_rank():
     rows = estimate_memory(LazyCall(LlamaForCausalLM)(**kwargs), layout, settings)
     total = sum(p.numel() for p in model.parameters())
     assert [r.parameters for r in rows] == [4 * (total - experts // 2)] * 4
-    with pytest.raises(ValueError, match="do not model Mixture-of-Experts blocks yet"):
+    with_acts = TrainSettings(micro_batch_size=1, seq_length=8)
+    ep2 = estimate_memory(LazyCall(LlamaForCausalLM)(**kwargs), layout, with_acts)
+    one = estimate_memory(
+        LazyCall(LlamaForCausalLM)(**kwargs), dist.resolve_layout({}, 1), with_acts
+    )
+    assert {r.activations_micro_batch for r in ep2} == {one[0].activations_micro_batch}
+    assert one[0].activations_micro_batch > 0
+    with pytest.raises(ValueError, match="selective checkpointing of Mixture-of-Experts"):
         estimate_memory(
             LazyCall(LlamaForCausalLM)(**kwargs),
             layout,
-            TrainSettings(micro_batch_size=1, seq_length=8),
+            TrainSettings(micro_batch_size=1, seq_length=8, checkpointing="selective"),
         )
     # ZeRO-2 partitions the dense weights' gradients and state over the 4 dp ranks; each
     # rank keeps its experts' whole
