@@ -15,6 +15,7 @@ from libai import dist
 from libai.models import LlamaForCausalLM
 from libai.models.lora import LoRAConfig, apply_lora, merge_lora
 from libai.models.utils.hf_export import full_value
+from libai.models.utils.model_loader.base_loader import logical_shape
 from libai.runtime.parallel import ModelRunner
 
 #: q and v (segments of the fused projection), the row-parallel o_proj and down_proj, the
@@ -27,6 +28,8 @@ LORA = LoRAConfig(
 #: the same adapters, and the (vocab-parallel) LM head trained whole (PEFT's modules_to_save)
 LORA_SAVED = dataclasses.replace(LORA, modules_to_save=("lm_head",))
 CONFIGS = {"adapters": LORA, "saved": LORA_SAVED, "tied": LORA}
+#: an odd vocabulary: tp2 pads the table, the head and the embedding adapter's A to 98 rows
+LORA_LLAMA = {**TINY_MOE_LLAMA, "vocab_size": TINY_MOE_LLAMA["vocab_size"] + 1}
 lora_batch = moe_batch
 
 
@@ -36,13 +39,15 @@ def build_lora_llama(config: LoRAConfig = LORA, tied: bool = False) -> LlamaForC
     every adapter weight set to a seeded value (PEFT starts one of A and B at zero, which
     would leave the other's first gradients zero)."""
     torch.manual_seed(SEED)
-    model = LlamaForCausalLM(**TINY_MOE_LLAMA, tie_word_embeddings=tied)
+    model = LlamaForCausalLM(**LORA_LLAMA, tie_word_embeddings=tied)
     apply_lora(model, config)
     for name, p in model.named_parameters():
-        if not getattr(p, "libai_lora", False):
+        if not getattr(p, "libai_lora", False) or p.is_meta:  # (meta: another stage's)
             continue
         seed = zlib.crc32(name.encode())  # by name: a stage's parameter list is not the model's
-        full = torch.randn(tuple(p.shape), generator=torch.Generator().manual_seed(seed)) * 0.2
+        shape = logical_shape(p)  # the vocab padding (tp) stays zero
+        full = torch.randn(shape, generator=torch.Generator().manual_seed(seed)) * 0.2
+        full = torch.nn.functional.pad(full, [0, p.shape[-1] - shape[-1]])
         if isinstance(p, DTensor):
             p.copy_(distribute_tensor(full.to(p.device), p.device_mesh, p.placements))
         else:
