@@ -25,6 +25,7 @@ checked equal before timing.
     python benchmarks/bench_serve.py             # Llama 4 x 512, 48 requests
     python benchmarks/bench_serve.py --tiny      # seconds, a smoke test
     python benchmarks/bench_serve.py --same-kv-memory 32   # cb: 32 sequences, static's KV memory
+    python benchmarks/bench_serve.py --lora-adapters 4 --skip-hf   # + 4 adapters, one per request
     python benchmarks/bench_serve.py --device cuda --dtype bfloat16 --hf-dir /path/Qwen2-0.5B
 """
 
@@ -73,6 +74,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     p.add_argument("--skip-hf", action="store_true")
+    p.add_argument(
+        "--lora-adapters",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also serve N random PEFT adapters (r --lora-r, every projection) beside the base, "
+        "request i through adapter i %% N (libai-cb-lora), checked against transformers + PEFT",
+    )
+    p.add_argument("--lora-r", type=int, default=16)
     p.add_argument("--tiny", action="store_true")
     args = p.parse_args(argv)
     if args.tiny:
@@ -100,6 +110,19 @@ def build(args, directory: str):
     ours = load_huggingface(args.hf_dir).to(args.device, dtype).eval()
     use_decode_layout(ours)  # as TextGenerationPipeline and libai-serve load it (both ours)
     return hf, ours
+
+
+def with_adapters(args, adapters: dict[str, str]):
+    """Another copy of ours, serving ``adapters`` beside its base (``--lora-modules``)."""
+    from libai.inference.generation.stepper import use_decode_layout
+    from libai.models.lora_adapters import load_peft_adapters
+    from libai.models.utils import load_huggingface
+
+    model = load_huggingface(args.hf_dir).eval()
+    load_peft_adapters(model, adapters)
+    model = model.to(args.device, getattr(torch, args.dtype))
+    use_decode_layout(model)
+    return model
 
 
 def make_requests(args) -> list[tuple[list[int], int]]:
@@ -139,7 +162,48 @@ def _pct(values, q) -> float:
     return values[min(len(values) - 1, round(q / 100 * (len(values) - 1)))]
 
 
-def run_libai_cb(model, requests, args) -> Run:
+def make_adapters(args, directory: str) -> dict[str, str]:
+    """``--lora-adapters`` random PEFT adapters (A and B random: PEFT starts B at zero) on
+    the base, saved under ``directory``."""
+    import peft
+    import transformers
+
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    out = {}
+    for n in range(args.lora_adapters):
+        base = transformers.AutoModelForCausalLM.from_pretrained(args.hf_dir)
+        config = peft.LoraConfig(r=args.lora_r, lora_alpha=2 * args.lora_r, target_modules=targets)
+        model = peft.get_peft_model(base, config)
+        g = torch.Generator().manual_seed(100 + n)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "lora_" in name:
+                    p.copy_(torch.randn(p.shape, generator=g) * 0.05)
+        out[f"adapter{n}"] = str(Path(directory) / f"adapter{n}")
+        model.save_pretrained(out[f"adapter{n}"])
+    return out
+
+
+def check_adapters(run: Run, requests, adapters: dict[str, str], args) -> None:
+    """Request ``i`` (for each adapter's first request) equals transformers + PEFT's greedy
+    tokens with that adapter."""
+    import peft
+    import transformers
+
+    for i, path in enumerate(adapters.values()):
+        base = transformers.AutoModelForCausalLM.from_pretrained(args.hf_dir, dtype=torch.float32)
+        model = peft.PeftModel.from_pretrained(base, path).eval()
+        prompt, new = requests[i]
+        ids = torch.tensor([prompt])
+        want = model.generate(
+            ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=new,
+            min_new_tokens=new, pad_token_id=0, eos_token_id=None,
+        )[0, len(prompt) :].tolist()  # fmt: skip
+        if run.tokens[i] != want:
+            raise SystemExit(f"libai-cb-lora differs from transformers + PEFT on request {i}")
+
+
+def run_libai_cb(model, requests, args, adapters: int = 0) -> Run:
     from libai.layers.paged_kv_cache import PagedKVCache
     from libai.serving import EngineConfig, LLMEngine, ModelExecutor, SamplingParams
 
@@ -162,7 +226,7 @@ def run_libai_cb(model, requests, args) -> Run:
     index = {}
     for i, (prompt, new) in enumerate(requests):
         params = SamplingParams(temperature=0, max_tokens=new, ignore_eos=True)
-        (seq,) = engine.add_request(prompt, params)
+        (seq,) = engine.add_request(prompt, params, adapter=i % adapters if adapters else -1)
         index[seq.seq_id] = i
     while engine.has_work():
         outputs = engine.step()
@@ -264,8 +328,16 @@ def main(args) -> dict:
         }
         if not args.skip_hf:
             contenders["hf-cb"] = lambda: run_hf_cb(hf, requests, args)
+        adapters = make_adapters(args, directory) if args.lora_adapters else {}
+        if adapters:
+            served = with_adapters(args, adapters)
+            contenders["libai-cb-lora"] = lambda: run_libai_cb(
+                served, requests, args, len(adapters)
+            )
         with torch.no_grad():
             warm = {name: fn() for name, fn in contenders.items()}  # warm-up, and the check
+            if adapters:
+                check_adapters(warm.pop("libai-cb-lora"), requests, adapters, args)
             for name, run in warm.items():
                 for i, tokens in enumerate(run.tokens):
                     if tokens != warm["libai-cb"].tokens[i]:
@@ -300,6 +372,12 @@ def main(args) -> dict:
         print(
             f"| {name} | {m['tok/s']:.1f} | {m['ttft_p50']:.2f} | {m['ttft_p99']:.2f} | "
             f"{m['itl_p50'] * 1e3:.1f} | {m['itl_p99'] * 1e3:.1f} |"
+        )
+    if "libai-cb-lora" in medians:
+        ratio = medians["libai-cb-lora"]["tok/s"] / medians["libai-cb"]["tok/s"]
+        print(
+            f"libai-cb-lora ({args.lora_adapters} adapters of r {args.lora_r}, one per request, "
+            f"mixed in every batch) / libai-cb: {ratio:.2f}x output tok/s"
         )
     ours_speed = medians["libai-cb"]["tok/s"]
     for name, goal in GOALS.items():

@@ -42,12 +42,20 @@ class AdapterRouting:
                 f"loaded ({', '.join(self.names)})"
             )
         used = torch.unique(slots[slots >= 0]).tolist()
-        self.groups = [(i, (slots == i).nonzero().flatten()) for i in used]
+        self.groups = [(i, _rows(slots == i)) for i in used]
         self.tokens = slots.numel()
         try:
             yield
         finally:
             self.groups = []
+
+
+def _rows(mask: torch.Tensor) -> slice | torch.Tensor:
+    """The rows ``mask`` selects: a slice when they are one run (the engine packs each
+    adapter's sequences together), else their indices."""
+    rows = mask.nonzero().flatten()
+    first, last = int(rows[0]), int(rows[-1])
+    return slice(first, last + 1) if last - first + 1 == rows.numel() else rows
 
 
 class AdapterSet(nn.Module):
@@ -78,12 +86,19 @@ class AdapterSet(nn.Module):
             if adapter is None:  # this adapter leaves the layer as the base has it
                 continue
             # [S(0) tokens of adapter i, B] -> the adapter (its own layout) -> the same rows
-            picked = rows_in.index_select(0, rows)[None]
+            if isinstance(rows, slice):  # one run of rows: views, no copies
+                picked, target = rows_in[rows][None], rows_out[rows]
+            else:
+                picked, target = rows_in.index_select(0, rows)[None], None
             if adapter.segments is None:
-                delta = adapter(picked)
+                delta = adapter(picked)[0].to(out.dtype)
             else:  # a fused qkv projection: the segments' additions in their rows
-                delta = adapter.add_to(picked.new_zeros(1, rows.numel(), out.shape[-1]), picked)
-            rows_out.index_add_(0, rows, delta[0].to(out.dtype))
+                zeros = picked.new_zeros(1, picked.shape[1], out.shape[-1])
+                delta = adapter.add_to(zeros, picked)[0].to(out.dtype)
+            if target is not None:
+                target += delta
+            else:
+                rows_out.index_add_(0, rows, delta)
         return out
 
     def delta_weight(self):

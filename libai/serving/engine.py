@@ -174,6 +174,8 @@ class LLMEngine:
         return outputs
 
     def _plan(self, batch) -> tuple[StepPlan, list[Sequence]]:
+        if self.executor.adapters is not None:  # each adapter's tokens in one run of rows
+            batch = sorted(batch, key=lambda item: item[0].adapter)
         ids, positions, starts, counts, tables, logits_at, sampled = [], [], [], [], [], [], []
         adapters = []
         for seq, count in batch:
