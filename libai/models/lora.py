@@ -104,10 +104,11 @@ class Target:
 ADAPTABLE = (Linear, VocabEmbedding)
 
 
-def lora_targets(model: nn.Module) -> dict[str, Target]:
+def lora_targets(model: nn.Module, elsewhere: bool = False) -> dict[str, Target]:
     """The adaptable layers of ``model`` (Linear, and the token embedding as PEFT's
     ``embed_tokens`` / ``wte``) by libai module name, with their Hugging Face names (from
-    the model's weight mapping when it has one)."""
+    the model's weight mapping when it has one). ``elsewhere``: instead, the mapped layers
+    this model lacks (a pipeline stage's: those of the other stages)."""
     rules = weight_rules(model)
     out: dict[str, Target] = {}
     for rule in rules:
@@ -123,6 +124,8 @@ def lora_targets(model: nn.Module) -> dict[str, Target]:
             shared = len(set(names)) == 1
             hf = {"": names[0]} if shared else dict(zip(SEGMENTS, names))
             out[module] = Target(module, hf, shared, rule.sources[0].transpose)
+    if elsewhere:
+        return {n: t for n, t in out.items() if _get(model, n) is None}
     for name, layer in model.named_modules():  # layers without a Hugging Face twin
         if isinstance(layer, ADAPTABLE) and name not in out:
             out[name] = Target(name, {})
@@ -182,6 +185,8 @@ def resolve_targets(model: nn.Module, config: LoRAConfig) -> dict[str, tuple[Tar
                 segs.update(named or SEGMENTS)  # libai's fused name: all three
             else:
                 segs.add("")
+        if not hit and _names_another_stage(model, pattern, regex):
+            continue  # a pipeline stage: the layers it names live on other stages
         if not hit:
             known = sorted({n for t in targets.values() for n in t.names() if "." not in n})
             raise ValueError(
@@ -196,6 +201,13 @@ def resolve_targets(model: nn.Module, config: LoRAConfig) -> dict[str, tuple[Tar
             segments = SEGMENTS
         out[module] = (target, segments)
     return out
+
+
+def _names_another_stage(model: nn.Module, pattern: str, regex: bool) -> bool:
+    """Whether ``pattern`` names a layer of the whole model that this pipeline stage lacks."""
+    if dist.mesh_of(model).layout.pipeline_parallel_size == 1:
+        return False
+    return any(_matches(pattern, t, regex) for t in lora_targets(model, elsewhere=True).values())
 
 
 def _qkv_of(model: nn.Module, module: str) -> tuple[QKVLayout, dict[str, int]]:

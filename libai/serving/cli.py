@@ -175,8 +175,13 @@ def served_model(args, pipeline, config):
 
 def serve(args, rank: int = 0) -> None:
     """Load, then rank 0 serves HTTP until SIGTERM / Ctrl-C; other ranks step with it."""
-    pipeline, model = load(args)
-    executor, config, eos = build_engine(args, pipeline, model)
+    try:
+        pipeline, model = load(args)
+        executor, config, eos = build_engine(args, pipeline, model)
+    except Exception as error:
+        _agree_loaded(error)
+        raise
+    _agree_loaded(None)
     if rank != 0:
         executor.serve()
         return
@@ -212,6 +217,23 @@ def serve(args, rank: int = 0) -> None:
         log_level=args.log_level,
         timeout_graceful_shutdown=30,
     )
+
+
+def _agree_loaded(error: BaseException | None) -> None:
+    """Every rank learns whether every rank loaded (a stage may fail where the others did
+    not), so none serves or waits for a peer that is gone; a rank that failed re-raises its
+    own error, the others stop naming it."""
+    import torch.distributed as torch_dist
+
+    if not torch_dist.is_initialized() or torch_dist.get_world_size() == 1:
+        return
+    errors = [None] * torch_dist.get_world_size()
+    mine = None if error is None else f"{type(error).__name__}: {error}"
+    torch_dist.all_gather_object(errors, mine)
+    failed = [(r, e) for r, e in enumerate(errors) if e is not None]
+    if failed and error is None:
+        rank, message = failed[0]
+        raise SystemExit(f"rank {rank} failed to load the model: {message}")
 
 
 def _free_port() -> int:

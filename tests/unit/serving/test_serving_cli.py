@@ -107,13 +107,13 @@ def _alive(pid: int) -> bool:
 
 @pytest.mark.parametrize("layout", [["-tp", "2"], ["-pp", "2"]])
 def test_parallel_server_serves_adapters_per_request(model_dir, layout, tmp_path):
-    """``--lora-modules`` on tp2 (each rank its shard of every adapter, the row-parallel
-    adapters' partial products summed) and pp2 (each stage its layers' adapters): every
-    request gets transformers + PEFT's greedy answer for its adapter."""
+    """``--lora-modules`` on tp2 (each rank its shard of every adapter, the row-parallel and
+    embedding adapters' partial products summed) and pp2 (each stage its layers' adapters):
+    every request gets transformers + PEFT's greedy answer for its adapter."""
     pytest.importorskip("peft")
     from serving_models import make_peft_adapter, peft_model
 
-    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "down_proj"]
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "down_proj", "embed_tokens"]
     sql = make_peft_adapter(model_dir, tmp_path / "sql", 1, r=4, target_modules=targets)
     chat = make_peft_adapter(model_dir, tmp_path / "chat", 2, r=2, target_modules=["up_proj"])
     refs = {
@@ -150,3 +150,21 @@ def test_bad_lora_modules_fail_before_loading(model_dir, flags, message):
         text=True,
     )
     assert out.returncode == 2 and message in out.stderr, out.stderr[-2000:]
+
+
+def test_a_stage_that_cannot_load_stops_every_rank_before_serving(model_dir, tmp_path):
+    """pp2 with an adapter for the LM head (a layer LoRA does not adapt here): the last
+    stage refuses it while the first has nothing to load; every rank learns it, the first
+    stops naming the other's error, and the command exits before serving."""
+    pytest.importorskip("peft")
+    from serving_models import make_peft_adapter
+
+    head = make_peft_adapter(model_dir, tmp_path / "head", 1, r=2, target_modules=["lm_head"])
+    command = [sys.executable, "-m", "libai.serving.cli", "--model", model_dir, "--device", "cpu"]
+    command += ["--port", str(free_port()), "-pp", "2", "--lora-modules", f"head={head}"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    out = subprocess.run(command, capture_output=True, text=True, timeout=180, env=env)
+    assert out.returncode != 0
+    assert "rank 1 failed to load the model" in out.stderr, out.stderr[-3000:]
+    assert "'lm_head' matches no Linear or embedding layer" in out.stderr
+    assert "Uvicorn running" not in out.stderr + out.stdout
