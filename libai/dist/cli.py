@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import logging
-import os
 import sys
 
 from libai import dist
@@ -16,8 +14,7 @@ INPUT_ERRORS = (ValueError, FileNotFoundError, KeyError, NotImplementedError, On
 
 def run_cli(main) -> None:
     """Run ``main()`` (returns an exit code) and exit with it. Bad input is one line on
-    stderr per rank and exit code 1, and the process ends at once (no interpreter
-    teardown); after success the process group is torn down cleanly."""
+    stderr per rank and exit code 1; after success the process group is torn down cleanly."""
     code = 1
     try:
         code = main()
@@ -27,12 +24,4 @@ def run_cli(main) -> None:
     finally:
         if code == 0:
             dist.destroy_dist()
-    if code != 0:
-        # a failed run ends here: a library thread its failure left running (a checkpoint
-        # writer's loader stopped mid-file) must not turn the interpreter's teardown into an
-        # abort (exit 134 after the one-line error)
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
     sys.exit(code)
