@@ -31,7 +31,7 @@ from libai.models.lora import (
     weight_rules,
 )
 from libai.models.utils.hf_export import full_value
-from libai.models.utils.model_loader.base_loader import load_rule, logical_shape, shard_spec
+from libai.models.utils.model_loader.base_loader import load_rule, logical_shape, rule_shard
 from libai.models.utils.weight_mapping import expected_shapes
 
 CONFIG_NAME = "adapter_config.json"
@@ -290,7 +290,7 @@ def _without_embedding_copies(model, tensors: dict, path: str) -> dict:
         if same:
             reader = _TensorReader({hf_name: value}, path)
             mine = local_value(param)
-            got = rule.load(reader, tuple(param.shape), logical_shape(param), shard_spec(param))
+            got = rule_shard(param, rule, reader)
             same = torch.equal(got.to(mine.dtype), mine)
         if not same:
             raise ValueError(

@@ -173,7 +173,7 @@ def libai_class(model: nn.Module) -> type:
     return type(model)
 
 
-def shard_spec(param: torch.Tensor) -> ShardSpec | None:
+def _shard_spec(param: torch.Tensor) -> ShardSpec | None:
     if not isinstance(param, DTensor):
         return None
     local = param.to_local().shape
@@ -242,15 +242,20 @@ class _PrefixedReader:
         return self.reader.dtype(self._name(name))
 
 
+def rule_shard(param: torch.Tensor, rule: Rule, reader) -> torch.Tensor:
+    """This rank's shard of ``param`` as ``rule`` reads it from ``reader`` (``read`` /
+    ``shape`` / ``dtype`` by Hugging Face name)."""
+    return rule.load(reader, tuple(param.shape), logical_shape(param), _shard_spec(param))
+
+
 @torch.no_grad()
 def load_rule(param: torch.Tensor, name: str, rule: Rule, reader) -> None:
-    """Copy this rank's shard of ``rule``'s tensors in ``reader`` (``read`` / ``shape`` /
-    ``dtype`` by Hugging Face name) into ``param`` (``name``); a meta parameter (another
-    pipeline stage's layer) is skipped."""
+    """Copy this rank's shard of ``rule``'s tensors in ``reader`` (:func:`rule_shard`) into
+    ``param`` (``name``); a meta parameter (another pipeline stage's layer) is skipped."""
     if param.is_meta:
         return
     local = param.to_local() if isinstance(param, DTensor) else param
-    value = rule.load(reader, tuple(param.shape), logical_shape(param), shard_spec(param))
+    value = rule_shard(param, rule, reader)
     if tuple(value.shape) != tuple(local.shape):
         raise RuntimeError(
             f"{name}: loaded shard {list(value.shape)} vs parameter {list(local.shape)}"
