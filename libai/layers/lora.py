@@ -119,41 +119,61 @@ class LoRA(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x``: the base layer's input (this rank's share, as the base receives it) -> the
-        adapter's addition to the base output (the base output's layout). The scaling is
-        applied to the rank-``r`` activations, not to the (wide) output."""
-        if self.segments is not None:
-            raise TypeError("a segment adapter adds into its base's output rows: use add_to")
-        h = self._project(x, [self.lora_A])[0]
+        adapter's addition to the base output (the base output's layout; a fused
+        projection's segments in their rows). The scaling is applied to the rank-``r``
+        activations, not to the (wide) output."""
+        h, b = self._factors(x)
         # [S(0), B] x [S(0), B]^T -> [S(0), S(-1)]  (row: [B, B]; data: [S(0), B])
-        return F.linear(h, local_value(self.lora_B).to(x.dtype))
+        return F.linear(h, b.to(h.dtype))
 
     def add_to(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """``out`` (the base's output for ``x``) plus the adapter's addition; a fused
-        projection's segments are added in place into their rows (no zero-filled segments,
-        no concatenation)."""
-        if self.segments is None:
-            return out + self(x)
-        qkv = self.qkv
-        rows = out.view(*out.shape[:-1], qkv.groups, qkv.g + 2, qkv.head_size)
-        spans = {"q": (0, qkv.g), "k": (qkv.g, qkv.g + 1), "v": (qkv.g + 1, qkv.g + 2)}
-        for name, part in self._segment_parts(x).items():
-            lo, hi = spans[name]
-            rows[..., lo:hi, :] += part.view(*rows.shape[:-2], hi - lo, qkv.head_size)
-        return out
+        """``out`` (the base's output for ``x``) plus the adapter's addition, as one matmul
+        accumulating onto ``out``: no addition tensor is written and read back, and a fused
+        projection's segments need no in-place writes into strided rows (whose backward
+        copies the whole gradient once per segment)."""
+        h, b = self._factors(x)
+        rows = out.reshape(-1, out.shape[-1])
+        # [S(0), B] + [S(0), B] x [S(0), B]^T -> [S(0), S(-1)]  (row: [B, B])
+        delta_in = h.reshape(-1, h.shape[-1]).to(out.dtype)
+        return torch.addmm(rows, delta_in, b.t().to(out.dtype)).view(out.shape)
 
-    def _segment_parts(self, x) -> dict[str, torch.Tensor]:
-        """Each segment's addition ``[..., width]`` (the segments' A in one matmul)."""
+    def _factors(self, x) -> tuple[torch.Tensor, torch.Tensor]:
+        """``h = scaling * x A^T [..., R]`` and ``b [local out, R]`` with ``h b^T`` the
+        addition: the layer's own ``B`` (R = r), or for a fused projection every segment's
+        A in one matmul and their B's as one block matrix (each segment's rows against its
+        A's columns, zeros elsewhere; R = r per distinct A)."""
+        if self.segments is None:
+            return self._project(x, [self.lora_A]), local_value(self.lora_B)
         names = [self._a_name(s) for s in self.segments]
         unique = list(dict.fromkeys(names))
-        hs = dict(zip(unique, self._project(x, [getattr(self, n) for n in unique])))
-        return {
-            s: F.linear(hs[a], local_value(getattr(self, f"lora_B_{s}")).to(x.dtype))
-            for s, a in zip(self.segments, names)
-        }
+        h = self._project(x, [getattr(self, n) for n in unique])
+        return h, self._block_b({n: i * self.r for i, n in enumerate(unique)})
 
-    def _project(self, x, weights) -> list[torch.Tensor]:
-        """``scaling * x A^T`` for each A of ``weights`` (one matmul for all), in the layout
-        the B matmul takes."""
+    def _block_b(self, column: dict[str, int]) -> torch.Tensor:
+        """The segments' B's as one ``[local rows, R]`` matrix in the fused row order
+        (``groups x (g query heads, key, value) x head_size``): segment ``s`` fills its rows
+        at the columns ``column[a] .. + r`` of its A ``a``; rows of segments without an
+        adapter are zero."""
+        qkv, r = self.qkv, self.r
+        width = len(column) * r
+        heads = {"q": qkv.g, "k": 1, "v": 1}
+        blocks = []
+        for s in ("q", "k", "v"):
+            shape = (qkv.groups, heads[s], qkv.head_size)
+            if s in self.segments:
+                b = local_value(getattr(self, f"lora_B_{s}")).view(*shape, r)
+                first = column[self._a_name(s)]
+                blocks.append(F.pad(b, (first, width - first - r)))
+            else:
+                blocks.append(self._any_b().new_zeros(*shape, width))
+        return torch.cat(blocks, dim=1).view(-1, width)
+
+    def _any_b(self) -> torch.Tensor:
+        return local_value(getattr(self, f"lora_B_{self.segments[0]}"))
+
+    def _project(self, x, weights) -> torch.Tensor:
+        """``scaling * x A^T`` for the A's of ``weights`` side by side (one matmul for all),
+        in the layout the B matmul takes."""
         if self.dropout is not None:
             x = self.dropout(x)
         tp_group = self._dist_util.tp_group
@@ -175,7 +195,7 @@ class LoRA(nn.Module):
                 h = gather_from_sp(h, tp_group)
             else:
                 h = copy_to_tp(h, tp_group)
-        return list(h.split(self.r, dim=-1)) if len(weights) > 1 else [h]
+        return h
 
     @torch.no_grad()
     def delta_weight(self) -> dict[str, torch.Tensor]:

@@ -90,11 +90,8 @@ class AdapterSet(nn.Module):
                 picked, target = rows_in[rows][None], rows_out[rows]
             else:
                 picked, target = rows_in.index_select(0, rows)[None], None
-            if adapter.segments is None:
-                delta = adapter(picked)[0].to(out.dtype)
-            else:  # a fused qkv projection: the segments' additions in their rows
-                zeros = picked.new_zeros(1, picked.shape[1], out.shape[-1])
-                delta = adapter.add_to(zeros, picked)[0].to(out.dtype)
+            # a fused qkv projection's segments come in their rows
+            delta = adapter(picked)[0].to(out.dtype)
             if target is not None:
                 target += delta
             else:
