@@ -143,6 +143,8 @@ class Run:
         self.times = [[] for _ in range(count)]
         self.tokens = [[] for _ in range(count)]
         self.wall = 0.0
+        #: forward passes of the model (libai's contenders)
+        self.forwards = 0
 
     def metrics(self) -> dict:
         ttft = [t[0] for t in self.times]
@@ -230,6 +232,7 @@ def run_libai_cb(model, requests, args, adapters: int = 0) -> Run:
         index[seq.seq_id] = i
     while engine.has_work():
         outputs = engine.step()
+        run.forwards += 1
         _sync(args.device)
         now = time.perf_counter() - start
         for out in outputs:
@@ -269,6 +272,7 @@ def run_libai_static(model, requests, args) -> Run:
             eos_token_id=None,
             streamer=streamer,
         )
+        run.forwards += len(steps)
         for row, (_, new) in enumerate(batch):
             i = first + row
             run.tokens[i] = out[row, width : width + new].tolist()
@@ -313,6 +317,21 @@ def run_hf_cb(hf, requests, args) -> Run:
     return run
 
 
+def print_step_bound(forwards: dict, total: int, args) -> None:
+    """How far fewer forward passes alone can take continuous batching: at most
+    ``max-num-seqs`` tokens come out of one decode pass, so no schedule needs fewer than
+    ``total / max-num-seqs`` passes; where a pass costs the same in both (a memory-bound
+    decode step reads every weight once, whatever its batch), the speedup over static
+    batching is at most its passes over that floor."""
+    floor = -(-total // (args.same_kv_memory or args.max_num_seqs))
+    static, cb = forwards["libai-static"], forwards["libai-cb"]
+    print(
+        f"forward passes: libai-static {static}, libai-cb {cb} (no schedule of these requests "
+        f"needs fewer than {floor}); at equal cost per pass, continuous batching can be at "
+        f"most {static / floor:.2f}x static batching (this run's passes: {static / cb:.2f}x)"
+    )
+
+
 def _sync(device: str) -> None:
     if device == "cuda":
         torch.cuda.synchronize()
@@ -342,6 +361,7 @@ def main(args) -> dict:
                 for i, tokens in enumerate(run.tokens):
                     if tokens != warm["libai-cb"].tokens[i]:
                         raise SystemExit(f"{name} differs from libai-cb on request {i}")
+            forwards = {name: warm[name].forwards for name in ("libai-cb", "libai-static")}
             results = {name: [] for name in contenders}
             for r in range(args.repeats):
                 order = list(contenders) if r % 2 == 0 else list(contenders)[::-1]
@@ -379,6 +399,7 @@ def main(args) -> dict:
             f"libai-cb-lora ({args.lora_adapters} adapters of r {args.lora_r}, one per request, "
             f"mixed in every batch) / libai-cb: {ratio:.2f}x output tok/s"
         )
+    print_step_bound(forwards, total, args)
     ours_speed = medians["libai-cb"]["tok/s"]
     for name, goal in GOALS.items():
         if name in medians:
