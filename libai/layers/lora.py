@@ -134,8 +134,10 @@ class LoRA(nn.Module):
         h, b = self._factors(x)
         rows = out.reshape(-1, out.shape[-1])
         # [S(0), B] + [S(0), B] x [S(0), B]^T -> [S(0), S(-1)]  (row: [B, B])
-        delta_in = h.reshape(-1, h.shape[-1]).to(out.dtype)
-        return torch.addmm(rows, delta_in, b.t().to(out.dtype)).view(out.shape)
+        # h is in x's dtype like out (or autocast's, which addmm takes too); the adapter's
+        # b may be fp32 beside a low-precision base (O2)
+        h = h.reshape(-1, h.shape[-1])
+        return torch.addmm(rows, h, b.t().to(out.dtype)).view(out.shape)
 
     def _factors(self, x) -> tuple[torch.Tensor, torch.Tensor]:
         """``h = scaling * x A^T [..., R]`` and ``b [local out, R]`` with ``h b^T`` the

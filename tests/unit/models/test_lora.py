@@ -380,3 +380,45 @@ def test_fresh_adapters_start_as_peft_does_and_dropout_acts_in_training(tmp_path
     for mode in (False, True):
         embedding.train(mode)
         torch.testing.assert_close(embedding(token_ids), want, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("segments", [None, ("q", "v")])
+def test_fp32_adapters_on_a_bf16_layer_outside_autocast(segments):
+    """A bf16 base layer with fp32 adapters (O2's layout) called without autocast: the
+    adapter's product comes in the base output's dtype and equals the fp32 formula (a whole
+    layer; a fused qkv projection's q and v segments in their interleaved rows, k's rows
+    untouched), through the layer and through the adapter alone (the server's call)."""
+    from libai.layers import Linear
+    from libai.layers.lora import LoRA, QKVLayout
+
+    groups, g, d = 2, 2, 4
+    torch.manual_seed(0)
+    base = Linear(16, groups * (g + 2) * d, bias=False, parallel="col").to(torch.bfloat16)
+    if segments is None:
+        base.lora = LoRA(base, 4, 8.0)
+    else:
+        widths = {"q": groups * g * d, "k": groups * d, "v": groups * d}
+        qkv = QKVLayout(groups, g, d)
+        base.lora = LoRA(base, 4, 8.0, segments=segments, qkv=qkv, full_widths=widths)
+    for p in base.lora.parameters():
+        torch.nn.init.normal_(p, std=0.5)
+    assert all(p.dtype == torch.float32 for p in base.lora.parameters())
+    x = torch.randn(3, 5, 16).to(torch.bfloat16)
+
+    def product(name):  # scaling * x A^T B^T in fp32
+        a = getattr(base.lora, "lora_A" + name)
+        return (x.float() @ a.T * base.lora.scaling) @ getattr(base.lora, "lora_B" + name).T
+
+    if segments is None:
+        delta = product("")
+    else:  # rows: groups x (g query heads, key, value) x d
+        delta = torch.zeros(3, 5, groups, g + 2, d)
+        delta[..., :g, :] = product("_q").view(3, 5, groups, g, d)
+        delta[..., g + 1, :] = product("_v").view(3, 5, groups, d)
+        delta = delta.view(3, 5, -1)
+    want = x.float() @ base.weight.float().T + delta
+    with torch.no_grad():
+        got, alone = base(x), base.lora(x)
+    assert got.dtype == alone.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want, atol=0.1, rtol=0.02)
+    torch.testing.assert_close(alone.float(), delta, atol=0.1, rtol=0.02)
