@@ -171,6 +171,7 @@ class LoRA(nn.Module):
         return torch.cat(blocks, dim=1).view(-1, width)
 
     def _any_b(self) -> torch.Tensor:
+        """One segment's B on this rank (the dtype and device of the zero rows)."""
         return local_value(getattr(self, f"lora_B_{self.segments[0]}"))
 
     def _project(self, x, weights) -> torch.Tensor:
