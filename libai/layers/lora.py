@@ -159,6 +159,7 @@ class LoRA(nn.Module):
         qkv, r = self.qkv, self.r
         width = len(column) * r
         heads = {"q": qkv.g, "k": 1, "v": 1}
+        some_b = local_value(getattr(self, f"lora_B_{self.segments[0]}"))  # dtype, device
         blocks = []
         for s in ("q", "k", "v"):
             shape = (qkv.groups, heads[s], qkv.head_size)
@@ -167,12 +168,8 @@ class LoRA(nn.Module):
                 first = column[self._a_name(s)]
                 blocks.append(F.pad(b, (first, width - first - r)))
             else:
-                blocks.append(self._any_b().new_zeros(*shape, width))
+                blocks.append(some_b.new_zeros(*shape, width))
         return torch.cat(blocks, dim=1).view(-1, width)
-
-    def _any_b(self) -> torch.Tensor:
-        """One segment's B on this rank (the dtype and device of the zero rows)."""
-        return local_value(getattr(self, f"lora_B_{self.segments[0]}"))
 
     def _project(self, x, weights) -> torch.Tensor:
         """``scaling * x A^T`` for the A's of ``weights`` side by side (one matmul for all),
