@@ -60,6 +60,7 @@ CASES_4 = [
         "name": "dp2-tp2-sp-ep2-capacity",
         "variant": "capacity",
         "dist": {"tensor_parallel_size": 2, "sequence_parallel": True, "expert_parallel_size": 2},
+        "shares": True,
     },
     {
         "name": "dp2-tp2-sp-ep2-padded",
@@ -178,6 +179,8 @@ def test_four_ranks_equal_one_process(four_ranks, case):
         assert held["expert_states"] == (3 if case.startswith("pp") else 6), (case, held)
         if "zero2" in case:  # ZeRO-2 partitions the dense weights' state over 4 dp ranks
             assert 0 < held["dense_states"] < held["dense_params"], (case, held)
+    if case.endswith("sp-ep2-capacity"):  # each tp rank numbers its share's slots as one
+        assert all(i["shares"] == {"slots_equal": True, "keep_equal": True} for i in items)
     if "zero2" in case:
         assert sum(i["held"]["dense_states"] for i in items) == items[0]["held"]["dense_params"]
 

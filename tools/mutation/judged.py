@@ -8,7 +8,9 @@ function is edited the number can point at another change: the report compares t
 change with the mutant's diff and calls a judgement that no longer matches STALE.
 
 Untestable code is code no test on this machine can run (CUDA-only branches, ...): listed by
-function name (globs allowed) with the reason; its mutants are reported apart.
+function name (globs allowed) with the reason; its mutants are reported apart. A single
+mutant's name is accepted too, for a change only another device could see (a tensor made
+on the default device instead of its input's, where this machine has one device).
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ class Judgements:
     def untestable_reason(self, mutant_name: str) -> str | None:
         function = mutant_name.partition("__mutmut_")[0]
         for pattern, reason in self.untestable.items():
-            if fnmatch.fnmatchcase(function, pattern):
+            if fnmatch.fnmatchcase(function, pattern) or pattern == mutant_name:
                 return reason
         return None
 
@@ -56,7 +58,7 @@ def load_judgements(folder: Path = JUDGED_DIR) -> Judgements:
 
     A file holds ``[equivalent."<mutant name>"]`` tables (``change``: the mutant's
     ``- old | + new`` line as the report prints it; ``reason``: why no behaviour changes) and
-    an ``[untestable]`` table of ``"<function name glob>" = "<reason>"``.
+    an ``[untestable]`` table of ``"<function name glob or mutant name>" = "<reason>"``.
     """
     equivalent: dict[str, Equivalent] = {}
     untestable: dict[str, str] = {}

@@ -19,6 +19,7 @@ from moe_reference import build_moe_llama, make_optimizer, moe_batch, moe_state,
 from libai import dist
 from libai.checkpoint.checkpointer import Checkpointer
 from libai.layers import MoE
+from libai.layers.moe_dispatch import capacity_keep, capacity_slots
 from libai.layers.param import local_value
 from libai.runtime.parallel import ModelRunner
 from libai.runtime.zero import prepare_model, shard_optimizer
@@ -165,6 +166,7 @@ def check_case(case: dict, refs: dict) -> dict:
         "momentum_diff": max_diff(out["momenta"], ref["momenta"])[0],
         "held": held,
         "errors": bad_inputs(case) if case.get("errors") else None,
+        "shares": capacity_of_shares(util) if case.get("shares") else None,
         **(load_checkpoint(case, ref) if case.get("load_from") else {}),
     }
 
@@ -193,6 +195,24 @@ def bad_inputs(case: dict) -> dict:
         config = MoEConfig(num_experts=4, capacity_factor=1.0)
         errors["capacity_under_cp"] = _error(lambda: MoELayer(32, 48, config))
     return errors
+
+
+def capacity_of_shares(util) -> dict:
+    """Capacity slots under sequence parallel from this tp rank's share of a fixed routing,
+    against one process numbering the whole sequence: the shares route to different experts
+    (the last tp rank's share never to the highest one), so each rank counts all E experts
+    whatever its share picks."""
+    num_experts, capacity, tp = 4, 3, util.tensor_parallel_size
+    # [batch 1, seq 8, top-2]; the second half routes to experts 0-2 only
+    whole = torch.tensor([[[0, 1], [2, 3], [3, 0], [1, 0], [2, 1], [0, 2], [1, 2], [0, 1]]])
+    share = whole.chunk(tp, dim=1)[util.tensor_parallel_rank]
+    slots = capacity_slots(whole, num_experts).chunk(tp, dim=1)[util.tensor_parallel_rank]
+    return {
+        "slots_equal": torch.equal(capacity_slots(share, num_experts, util.tp_group), slots),
+        "keep_equal": torch.equal(
+            capacity_keep(share, num_experts, capacity, util.tp_group), slots < capacity
+        ),
+    }
 
 
 def load_checkpoint(case: dict, ref: dict) -> dict:
