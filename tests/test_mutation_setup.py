@@ -101,11 +101,10 @@ def test_a_fixed_sample_of_mutants_gets_its_known_verdicts(tmp_path, monkeypatch
         assert survivor in summary[verdict]
     untestable = judged.Judgements({}, {REDUCE: "needs a GPU"})
     assert survivor in run.summarize(results, untestable)["untestable"]
-    # one mutant by name: that one only, not its function's other mutants
-    one = judged.Judgements({}, {survivor: "needs a second device"})
-    assert one.untestable_reason(survivor) == "needs a second device"
-    assert one.untestable_reason(f"{REDUCE}__mutmut_1") is None
-    assert survivor in run.summarize(results, one)["untestable"]
+    # one mutant judged untestable: by its change, stale like an equivalent one
+    for change, verdict in ((SURVIVOR_CHANGE, "untestable"), ("- x | + y", "stale_judgements")):
+        one = judged.Judgements({}, {}, {survivor: judged.Equivalent(change, "a 2nd device")})
+        assert survivor in run.summarize(results, one)[verdict]
 
 
 def test_edited_tests_are_profiled_again_and_no_tests_verdicts_rerun(tmp_path, monkeypatch):

@@ -9,8 +9,9 @@ change with the mutant's diff and calls a judgement that no longer matches STALE
 
 Untestable code is code no test on this machine can run (CUDA-only branches, ...): listed by
 function name (globs allowed) with the reason; its mutants are reported apart. A single
-mutant's name is accepted too, for a change only another device could see (a tensor made
-on the default device instead of its input's, where this machine has one device).
+mutant can be judged untestable too (a change only another device could see: a tensor made
+on the default device instead of its input's, where this machine has one device): listed by
+name with its change and reason like an equivalent one, and checked for staleness alike.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from __future__ import annotations
 import fnmatch
 import os
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 try:
@@ -35,6 +36,8 @@ JUDGED_DIR = Path(
 
 @dataclass(frozen=True)
 class Equivalent:
+    """One mutant's judgement: its change as the report prints it, and why."""
+
     change: str
     reason: str
 
@@ -44,11 +47,13 @@ class Judgements:
     equivalent: dict[str, Equivalent]
     #: function-name glob (``libai.runtime.blocks.x_cuda_*``) -> reason
     untestable: dict[str, str]
+    #: single mutants no test on this machine can see, judged like the equivalent ones
+    untestable_mutants: dict[str, Equivalent] = field(default_factory=dict)
 
     def untestable_reason(self, mutant_name: str) -> str | None:
         function = mutant_name.partition("__mutmut_")[0]
         for pattern, reason in self.untestable.items():
-            if fnmatch.fnmatchcase(function, pattern) or pattern == mutant_name:
+            if fnmatch.fnmatchcase(function, pattern):
                 return reason
         return None
 
@@ -58,18 +63,28 @@ def load_judgements(folder: Path = JUDGED_DIR) -> Judgements:
 
     A file holds ``[equivalent."<mutant name>"]`` tables (``change``: the mutant's
     ``- old | + new`` line as the report prints it; ``reason``: why no behaviour changes) and
-    an ``[untestable]`` table of ``"<function name glob or mutant name>" = "<reason>"``.
+    an ``[untestable]`` table of ``"<function name glob>" = "<reason>"`` and
+    ``[untestable."<mutant name>"]`` tables (``change`` and ``reason``, as equivalent ones).
     """
     equivalent: dict[str, Equivalent] = {}
     untestable: dict[str, str] = {}
+    untestable_mutants: dict[str, Equivalent] = {}
     for path in sorted(folder.glob("*.toml")):
         table = tomllib.loads(path.read_text(encoding="utf-8"))
         for name, entry in table.get("equivalent", {}).items():
-            if not entry.get("reason") or "change" not in entry:
-                raise SystemExit(f"{path}: [equivalent.{name!r}] needs a change and a reason")
-            equivalent[name] = Equivalent(change=entry["change"], reason=entry["reason"])
-        untestable.update(table.get("untestable", {}))
-    return Judgements(equivalent, untestable)
+            equivalent[name] = _mutant_judgement(path, "equivalent", name, entry)
+        for name, entry in table.get("untestable", {}).items():
+            if isinstance(entry, str):  # a function glob
+                untestable[name] = entry
+            else:
+                untestable_mutants[name] = _mutant_judgement(path, "untestable", name, entry)
+    return Judgements(equivalent, untestable, untestable_mutants)
+
+
+def _mutant_judgement(path: Path, kind: str, name: str, entry: dict) -> Equivalent:
+    if not entry.get("reason") or "change" not in entry:
+        raise SystemExit(f"{path}: [{kind}.{name!r}] needs a change and a reason")
+    return Equivalent(change=entry["change"], reason=entry["reason"])
 
 
 @contextmanager

@@ -455,13 +455,15 @@ def summarize(results: Results, judgements: Judgements) -> dict:
     not_killed = results.names("survived", "no tests", "suspicious", "segfault")
     unexplained = []
     for name in not_killed:
-        judged = judgements.equivalent.get(name)
+        judged, verdict = judgements.equivalent.get(name), equivalent
+        if judged is None:
+            judged, verdict = judgements.untestable_mutants.get(name), untestable
         if judged is not None:
             if judged.change != mutant_change(results.target.workdir, name):
                 stale.append(name)
                 unexplained.append(name)
             else:
-                equivalent.append(name)
+                verdict.append(name)
             continue
         reason = judgements.untestable_reason(name)
         if reason is not None:
