@@ -6,7 +6,11 @@ Contenders (one process, same input ``[batch, seq, hidden]``, same upstream grad
 - ``hf``: transformers' Mixtral sparse block (its default experts implementation: a loop over
   the experts that were hit);
 - ``libai-grouped``: :class:`libai.layers.MoE`, experts run by ``torch._grouped_mm``;
-- ``libai-looped``: the same layer, one matmul per expert.
+- ``libai-looped``: the same layer, one matmul per expert;
+- ``experts-only`` (a reference, not a contender): libai's grouped experts alone, forward +
+  backward, on the routed rows sorted beforehand: the expert math every contender runs, with
+  routing, dispatch and combine free. ``hf / experts-only`` is the ceiling of any MoE layer
+  whose experts run these matmuls: what is left to win lies outside them.
 
 Their outputs must agree (fp32, 1e-5) before timing. Timing: interleaved blocks (A B C,
 C B A, ...; benchmarks/harness.py); the verdict is the median over adjacent block pairs of
@@ -92,6 +96,29 @@ def build(args):
     return hf.to(args.device, dtype), ours, dtype
 
 
+def experts_only_step(moe, x, args):
+    """A step of ``moe``'s experts alone: forward + backward on ``x``'s routed rows, sorted
+    by expert once here (the routing, dispatch and combine of a real step left out)."""
+    from libai.layers.moe_dispatch import Permutation
+
+    flat = x.reshape(-1, x.shape[-1])
+    with torch.no_grad():
+        perm = Permutation(moe.router(flat).experts, args.experts, None)
+        rows = flat.index_select(0, perm.tokens)
+    grad = torch.randn(rows.shape, generator=torch.Generator().manual_seed(2)).to(rows)
+
+    def step(batch, optimizer):
+        inp = rows.detach().requires_grad_()
+        out = moe.experts(inp, perm.counts)
+        out.backward(grad)
+        moe.zero_grad(set_to_none=True)
+        if args.device == "cuda":
+            torch.cuda.synchronize()
+        return float(out.detach().float().square().mean())
+
+    return step
+
+
 def main(args: argparse.Namespace) -> float:
     hf, ours, dtype = build(args)
     g = torch.Generator().manual_seed(1)
@@ -120,6 +147,7 @@ def main(args: argparse.Namespace) -> float:
 
     contenders = [Contender("hf", step_of(hf), None)]
     contenders += [Contender(f"libai-{impl}", step_of(m), None) for impl, m in ours.items()]
+    contenders.append(Contender("experts-only", experts_only_step(ours["grouped"], x, args), None))
     run_interleaved(contenders, [x], args.warmup, args.repeats, args.steps)
     tokens = args.batch * args.seq
     print(
@@ -129,12 +157,14 @@ def main(args: argparse.Namespace) -> float:
         f"top-{args.top_k}"
     )
     print_step_table(contenders, tokens)
-    hf_c, grouped, looped = contenders
+    hf_c, grouped, looped, experts = contenders
     ratios = {}
     for c in (grouped, looped):
         pairs = block_pair_ratios(hf_c, c, args.steps)
         ratios[c.name] = statistics.median(pairs)
         print(f"speed {c.name} / hf: {ratios[c.name]:.2f}x (median of {len(pairs)} block pairs)")
+    ceiling = statistics.median(block_pair_ratios(hf_c, experts, args.steps))
+    print(f"ceiling hf / experts-only (routing, dispatch and combine free): {ceiling:.2f}x")
     best = max(ratios.values())
     print(f"goal >= {TARGET_RATIO:.1f}x: {'MET' if best >= TARGET_RATIO else 'MISSED'}")
     return best

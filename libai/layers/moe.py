@@ -329,7 +329,9 @@ class MoE(nn.Module):
         # dispatch: the kept assignments sorted by expert
         perm = Permutation(routing.experts, self.config.num_experts, keep)
         self._dropped = 0 if keep is None else int(keep.numel() - perm.order.numel())
-        rows = x[perm.tokens]
+        # (index_select, not x[...]: its backward is an index_add, 3-4x the speed on a CPU of
+        # indexing's accumulating index_put)
+        rows = x.index_select(0, perm.tokens)
         if self.ep_group is None:
             out = self.experts(rows, perm.counts)
         else:
@@ -338,8 +340,8 @@ class MoE(nn.Module):
         if keep is None:
             # combine (dropless): the rows back in token order, [T * k, H] -> [T, k, H],
             # times their weights [T, k, 1], summed over the k choices -> [T, H] (a gather:
-            # backward keeps its indices, not the rows)
-            rows_back = out[perm.inverse()].view(*routing.experts.shape, out.shape[-1])
+            # backward keeps its indices, not the rows, and adds with index_add)
+            rows_back = out.index_select(0, perm.inverse()).view(*routing.experts.shape, -1)
             y = (rows_back.float() * routing.weights.unsqueeze(-1)).sum(1)
             return y.to(x.dtype)
         # combine: each kept row times its weight, summed into its token

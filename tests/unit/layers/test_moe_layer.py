@@ -459,6 +459,26 @@ def test_experts_run_in_autocasts_dtype():
     torch.testing.assert_close(outs["grouped"], want.float(), atol=5e-2, rtol=5e-2)
 
 
+@pytest.mark.parametrize(
+    "mode",
+    [{}, {"capacity_factor": 0.5}, {"capacity_factor": 0.5, "pad_to_capacity": True}],
+    ids=["dropless", "capacity", "padded"],
+)
+def test_a_bf16_layer_returns_bf16_close_to_fp32(mode):
+    """A layer whose weights are bf16 returns its input's dtype (the combine sums in fp32,
+    then casts back) and stays close to the same layer in fp32; dropless drops nothing."""
+    torch.manual_seed(0)
+    moe = MoE(H, F, MoEConfig(num_experts=E, **mode))
+    _perturb(moe, seed=5)
+    x = randn(2, 10, H, seed=6)
+    want = moe(x)
+    dropped = moe.last_dropped
+    got = moe.to(torch.bfloat16)(x.to(torch.bfloat16))
+    assert got.dtype == torch.bfloat16
+    assert (dropped == 0) == (not mode)
+    torch.testing.assert_close(got.float(), want, atol=0.1, rtol=5e-2)
+
+
 def test_an_exported_graph_runs_every_expert_with_the_same_numbers():
     """Under torch.export (ONNX's path) the layer computes every expert densely: the same
     output as the routed eager run; capacity mode cannot export (one line)."""
