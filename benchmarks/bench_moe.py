@@ -96,6 +96,21 @@ def build(args):
     return hf.to(args.device, dtype), ours, dtype
 
 
+def backward_step(forward, module, inp, grad, device):
+    """A timed step: ``forward(inp)`` with ``inp`` a fresh leaf, backward of ``grad``, the
+    gradients dropped (``batch`` of the harness ignored: ``inp`` is the step's input)."""
+
+    def step(batch, optimizer):
+        out = forward(inp.detach().requires_grad_())
+        out.backward(grad)
+        module.zero_grad(set_to_none=True)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        return float(out.detach().float().square().mean())
+
+    return step
+
+
 def experts_only_step(moe, x, args):
     """A step of ``moe``'s experts alone: forward + backward on ``x``'s routed rows, sorted
     by expert once here (the routing, dispatch and combine of a real step left out)."""
@@ -106,17 +121,7 @@ def experts_only_step(moe, x, args):
         perm = Permutation(moe.router(flat).experts, args.experts, None)
         rows = flat.index_select(0, perm.tokens)
     grad = torch.randn(rows.shape, generator=torch.Generator().manual_seed(2)).to(rows)
-
-    def step(batch, optimizer):
-        inp = rows.detach().requires_grad_()
-        out = moe.experts(inp, perm.counts)
-        out.backward(grad)
-        moe.zero_grad(set_to_none=True)
-        if args.device == "cuda":
-            torch.cuda.synchronize()
-        return float(out.detach().float().square().mean())
-
-    return step
+    return backward_step(lambda inp: moe.experts(inp, perm.counts), moe, rows, grad, args.device)
 
 
 def main(args: argparse.Namespace) -> float:
@@ -134,16 +139,7 @@ def main(args: argparse.Namespace) -> float:
                 raise SystemExit(f"libai-{impl} differs from transformers by {diff:.3g}")
 
     def step_of(module):
-        def step(batch, optimizer):
-            inp = batch.detach().requires_grad_()
-            out = module(inp)
-            out.backward(grad)
-            module.zero_grad(set_to_none=True)
-            if args.device == "cuda":
-                torch.cuda.synchronize()
-            return float(out.detach().float().square().mean())
-
-        return step
+        return backward_step(module, module, x, grad, args.device)
 
     contenders = [Contender("hf", step_of(hf), None)]
     contenders += [Contender(f"libai-{impl}", step_of(m), None) for impl, m in ours.items()]
