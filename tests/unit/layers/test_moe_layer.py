@@ -465,8 +465,9 @@ def test_experts_run_in_autocasts_dtype():
     ids=["dropless", "capacity", "padded"],
 )
 def test_a_bf16_layer_returns_bf16_close_to_fp32(mode):
-    """A layer whose weights are bf16 returns its input's dtype (the combine sums in fp32,
-    then casts back) and stays close to the same layer in fp32; dropless drops nothing."""
+    """A layer whose weights are bf16 returns its input's dtype (dropless sums a token's rows
+    in fp32, then casts back; capacity mode casts each weighted row) and stays close to the
+    same layer in fp32; dropless drops nothing."""
     torch.manual_seed(0)
     moe = MoE(H, F, MoEConfig(num_experts=E, **mode))
     _perturb(moe, seed=5)
